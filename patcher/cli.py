@@ -1,0 +1,318 @@
+"""The ``speculators-patch`` command line: apply, diff, verify, status, revert, list.
+
+Exit codes: 0 success; 1 ``diff`` found changes or ``verify`` found disagreements;
+2 bad input or a refused operation (one line on stderr, nothing changed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import patcher
+from patcher import engine
+from patcher.engine import Snapshot
+from patcher.errors import UserError
+from patcher.registry import all_patches, select
+from patcher.transport import Transport, local_transport
+from patcher.verify import verify
+
+out = Console(highlight=False, soft_wrap=True)
+
+
+@dataclass
+class Report:
+    """What one subcommand produced for one target: JSON data, exit code, and a renderer."""
+
+    data: dict
+    exit_code: int = 0
+    render: Callable[[Console], None] = lambda console: None
+    notes: list[str] = field(default_factory=list)
+
+
+def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> tuple[Transport, str | None]:
+    """A transport to the target's agent and, for a bare site-packages target, its path."""
+    if host is not None:
+        from patcher.ssh import ssh_transport
+
+        return ssh_transport(host, target, ssh_config)
+    return local_transport(target)
+
+
+def _describe(snap: Snapshot) -> dict:
+    return {
+        "target": snap.label,
+        "python": snap.python,
+        "site_packages": snap.site_packages,
+        "speculators": snap.speculators_version,
+        "speculators_root": snap.speculators_root,
+        "editable_source": snap.editable_source,
+        "vllm": snap.vllm.version if snap.vllm else None,
+    }
+
+
+def _notes(snap: Snapshot) -> list[str]:
+    notes = []
+    if snap.editable_source:
+        notes.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
+    if snap.journal_pending:
+        notes.append("an earlier commit was interrupted; it is rolled back before writing")
+    return notes
+
+
+def _udiff(plans: list[engine.FilePlan], root: str) -> str:
+    chunks = []
+    for p in plans:
+        if p.changed:
+            chunks += difflib.unified_diff(
+                p.before.decode().splitlines(True), p.after.decode().splitlines(True),
+                f"a/{p.path}", f"b/{p.path}",
+            )
+    return "".join(chunks)
+
+
+def _outcome_rows(plans: list[engine.FilePlan]) -> list[dict]:
+    return [
+        {"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
+         "state": o.state, "detail": o.detail}
+        for p in plans for o in p.outcomes
+    ]
+
+
+def _outcome_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("patch", "state", "title"):
+        table.add_column(col)
+    titles = {p.id: p.title for p in all_patches()}
+    colors = {"pending": "yellow", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red"}
+    for r in rows:
+        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{r['state']}[/]", titles[r["id"]])
+    return table
+
+
+def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool) -> Report:
+    engine.check_supported(snap)
+    result = engine.apply(transport, snap, chosen, dry_run=dry_run)
+    rows = _outcome_rows(result.plans)
+    changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
+    data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "patches": rows}
+
+    def render(console: Console) -> None:
+        console.print(_outcome_table(rows, f"{'would apply' if dry_run else 'apply'} on {snap.label}"))
+        if dry_run:
+            console.print(f"dry run: {len(changed)} file(s) would change, nothing written")
+        elif result.written:
+            console.print(f"patched {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
+        else:
+            console.print("nothing to do: every needed patch is already applied")
+
+    return Report(data, 0, render)
+
+
+def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
+    engine.check_supported(snap)
+    plans = engine.plan(snap, chosen)
+    refused = engine.refusals(plans)
+    if refused:
+        raise UserError(refused[0])
+    text = _udiff(plans, snap.speculators_root)
+    data = {**_describe(snap), "changed": bool(text), "diff": text, "patches": _outcome_rows(plans)}
+
+    def render(console: Console) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    return Report(data, 1 if text else 0, render)
+
+
+def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
+    engine.check_supported(snap)
+    plans = engine.plan(snap, chosen)
+    rows = _outcome_rows(plans)
+    files = {p.path: snap.file_state(p.path) for p in plans}
+    data = {**_describe(snap), "files": files, "patches": rows}
+
+    def render(console: Console) -> None:
+        console.print(f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
+                      f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}")
+        for path, state in files.items():
+            console.print(f"  {path}: {state}")
+        console.print(_outcome_table(rows, "patches"))
+
+    return Report(data, 0, render)
+
+
+def do_verify(transport: Transport, snap: Snapshot, chosen) -> Report:
+    engine.check_supported(snap)
+    facts, checks = verify(snap)
+    ok = all(c.verdict == "ok" for c in checks)
+    data = {
+        **_describe(snap),
+        "ok": ok,
+        "facts": [{"patch": f.patch.id, "symbol": f.fact.symbol, "summary": f.fact.summary, "holds": f.evidence.holds,
+                   "file": f.evidence.file, "line": f.evidence.line, "found": f.evidence.found,
+                   "first_release": f.fact.first_release} for f in facts],
+        "patches": [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
+                    for c in checks],
+    }
+
+    def render(console: Console) -> None:
+        table = Table(title=f"vLLM {snap.vllm.version} facts (static read of {snap.vllm_root})", title_justify="left")
+        for col in ("patch", "fact", "holds", "evidence", "found"):
+            table.add_column(col, overflow="fold")
+        for f in facts:
+            mark = "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
+            table.add_row(f.patch.id, f.fact.summary, mark, f.evidence.where, f.evidence.found)
+        console.print(table)
+        table = Table(title=f"speculators {snap.speculators_version} at {snap.speculators_root}", title_justify="left")
+        for col in ("patch", "needed", "state", "verdict", "fix"):
+            table.add_column(col, overflow="fold")
+        for c in checks:
+            color = "green" if c.verdict == "ok" else "red"
+            table.add_row(c.patch.id, "yes" if c.needed else "no", c.state, f"[{color}]{c.verdict}[/]", c.hint)
+        console.print(table)
+        console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column)")
+
+    return Report(data, 0 if ok else 1, render)
+
+
+def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:
+    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
+    changed = [p.path for p in result.plans if p.changed]
+    data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "would_change": changed}
+
+    def render(console: Console) -> None:
+        if dry_run:
+            console.print(f"dry run: {len(changed)} file(s) would be restored, nothing written")
+        elif result.written:
+            console.print(f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
+        else:
+            console.print("nothing to revert: no file is patched by speculators-patch")
+
+    return Report(data, 0, render)
+
+
+def run_on_target(target, host, ssh_config, action: Callable[[Transport, Snapshot], Report], retry: bool = True) -> Report:
+    """Connect, read a snapshot (one exchange), run ``action``; re-read once if a file
+    changed between the read and the commit (e.g. another node applied meanwhile)."""
+    transport, site_packages = connect(target, host, ssh_config)
+    with transport:
+        snap = read = engine.read_snapshot(transport, site_packages)
+        try:
+            report = action(transport, read)
+        except UserError as e:
+            if not (retry and str(e).startswith("changed-since-read")):
+                raise
+            snap = engine.read_snapshot(transport, site_packages)
+            report = action(transport, snap)
+        report.notes = _notes(snap)
+        report.data["exchanges"] = transport.exchanges
+        return report
+
+
+def _emit(report: Report, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({**report.data, "notes": report.notes, "exit_code": report.exit_code}, indent=1))
+    else:
+        for note in report.notes:
+            Console(stderr=True, highlight=False).print(f"note: {note}")
+        report.render(out)
+
+
+def target_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
+    f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
+    f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
+    f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
+    f = click.option("--host", metavar="HOST", help="Remote machine: an ~/.ssh/config alias or [user@]host[:port].")(f)
+    f = click.option("--target", metavar="PATH",
+                     help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).")(f)
+    return f
+
+
+def _main(command: Callable[[], Report], as_json: bool) -> None:
+    try:
+        report = command()
+    except UserError as e:
+        if as_json:
+            click.echo(json.dumps({"error": str(e), "exit_code": 2}))
+        else:
+            click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    _emit(report, as_json)
+    sys.exit(report.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(patcher.__version__, prog_name="speculators-patch")
+def main() -> None:
+    """Make an installed speculators 0.3.0 work with the installed vLLM, reversibly."""
+
+
+@main.command()
+@target_options
+@click.option("--dry-run", is_flag=True, help="Show what would be applied; write nothing.")
+def apply(target, host, ssh_config, only, skip, as_json, dry_run):
+    """Rewrite the installed speculators (all-or-nothing, idempotent)."""
+    _main(lambda: run_on_target(target, host, ssh_config,
+                                lambda t, s: do_apply(t, s, select(only, skip), dry_run)), as_json)
+
+
+@main.command()
+@target_options
+def diff(target, host, ssh_config, only, skip, as_json):
+    """Print what apply would change as a unified diff; exit 1 when there are changes."""
+    _main(lambda: run_on_target(target, host, ssh_config, lambda t, s: do_diff(t, s, select(only, skip))), as_json)
+
+
+@main.command()
+@target_options
+def status(target, host, ssh_config, only, skip, as_json):
+    """Show each file's state and each patch: applied / pending / not needed."""
+    _main(lambda: run_on_target(target, host, ssh_config, lambda t, s: do_status(t, s, select(only, skip))), as_json)
+
+
+@main.command(name="verify")
+@target_options
+def verify_command(target, host, ssh_config, only, skip, as_json):
+    """Check vLLM's API (static read, with evidence) and the patched speculators agree."""
+    _main(lambda: run_on_target(target, host, ssh_config, lambda t, s: do_verify(t, s, select(only, skip))), as_json)
+
+
+@main.command()
+@target_options
+@click.option("--force", is_flag=True, help="Also restore files modified after patching (their edits are lost).")
+@click.option("--dry-run", is_flag=True, help="Show what would be restored; write nothing.")
+def revert(target, host, ssh_config, only, skip, as_json, force, dry_run):
+    """Restore the pristine files byte for byte (or drop only the selected patches)."""
+    partial = bool(only or skip)
+    _main(lambda: run_on_target(target, host, ssh_config,
+                                lambda t, s: do_revert(t, s, select(only, skip), partial, force, dry_run)), as_json)
+
+
+@main.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_command(as_json):
+    """List every patch with the vLLM fact it depends on."""
+    rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
+             "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
+                        "first_release": f.first_release} for f in p.facts]}
+            for p in sorted(all_patches(), key=lambda p: p.id)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table()
+    for col in ("id", "name", "v", "file", "depends on (vLLM)"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        deps = "; ".join(f"{f['symbol']} ({', '.join(f['modules'])}, >= {f['first_release']})" for f in r["facts"])
+        table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or "speculators' own logic")
+    out.print(table)

@@ -1,0 +1,96 @@
+"""Declarative codemod bases for the most common fix: a keyword argument added or removed.
+
+A patch that only needs one of these sets a few class attributes; see ``patches/sp001_*``.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from patcher.cst_helpers import append_keyword, calls_to, keyword, remove_keyword
+from patcher.patch import PatchCodemod
+
+
+class _KeywordCodemod(PatchCodemod):
+    CALLEE: str = ""  # the called name, e.g. "SchedulerConfig" (also matches x.SchedulerConfig)
+    KEYWORD: str = ""
+    FIRST_ARG: str | None = None  # only calls whose first argument is this string literal
+
+    def _targets(self, tree: cst.Module) -> list[cst.Call]:
+        found = calls_to(tree, self.CALLEE)
+        if self.FIRST_ARG is not None:
+            literal = m.SimpleString(f'"{self.FIRST_ARG}"') | m.SimpleString(f"'{self.FIRST_ARG}'")
+            found = [c for c in found if c.args and m.matches(c.args[0].value, literal)]
+        return found
+
+    def _shape(self) -> str:
+        first = f'"{self.FIRST_ARG}", ' if self.FIRST_ARG else ""
+        return f"a call {self.CALLEE}({first}...)"
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        targets = self._targets(tree)
+        if not targets:
+            self.refuse(None, self._shape())
+        pending = [c for c in targets if self.needs_change(c)]
+        if not pending:
+            self.already_satisfied(self.satisfied_reason())
+        return tree.visit(_Rewrite(pending, self.change))
+
+    def needs_change(self, call: cst.Call) -> bool:
+        raise NotImplementedError
+
+    def change(self, call: cst.Call) -> cst.Call:
+        raise NotImplementedError
+
+    def satisfied_reason(self) -> str:
+        raise NotImplementedError
+
+
+class _Rewrite(cst.CSTTransformer):
+    def __init__(self, targets: list[cst.Call], change) -> None:
+        super().__init__()
+        self.targets = {id(t) for t in targets}
+        self.change = change
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        return self.change(updated) if id(original) in self.targets else updated
+
+
+class AddKeyword(_KeywordCodemod):
+    """Add ``KEYWORD=VALUE`` to every call of ``CALLEE`` that lacks it.
+
+    An existing ``KEYWORD=`` whose value is one of ``ACCEPTED`` (source text) counts as
+    satisfied; any other existing value is refused, never overwritten.
+    """
+
+    VALUE: str = ""
+    ACCEPTED: tuple[str, ...] = ()
+
+    def needs_change(self, call: cst.Call) -> bool:
+        existing = keyword(call, self.KEYWORD)
+        if existing is None:
+            return True
+        code = cst.Module([]).code_for_node(existing.value)
+        if code not in (self.VALUE, *self.ACCEPTED):
+            self.refuse(existing, f"{self.KEYWORD}= absent or one of {(self.VALUE, *self.ACCEPTED)}, found {code}")
+        return False
+
+    def change(self, call: cst.Call) -> cst.Call:
+        return append_keyword(call, self.KEYWORD, self.VALUE)
+
+    def satisfied_reason(self) -> str:
+        return f"{self.CALLEE}(...) already passes {self.KEYWORD}="
+
+
+class RemoveKeyword(_KeywordCodemod):
+    """Remove the ``KEYWORD=`` argument from every call of ``CALLEE`` that has it."""
+
+    def needs_change(self, call: cst.Call) -> bool:
+        return keyword(call, self.KEYWORD) is not None
+
+    def change(self, call: cst.Call) -> cst.Call:
+        return remove_keyword(call, self.KEYWORD)
+
+    def satisfied_reason(self) -> str:
+        return f"{self.CALLEE}(...) no longer passes {self.KEYWORD}="

@@ -1,0 +1,63 @@
+"""Small libcst helpers shared by codemods: keyword arguments that keep the call's layout."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+
+def keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    """The ``name=...`` argument of ``call``, or None."""
+    return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+
+
+def append_keyword(call: cst.Call, name: str, value: str) -> cst.Call:
+    """Return ``call`` with ``name=value`` appended, in the layout of its existing arguments.
+
+    ``value`` is Python source for an expression. In a one-argument-per-line call the new
+    argument gets its own line and the trailing comma style is kept.
+    """
+    new = cst.Arg(
+        keyword=cst.Name(name),
+        value=cst.parse_expression(value),
+        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+    )
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new])
+    last = args[-1]
+    if len(args) >= 2 and args[-2].comma is not cst.MaybeSentinel.DEFAULT:
+        between = args[-2].comma
+    else:
+        between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args[-1] = last.with_changes(comma=between)
+    args.append(new.with_changes(comma=last.comma))
+    return call.with_changes(args=args)
+
+
+def remove_keyword(call: cst.Call, name: str) -> cst.Call:
+    """Return ``call`` without its ``name=`` argument, keeping the trailing comma style."""
+    args = list(call.args)
+    index = next(i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == name)
+    removed = args.pop(index)
+    if index == len(args) and args:  # it was last: the new last argument takes its comma
+        args[-1] = args[-1].with_changes(comma=removed.comma)
+    return call.with_changes(args=args)
+
+
+def calls_to(tree: cst.CSTNode, name: str) -> list[cst.Call]:
+    """Every call whose callee is ``name`` or ``<anything>.name``."""
+    callee = m.Name(name) | m.Attribute(attr=m.Name(name))
+    return [c for c in m.findall(tree, m.Call(func=callee)) if isinstance(c, cst.Call)]
+
+
+def statements(code: str, leading_lines=None) -> cst.FlattenSentinel:
+    """Parse ``code`` (dedented statements) into a replacement for one statement.
+
+    Comments above the first statement are kept (libcst would move them to a module
+    header); ``leading_lines`` (the replaced statement's blank lines) go first.
+    """
+    body = list(cst.parse_module("pass\n" + code).body[1:])
+    if leading_lines is not None:
+        body[0] = body[0].with_changes(leading_lines=[*leading_lines, *body[0].leading_lines])
+    return cst.FlattenSentinel(body)

@@ -1,0 +1,329 @@
+"""The engine: read a target, plan the rewrite, commit it, revert it, check it.
+
+It knows nothing about any particular patch: it runs each ``Patch``'s codemod in order on
+each file's current source, and leaves reading and writing to the agent over a transport
+(two exchanges for ``apply``: one ``inspect``, one ``commit``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import libcst as cst
+from libcst.codemod import CodemodContext, SkipFile
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+import patcher
+from patcher.errors import UserError
+from patcher.patch import Patch, PatchRefused
+from patcher.registry import all_patches
+from patcher.transport import Transport
+from patcher.vllm_source import Evidence, VllmSource
+
+# speculators releases the patch set is written for; 0.4.0 and later support vLLM 0.12-0.16.
+SUPPORTED_SPECULATORS = SpecifierSet("==0.3.0")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _unb64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+@dataclass
+class Snapshot:
+    """Everything read from a target in one ``inspect`` exchange.
+
+    ``files`` and ``pristine`` map speculators paths (``speculators/...py``, relative to its
+    import root) to bytes; ``vllm`` is ``None`` when no vLLM is installed.
+    """
+
+    label: str
+    python: str
+    python_version: str
+    site_packages: str
+    state_dir: str
+    speculators_version: str | None
+    speculators_root: str
+    editable_source: str | None
+    files: dict[str, bytes | None]
+    vllm: VllmSource | None
+    vllm_root: str | None
+    manifest: dict | None
+    pristine: dict[str, bytes | None]
+    journal_pending: bool
+
+    @cached_property
+    def evidence(self) -> dict[tuple[str, str], Evidence]:
+        """Evidence per (patch id, fact symbol), each probe run once."""
+        assert self.vllm is not None
+        return {(p.id, f.symbol): f.probe(self.vllm) for p in all_patches() for f in p.facts}
+
+    def file_state(self, path: str) -> str:
+        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``."""
+        entry = (self.manifest or {}).get("files", {}).get(path)
+        current = self.files.get(path)
+        if entry is None or current is None:
+            return "pristine"
+        digest = sha256(current)
+        if digest == entry["patched_sha256"]:
+            return "patched"
+        if digest == entry["pristine_sha256"]:
+            return "reinstalled"
+        return "modified"
+
+    def recorded(self, path: str) -> dict[str, int]:
+        """Patches the manifest records as applied by us to ``path`` (id -> version)."""
+        if self.file_state(path) != "patched":
+            return {}
+        return dict(self.manifest["files"][path]["patches"])
+
+
+def read_snapshot(transport: Transport, site_packages: str | None = None) -> Snapshot:
+    """One ``inspect`` exchange. Raises ``UserError`` when the target has no speculators."""
+    patches = all_patches()
+    answer = transport.request(
+        "inspect",
+        site_packages=site_packages,
+        speculators_files=sorted({p.file for p in patches}),
+        vllm_files=sorted({m for p in patches for f in p.facts for m in f.modules}),
+    )
+    spec, vllm = answer["speculators"], answer["vllm"]
+    vllm_source = None
+    if vllm is not None:
+        files = {k: _unb64(v) for k, v in vllm["files"].items()}
+        vllm_source = VllmSource(files, ", ".join(vllm["versions"]) or "unknown")
+    return Snapshot(
+        label=transport.label,
+        python=answer["python"],
+        python_version=answer["python_version"],
+        site_packages=answer["site_packages"],
+        state_dir=answer["state_dir"],
+        speculators_version=spec["version"],
+        speculators_root=spec["root"],
+        editable_source=spec["editable_source"],
+        files={k: _unb64(v) for k, v in spec["files"].items()},
+        vllm=vllm_source,
+        vllm_root=None if vllm is None else vllm["root"],
+        manifest=answer["manifest"],
+        pristine={k: _unb64(v) for k, v in answer["pristine"].items()},
+        journal_pending=answer["journal_pending"],
+    )
+
+
+def check_supported(snap: Snapshot) -> None:
+    """Raise ``UserError`` unless the target has a supported speculators and a vLLM."""
+    version = snap.speculators_version
+    try:
+        ok = version is not None and Version(version) in SUPPORTED_SPECULATORS
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise UserError(
+            f"speculators {version} is not supported (patches exist for {SUPPORTED_SPECULATORS}; "
+            f"0.4.0 and later support vLLM 0.12-0.16 without patches)"
+        )
+    if snap.vllm is None:
+        raise UserError(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
+
+
+@dataclass
+class Outcome:
+    """What one patch does to one file's current source.
+
+    state: ``pending`` (would change the file), ``applied`` (satisfied, recorded by us),
+    ``satisfied`` (fix already present, not by us), ``not-needed`` (the installed vLLM
+    does not have the incompatibility), ``refused`` (unknown code; ``detail`` says where).
+    """
+
+    patch: Patch
+    state: str
+    detail: str = ""
+
+
+@dataclass
+class FilePlan:
+    """One file: its bytes before and after the selected patches, and each patch's outcome."""
+
+    path: str
+    before: bytes
+    after: bytes
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def _parser_config(python_version: str) -> cst.PartialParserConfig:
+    known = cst.KNOWN_PYTHON_VERSION_STRINGS
+    version = python_version if python_version in known else max(known, key=lambda v: tuple(map(int, v.split("."))))
+    return cst.PartialParserConfig(python_version=version)
+
+
+def run_codemod(patch: Patch, source: bytes, python_version: str = "3.10") -> tuple[str, bytes, str]:
+    """Run one patch's codemod on ``source``.
+
+    Returns ``(verdict, new_source, detail)`` with verdict ``changed``, ``satisfied`` or
+    ``refused``. Raises ``UserError`` when the source does not parse.
+    """
+    try:
+        module = cst.parse_module(source, config=_parser_config(python_version))
+    except cst.ParserSyntaxError as e:
+        raise UserError(f"{patch.file}:{e.raw_line}: syntax error, cannot patch: {e.message}") from None
+    codemod = patch.codemod(CodemodContext(filename=patch.file))
+    try:
+        new = codemod.transform_module(module).bytes
+    except SkipFile as e:
+        return "satisfied", source, str(e)
+    except PatchRefused as e:
+        return "refused", source, str(e)
+    if new == source:
+        return "satisfied", source, "already satisfied: no change"
+    return "changed", new, ""
+
+
+def needed(snap: Snapshot, patch: Patch) -> bool:
+    """A patch is needed when every vLLM fact it depends on holds in the installed vLLM."""
+    return all(snap.evidence[(patch.id, f.symbol)].holds for f in patch.facts)
+
+
+def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
+              recorded: dict[str, int]) -> FilePlan:
+    """Run the chosen patches for ``path`` in order on ``source`` (deterministic)."""
+    plan = FilePlan(path, source, source)
+    for patch in (p for p in chosen if p.file == path):
+        if not needed(snap, patch):
+            plan.outcomes.append(Outcome(patch, "not-needed", "the installed vLLM does not need it"))
+            continue
+        verdict, new, detail = run_codemod(patch, plan.after, snap.python_version)
+        if verdict == "changed":
+            plan.after = new
+            plan.outcomes.append(Outcome(patch, "pending"))
+        elif verdict == "satisfied":
+            state = "applied" if patch.id in recorded else "satisfied"
+            plan.outcomes.append(Outcome(patch, state, detail))
+        else:
+            plan.outcomes.append(Outcome(patch, "refused", detail))
+    return plan
+
+
+def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
+    """Plan every file the chosen patches touch. Raises ``UserError`` for a missing file."""
+    plans = []
+    for path in sorted({p.file for p in chosen}):
+        source = snap.files.get(path)
+        if source is None:
+            raise UserError(f"{path} not found under {snap.speculators_root}: not a speculators 0.3.0 layout")
+        plans.append(plan_file(snap, path, source, chosen, snap.recorded(path)))
+    return plans
+
+
+def refusals(plans: list[FilePlan]) -> list[str]:
+    return [o.detail for p in plans for o in p.outcomes if o.state == "refused"]
+
+
+def _guard_modified(snap: Snapshot, paths: list[str]) -> None:
+    for path in paths:
+        if snap.file_state(path) == "modified":
+            raise UserError(
+                f"{path} was modified after patching (sha256 matches neither the pristine nor the "
+                f"patched file); run `speculators-patch revert --force` or reinstall speculators, then apply"
+            )
+
+
+@dataclass
+class CommitResult:
+    written: list[str]
+    plans: list[FilePlan]
+    recovered: bool = False
+
+
+def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False) -> CommitResult:
+    """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
+
+    Raises ``UserError`` on refusal, on a file modified after patching, or when the agent
+    cannot write; in every such case no file changed.
+    """
+    plans = plan(snap, chosen)
+    refused = refusals(plans)
+    if refused:
+        raise UserError(refused[0])
+    changed = [p for p in plans if p.changed]
+    _guard_modified(snap, [p.path for p in changed])
+    if dry_run or not changed:
+        return CommitResult([], plans)
+    files = dict((snap.manifest or {}).get("files", {}))
+    pristine: dict[str, str] = {}
+    for p in changed:
+        keep = snap.recorded(p.path)
+        original = snap.pristine.get(p.path) if keep else p.before
+        if original is None:
+            raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
+        pristine[p.path] = base64.b64encode(original).decode()
+        keep.update({o.patch.id: o.patch.version for o in p.outcomes if o.state == "pending"})
+        files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
+    answer = transport.request(
+        "commit",
+        state_dir=snap.state_dir,
+        root=snap.speculators_root,
+        writes={p.path: {"expect_sha256": sha256(p.before), "data": base64.b64encode(p.after).decode()} for p in changed},
+        pristine=pristine,
+        manifest=_manifest(snap, files),
+    )
+    return CommitResult(answer["written"], plans, answer["recovered"])
+
+
+def _manifest(snap: Snapshot, files: dict) -> dict | None:
+    if not files:
+        return None
+    return {
+        "tool": f"speculators-patch {patcher.__version__}",
+        "speculators_version": snap.speculators_version,
+        "vllm_versions": snap.vllm.version if snap.vllm else None,
+        "files": files,
+    }
+
+
+def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], partial: bool,
+           force: bool = False, dry_run: bool = False) -> CommitResult:
+    """Restore pristine bytes, or with ``partial`` re-derive each file from its pristine copy
+    with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
+    after patching unless ``force``."""
+    entries = (snap.manifest or {}).get("files", {})
+    plans, files = [], {}
+    for path in sorted(entries):
+        state, current = snap.file_state(path), snap.files.get(path)
+        if state in ("pristine", "reinstalled") or current is None:
+            continue
+        if state == "modified" and not force:
+            _guard_modified(snap, [path])
+        original = snap.pristine.get(path)
+        if original is None:
+            raise UserError(f"{snap.state_dir}: pristine copy of {path} is missing; cannot revert")
+        keep = {pid: v for pid, v in entries[path]["patches"].items()} if partial else {}
+        for patch in chosen:
+            keep.pop(patch.id, None)
+        kept = tuple(p for p in all_patches() if p.id in keep)
+        target = plan_file(snap, path, original, kept, {}).after if kept else original
+        plans.append(FilePlan(path, current, target))
+        if kept:
+            files[path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(target), "patches": keep}
+    changed = [p for p in plans if p.changed]
+    if dry_run or not changed:
+        return CommitResult([], plans)
+    answer = transport.request(
+        "commit",
+        state_dir=snap.state_dir,
+        root=snap.speculators_root,
+        writes={p.path: {"expect_sha256": sha256(p.before), "data": base64.b64encode(p.after).decode()} for p in changed},
+        pristine={},
+        manifest=_manifest(snap, files),
+    )
+    return CommitResult(answer["written"], plans, answer["recovered"])

@@ -1,0 +1,5 @@
+"""The one error type the CLI turns into a one-line message and exit code 2."""
+
+
+class UserError(Exception):
+    """Bad input or a refused operation; nothing on the target was changed."""

@@ -1,0 +1,102 @@
+"""What a patch is: metadata, the vLLM facts it relies on, and its libcst codemod.
+
+A patch module in ``patches/`` defines one module-level ``PATCH = Patch(...)``. The engine
+(``patcher.engine``) knows nothing about any particular patch: it only reads these fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import libcst as cst
+from libcst.codemod import SkipFile, VisitorBasedCodemodCommand
+from libcst.metadata import PositionProvider
+
+if TYPE_CHECKING:
+    from patcher.vllm_source import Evidence, VllmSource
+
+
+class PatchRefused(Exception):
+    """A codemod met code it does not recognise and refuses to guess.
+
+    The message names the file, the line and the shape the codemod expected.
+    """
+
+
+@dataclass(frozen=True)
+class VllmFact:
+    """One fact about the installed vLLM's API that a patch depends on.
+
+    Attributes:
+        summary: what changed in vLLM, one line (e.g. "SchedulerConfig requires the
+            init-only field is_encoder_decoder").
+        modules: vLLM source files the probe reads, relative to site-packages
+            (e.g. ``("vllm/config/scheduler.py",)``). The probe may read no other file:
+            the engine fetches exactly these, in one batch, locally or over SSH.
+        symbol: the vLLM symbol, e.g. ``SchedulerConfig.is_encoder_decoder``.
+        first_release: first vLLM release where the fact holds (so the patch is needed).
+        probe: reads the static source and returns ``Evidence`` (holds, file, line, found).
+    """
+
+    summary: str
+    modules: tuple[str, ...]
+    symbol: str
+    first_release: str
+    probe: Callable[[VllmSource], Evidence]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One versioned fix for one incompatibility, applied by a libcst codemod.
+
+    Attributes:
+        id: stable id users select with ``--only``/``--skip`` (``SP001`` ...).
+        name: stable slug (``scheduler-config-init-fields``); also accepted by ``--only``.
+        version: bumped whenever the emitted code changes.
+        title: one line for tables.
+        file: the speculators file it rewrites, relative to the import root
+            (``speculators/data_generation/...``).
+        codemod: a ``PatchCodemod`` subclass; it rewrites, raises ``SkipFile`` when the
+            fix is already there, or raises ``PatchRefused`` on unknown code.
+        facts: vLLM facts the patch depends on. The patch is needed when all hold; a patch
+            without facts (a correctness fix in speculators' own logic) is always needed.
+        speculators: the speculators versions the patch is written for (PEP 440 specifier).
+        order: position in the sequence applied to a file; lower runs first.
+    """
+
+    id: str
+    name: str
+    version: int
+    title: str
+    file: str
+    codemod: type[PatchCodemod]
+    facts: tuple[VllmFact, ...] = ()
+    speculators: str = "==0.3.0"
+    order: int = 0
+    notes: str = field(default="", compare=False)
+
+
+class PatchCodemod(VisitorBasedCodemodCommand):
+    """Base class for our codemods: libcst's visitor codemod plus two verdicts.
+
+    Subclasses use matchers in ``leave_*``/``visit_*`` and call ``self.already_satisfied``
+    or ``self.refuse`` from ``transform_module_impl`` checks. Positions are available
+    through ``PositionProvider`` for refusal messages.
+    """
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def already_satisfied(self, why: str) -> None:
+        """Stop: the code already has the fix. Raises ``libcst.codemod.SkipFile``."""
+        raise SkipFile(f"already satisfied: {why}")
+
+    def refuse(self, node: cst.CSTNode | None, expected: str) -> None:
+        """Stop without changing anything. Raises ``PatchRefused`` naming file:line."""
+        where = self.context.filename or "<source>"
+        if node is not None:
+            try:
+                where += f":{self.get_metadata(PositionProvider, node).start.line}"
+            except KeyError:
+                pass
+        raise PatchRefused(f"{where}: unrecognised code, expected {expected}")

@@ -1,0 +1,108 @@
+"""Probe builders: each returns a function ``VllmSource -> Evidence`` for one kind of fact.
+
+Every probe reads the static source only and reports the line and the code it found, so
+``verify`` can show its evidence (``file:line`` and the signature or field).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Callable
+
+from patcher.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
+
+Probe = Callable[[VllmSource], Evidence]
+
+
+def _missing(path: str, what: str) -> Evidence:
+    return Evidence(False, path, None, f"{what} not found")
+
+
+def init_field_required(path: str, cls: str, name: str) -> Probe:
+    """Holds when dataclass ``cls`` declares ``name: InitVar[...]`` without a default."""
+
+    def probe(src: VllmSource) -> Evidence:
+        field = src.class_fields(path, cls).get(name)
+        if field is None:
+            return _missing(path, f"{cls}.{name}")
+        text = f"{cls}.{ast.unparse(field).strip()}"
+        is_initvar = "InitVar" in ast.unparse(field.annotation)
+        return Evidence(is_initvar and field.value is None, path, field.lineno, text)
+
+    return probe
+
+
+def field_default(path: str, cls: str, name: str, value: str) -> Probe:
+    """Holds when ``cls.name`` defaults to ``value`` (source text, e.g. ``True``)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        field = src.class_fields(path, cls).get(name)
+        if field is None:
+            return _missing(path, f"{cls}.{name}")
+        found = ast.unparse(field.value) if field.value is not None else None
+        return Evidence(found == value, path, field.lineno, f"{cls}.{ast.unparse(field).strip()}")
+
+    return probe
+
+
+def parameter_absent(path: str, qualname: str, param: str) -> Probe:
+    """Holds when function ``qualname`` exists and no longer takes ``param``."""
+
+    def probe(src: VllmSource) -> Evidence:
+        fn = src.find_function(path, qualname)
+        if fn is None:
+            return _missing(path, qualname)
+        return Evidence(param not in parameter_names(fn), path, fn.lineno, signature(fn))
+
+    return probe
+
+
+def parameter_required(path: str, qualname: str, param: str) -> Probe:
+    """Holds when function ``qualname`` takes ``param`` without a default."""
+
+    def probe(src: VllmSource) -> Evidence:
+        fn = src.find_function(path, qualname)
+        if fn is None:
+            return _missing(path, qualname)
+        return Evidence(param in required_parameters(fn), path, fn.lineno, signature(fn))
+
+    return probe
+
+
+def method_defined(path: str, qualname: str, param: str | None = None) -> Probe:
+    """Holds when ``qualname`` is defined (and, if given, takes ``param``)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        fn = src.find_function(path, qualname)
+        if fn is None:
+            return _missing(path, qualname)
+        ok = param is None or param in parameter_names(fn)
+        return Evidence(ok, path, fn.lineno, signature(fn))
+
+    return probe
+
+
+def returns_not_list(path: str, qualname: str) -> Probe:
+    """Holds when ``qualname``'s return annotation is not ``list[...]`` (a single value)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        fn = src.find_function(path, qualname)
+        if fn is None:
+            return _missing(path, qualname)
+        returns = ast.unparse(fn.returns) if fn.returns is not None else ""
+        return Evidence(not returns.lower().startswith("list"), path, fn.lineno, signature(fn))
+
+    return probe
+
+
+def class_lacks_base(path: str, cls: str, base: str) -> Probe:
+    """Holds when class ``cls`` exists and does not list ``base`` among its bases."""
+
+    def probe(src: VllmSource) -> Evidence:
+        node = src.find_class(path, cls)
+        if node is None:
+            return _missing(path, cls)
+        bases = [ast.unparse(b) for b in node.bases]
+        return Evidence(base not in bases, path, node.lineno, f"class {cls}({', '.join(bases)})")
+
+    return probe

@@ -1,0 +1,62 @@
+"""The patch registry: every ``PATCH`` defined in ``patches/``, validated and ordered.
+
+``patches/`` ships as the package ``speculators_patch_codemods`` (see pyproject.toml);
+dropping a module there registers it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from functools import lru_cache
+
+from packaging.specifiers import SpecifierSet
+
+from patcher.errors import UserError
+from patcher.patch import Patch, PatchCodemod
+
+PACKAGE = "speculators_patch_codemods"
+_ID = re.compile(r"^SP\d{3}$")
+
+
+@lru_cache(maxsize=1)
+def all_patches() -> tuple[Patch, ...]:
+    """Every registered patch, ordered by (file, order). Raises ``RuntimeError`` on bad metadata."""
+    package = importlib.import_module(PACKAGE)
+    found: list[Patch] = []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{PACKAGE}.{info.name}")
+        patch = getattr(module, "PATCH", None)
+        if patch is None:
+            continue
+        problems = []
+        if not _ID.match(patch.id):
+            problems.append(f"id {patch.id!r} is not SPnnn")
+        if not (isinstance(patch.codemod, type) and issubclass(patch.codemod, PatchCodemod)):
+            problems.append("codemod is not a PatchCodemod subclass")
+        if patch.version < 1 or not patch.title or not patch.file.endswith(".py"):
+            problems.append("version, title or file missing")
+        SpecifierSet(patch.speculators)
+        if problems:
+            raise RuntimeError(f"{module.__name__}: " + "; ".join(problems))
+        found.append(patch)
+    for key in ("id", "name"):
+        values = [getattr(p, key) for p in found]
+        dupes = {v for v in values if values.count(v) > 1}
+        if dupes:
+            raise RuntimeError(f"duplicate patch {key}s: {sorted(dupes)}")
+    return tuple(sorted(found, key=lambda p: (p.file, p.order, p.id)))
+
+
+def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:
+    """Patches chosen by ``--only``/``--skip`` (ids or names). Raises ``UserError`` on unknown ids."""
+    patches = all_patches()
+    known = {p.id for p in patches} | {p.name for p in patches}
+    unknown = [x for x in (*only, *skip) if x not in known]
+    if unknown:
+        raise UserError(
+            f"unknown patch id {', '.join(unknown)} (known: {', '.join(p.id for p in patches)})"
+        )
+    chosen = [p for p in patches if not only or p.id in only or p.name in only]
+    return tuple(p for p in chosen if p.id not in skip and p.name not in skip)

@@ -1,0 +1,111 @@
+"""How requests reach the agent (``patcher/agent.py``) running under the target's Python.
+
+A transport starts one agent process per subcommand and exchanges JSON lines with it:
+locally a subprocess of the target's interpreter; remotely (``patcher.ssh``) the same
+agent over one SSH connection. Both count exchanges, so round trips can be reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from patcher.errors import UserError
+
+AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_text(encoding="utf-8")
+
+
+class Transport:
+    """A live agent process. Use as a context manager; ``request`` is one exchange."""
+
+    label = "local"
+
+    def __init__(self) -> None:
+        self.exchanges = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def __enter__(self) -> "Transport":
+        self._proc = subprocess.Popen(
+            self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+
+    def request(self, op: str, **payload: object) -> dict:
+        """Send one request; return the agent's answer. Raises ``UserError`` on failure."""
+        assert self._proc is not None and self._proc.stdin and self._proc.stdout
+        self.exchanges += 1
+        try:
+            self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        except BrokenPipeError:
+            line = b""
+        if not line:
+            err = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
+            raise UserError(f"{self.label}: agent ended unexpectedly: {err[-1] if err else 'no output'}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise UserError(answer["error"])
+        return answer["ok"]
+
+
+class LocalTransport(Transport):
+    """The agent under a local interpreter.
+
+    Args:
+        python: the interpreter of the target environment.
+        site_packages: set when the target is a bare site-packages directory; the agent then
+            runs isolated (``-I -S``) and adds that directory itself.
+    """
+
+    def __init__(self, python: str, site_packages: str | None = None) -> None:
+        super().__init__()
+        self.python = python
+        self.site_packages = site_packages
+
+    def _argv(self) -> list[str]:
+        flags = ["-I", "-S"] if self.site_packages else []
+        return [self.python, *flags, "-c", AGENT_SOURCE]
+
+
+def _is_site_packages(path: Path) -> bool:
+    return path.name in ("site-packages", "dist-packages") or any(path.glob("*.dist-info"))
+
+
+def local_transport(target: str | None) -> tuple[LocalTransport, str | None]:
+    """Resolve ``--target`` to a transport; return it and the bare site-packages path, if any.
+
+    ``target`` may be None (the active environment: ``$VIRTUAL_ENV``, ``$CONDA_PREFIX``,
+    else this interpreter), a venv or conda prefix, a site-packages directory, or a Python
+    interpreter. Raises ``UserError`` for anything else.
+    """
+    if target is None:
+        prefix = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
+        python = str(Path(prefix) / "bin" / "python") if prefix else sys.executable
+        return LocalTransport(python), None
+    path = Path(target).expanduser()
+    if not path.exists():
+        raise UserError(f"target does not exist: {target}")
+    if path.is_file():
+        if not os.access(path, os.X_OK):
+            raise UserError(f"target is a file but not an executable Python interpreter: {target}")
+        return LocalTransport(str(path)), None
+    for candidate in (path / "bin" / "python", path / "bin" / "python3"):
+        if candidate.exists():
+            return LocalTransport(str(candidate)), None
+    if _is_site_packages(path):
+        return LocalTransport(sys.executable, str(path.resolve())), str(path.resolve())
+    raise UserError(
+        f"target is not a Python environment (no bin/python), site-packages directory or interpreter: {target}"
+    )

@@ -1,0 +1,54 @@
+"""``verify``: do the installed vLLM's API and the installed speculators agree?
+
+For every fact a patch relies on, the static evidence (file:line and the signature or field
+found); then for every patch, whether the installed vLLM needs it and whether the installed
+speculators has it. Nothing is imported and nothing is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from patcher.engine import FilePlan, Snapshot, plan
+from patcher.patch import Patch, VllmFact
+from patcher.registry import all_patches
+from patcher.vllm_source import Evidence
+
+
+@dataclass
+class FactCheck:
+    patch: Patch
+    fact: VllmFact
+    evidence: Evidence
+
+
+@dataclass
+class PatchCheck:
+    """``verdict``: ``ok`` | ``missing`` (needed, not applied) | ``stale`` (applied by us
+    but the installed vLLM no longer needs it) | ``refused`` (unrecognised code)."""
+
+    patch: Patch
+    needed: bool
+    state: str
+    verdict: str
+    hint: str = ""
+
+
+def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
+    """Check every registered patch against the snapshot (no writes, no imports)."""
+    facts = [FactCheck(p, f, snap.evidence[(p.id, f.symbol)]) for p in all_patches() for f in p.facts]
+    checks: list[PatchCheck] = []
+    plans: list[FilePlan] = plan(snap, all_patches())
+    for file_plan in plans:
+        recorded = snap.recorded(file_plan.path)
+        for o in file_plan.outcomes:
+            needed = o.state != "not-needed"
+            if o.state == "pending":
+                checks.append(PatchCheck(o.patch, needed, o.state, "missing", f"speculators-patch apply --only {o.patch.id}"))
+            elif o.state == "refused":
+                checks.append(PatchCheck(o.patch, needed, o.state, "refused", o.detail))
+            elif o.state == "not-needed" and o.patch.id in recorded:
+                checks.append(PatchCheck(o.patch, False, "applied", "stale", f"speculators-patch revert --only {o.patch.id}"))
+            else:
+                checks.append(PatchCheck(o.patch, needed, o.state, "ok"))
+    return facts, checks

@@ -1,0 +1,118 @@
+"""A static, import-free view of an installed vLLM's Python source.
+
+Reading vLLM's source with ``ast`` needs no GPU, no torch and no import of vLLM (which
+takes seconds and may fail on the machine running this tool). The files come from the
+target (local or over SSH) in one batch; probes may read only the files they declare.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a probe found. ``file`` is relative to site-packages; ``line`` is 1-based."""
+
+    holds: bool
+    file: str
+    line: int | None
+    found: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+class VllmSource:
+    """Parsed vLLM modules keyed by path relative to site-packages (``vllm/...py``).
+
+    Args:
+        files: path -> source bytes; a path missing from the install maps to ``None``.
+        version: the version string(s) of the installed vLLM, for display only.
+    """
+
+    def __init__(self, files: Mapping[str, bytes | None], version: str = "unknown") -> None:
+        self._files = dict(files)
+        self._trees: dict[str, ast.Module | None] = {}
+        self.version = version
+
+    def has(self, path: str) -> bool:
+        return self._files.get(path) is not None
+
+    def tree(self, path: str) -> ast.Module | None:
+        """The module's AST, or ``None`` when the file does not exist in this vLLM.
+
+        Raises ``KeyError`` when ``path`` was not fetched (a probe reading an undeclared
+        module is a bug in that probe).
+        """
+        if path not in self._files:
+            raise KeyError(f"{path} was not fetched; declare it in the fact's modules")
+        if path not in self._trees:
+            data = self._files[path]
+            self._trees[path] = None if data is None else ast.parse(data, filename=path)
+        return self._trees[path]
+
+    def find_class(self, path: str, name: str) -> ast.ClassDef | None:
+        tree = self.tree(path)
+        if tree is None:
+            return None
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node
+        return None
+
+    def find_function(self, path: str, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """Find ``func`` or ``Class.method`` (the last definition wins, as at runtime)."""
+        tree = self.tree(path)
+        if tree is None:
+            return None
+        scope: list[ast.stmt] = tree.body
+        *outer, name = qualname.split(".")
+        for cls_name in outer:
+            cls = next((n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+            if cls is None:
+                return None
+            scope = cls.body
+        found = None
+        for node in scope:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                found = node
+        return found
+
+    def class_fields(self, path: str, name: str) -> dict[str, ast.AnnAssign]:
+        """Annotated class-level fields of a (pydantic) dataclass, by name."""
+        cls = self.find_class(path, name)
+        if cls is None:
+            return {}
+        return {
+            n.target.id: n
+            for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+
+
+def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """``name(args) -> returns`` as written in the source, e.g. ``sample_tokens(self, grammar_output: 'GrammarOutput | None')``."""
+    text = f"{fn.name}({ast.unparse(fn.args)})"
+    if fn.returns is not None:
+        text += f" -> {ast.unparse(fn.returns)}"
+    return text
+
+
+def parameter_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = fn.args
+    every = args.posonlyargs + args.args + args.kwonlyargs
+    return [a.arg for a in every]
+
+
+def required_parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Parameters without a default (``self`` excluded)."""
+    args = fn.args
+    positional = args.posonlyargs + args.args
+    n_required = len(positional) - len(args.defaults)
+    names = [a.arg for a in positional[:n_required]]
+    names += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
+    return [n for n in names if n not in ("self", "cls")]

@@ -1,0 +1,36 @@
+"""SP002: stop passing kv_cache_specs to get_kv_cache_config_from_groups.
+
+vLLM >= 0.12 (vllm/v1/core/kv_cache_utils.py) has
+`get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory)`;
+the `kv_cache_specs` parameter speculators 0.3.0 passes is gone (TypeError).
+"""
+
+from patcher.codemods import RemoveKeyword
+from patcher.patch import Patch, VllmFact
+from patcher.probes import parameter_absent
+
+
+class DropKvCacheSpecs(RemoveKeyword):
+    DESCRIPTION = "get_kv_cache_config_from_groups(..., kv_cache_specs=...) -> without it"
+    CALLEE = "get_kv_cache_config_from_groups"
+    KEYWORD = "kv_cache_specs"
+
+
+PATCH = Patch(
+    id="SP002",
+    name="kv-cache-config-signature",
+    version=1,
+    title="get_kv_cache_config_from_groups: drop the removed kv_cache_specs argument",
+    file="speculators/data_generation/vllm_hidden_states_generator.py",
+    codemod=DropKvCacheSpecs,
+    facts=(
+        VllmFact(
+            summary="get_kv_cache_config_from_groups no longer takes kv_cache_specs",
+            modules=("vllm/v1/core/kv_cache_utils.py",),
+            symbol="get_kv_cache_config_from_groups",
+            first_release="0.12.0",
+            probe=parameter_absent("vllm/v1/core/kv_cache_utils.py", "get_kv_cache_config_from_groups", "kv_cache_specs"),
+        ),
+    ),
+    order=20,
+)

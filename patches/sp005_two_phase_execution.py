@@ -1,0 +1,73 @@
+"""SP005: follow execute_model() with sample_tokens() (two-phase execution).
+
+vLLM >= 0.12 splits a step in two: the model runner's execute_model() stores its state
+and returns None, and sample_tokens(grammar_output) must follow, or the next
+execute_model() raises "State error: sample_tokens() must be called after execute_model()
+returns None". GPUWorker.sample_tokens (vllm/v1/worker/gpu_worker.py) delegates to the
+runner and executors expose sample_tokens(grammar_output, non_block=False)
+(vllm/v1/executor/abstract.py). None is valid without structured output. The emitted
+form calls it only when execute_model returned None and the executor has it, so it is
+also right on single-phase releases.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from patcher.cst_helpers import calls_to, statements
+from patcher.patch import Patch, PatchCodemod, VllmFact
+from patcher.probes import method_defined
+
+EXECUTE = m.SimpleStatementLine(
+    body=[m.Expr(m.Call(func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model"))))]
+)
+TWO_PHASE = '''\
+model_output = self.executor.execute_model(scheduler_output)
+if model_output is None and hasattr(self.executor, "sample_tokens"):
+    # vLLM >= 0.12: a step is execute_model() then sample_tokens().
+    self.executor.sample_tokens(None)
+'''
+
+
+class CallSampleTokens(PatchCodemod):
+    DESCRIPTION = "self.executor.execute_model(out) -> also self.executor.sample_tokens(None)"
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if calls_to(tree, "sample_tokens"):
+            self.already_satisfied("sample_tokens() already follows execute_model()")
+        if not m.findall(tree, EXECUTE):
+            self.refuse(None, "a statement self.executor.execute_model(scheduler_output)")
+        return tree.visit(_Rewrite())
+
+
+class _Rewrite(cst.CSTTransformer):
+    def leave_SimpleStatementLine(self, original, updated):
+        if not m.matches(updated, EXECUTE):
+            return updated
+        return statements(TWO_PHASE, updated.leading_lines)
+
+
+PATCH = Patch(
+    id="SP005",
+    name="two-phase-execution",
+    version=1,
+    title="Two-phase execution: call sample_tokens(None) after execute_model() returns None",
+    file="speculators/data_generation/vllm_hidden_states_generator.py",
+    codemod=CallSampleTokens,
+    facts=(
+        VllmFact(
+            summary="the worker runs a step in two phases, execute_model then sample_tokens",
+            modules=("vllm/v1/worker/gpu_worker.py",),
+            symbol="Worker.sample_tokens",
+            first_release="0.12.0",
+            probe=method_defined("vllm/v1/worker/gpu_worker.py", "Worker.sample_tokens", "grammar_output"),
+        ),
+        VllmFact(
+            summary="executors expose sample_tokens(grammar_output, non_block=False)",
+            modules=("vllm/v1/executor/abstract.py",),
+            symbol="Executor.sample_tokens",
+            first_release="0.12.0",
+            probe=method_defined("vllm/v1/executor/abstract.py", "Executor.sample_tokens", "grammar_output"),
+        ),
+    ),
+    order=50,
+)
