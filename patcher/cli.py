@@ -232,15 +232,25 @@ def target_options(f):
     f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
     f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
     f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
-    f = click.option("--host", metavar="HOST", help="Remote machine: an ~/.ssh/config alias or [user@]host[:port].")(f)
+    f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
+    f = click.option("--host", "hosts", multiple=True, metavar="HOST",
+                     help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.")(f)
     f = click.option("--target", metavar="PATH",
                      help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).")(f)
     return f
 
 
-def _main(command: Callable[[], Report], as_json: bool) -> None:
+def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str | None], Report], as_json: bool) -> None:
+    """Run ``command`` on the local target or one host; several hosts go to ``patcher.fanout``."""
     try:
-        report = command()
+        all_hosts = list(hosts)
+        if hosts_file:
+            all_hosts += [h.strip() for h in open(hosts_file) if h.strip() and not h.startswith("#")]
+        if len(all_hosts) > 1:
+            from patcher.fanout import run_many
+
+            sys.exit(run_many(all_hosts, command, as_json))
+        report = command(all_hosts[0] if all_hosts else None)
     except UserError as e:
         if as_json:
             click.echo(json.dumps({"error": str(e), "exit_code": 2}))
@@ -260,41 +270,41 @@ def main() -> None:
 @main.command()
 @target_options
 @click.option("--dry-run", is_flag=True, help="Show what would be applied; write nothing.")
-def apply(target, host, ssh_config, only, skip, as_json, dry_run):
+def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run):
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
-    _main(lambda: run_on_target(target, host, ssh_config,
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
                                 lambda t, s: do_apply(t, s, select(only, skip), dry_run)), as_json)
 
 
 @main.command()
 @target_options
-def diff(target, host, ssh_config, only, skip, as_json):
+def diff(target, hosts, hosts_file, ssh_config, only, skip, as_json):
     """Print what apply would change as a unified diff; exit 1 when there are changes."""
-    _main(lambda: run_on_target(target, host, ssh_config, lambda t, s: do_diff(t, s, select(only, skip))), as_json)
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_diff(t, s, select(only, skip))), as_json)
 
 
 @main.command()
 @target_options
-def status(target, host, ssh_config, only, skip, as_json):
+def status(target, hosts, hosts_file, ssh_config, only, skip, as_json):
     """Show each file's state and each patch: applied / pending / not needed."""
-    _main(lambda: run_on_target(target, host, ssh_config, lambda t, s: do_status(t, s, select(only, skip))), as_json)
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_status(t, s, select(only, skip))), as_json)
 
 
 @main.command(name="verify")
 @target_options
-def verify_command(target, host, ssh_config, only, skip, as_json):
+def verify_command(target, hosts, hosts_file, ssh_config, only, skip, as_json):
     """Check vLLM's API (static read, with evidence) and the patched speculators agree."""
-    _main(lambda: run_on_target(target, host, ssh_config, lambda t, s: do_verify(t, s, select(only, skip))), as_json)
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_verify(t, s, select(only, skip))), as_json)
 
 
 @main.command()
 @target_options
 @click.option("--force", is_flag=True, help="Also restore files modified after patching (their edits are lost).")
 @click.option("--dry-run", is_flag=True, help="Show what would be restored; write nothing.")
-def revert(target, host, ssh_config, only, skip, as_json, force, dry_run):
+def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dry_run):
     """Restore the pristine files byte for byte (or drop only the selected patches)."""
     partial = bool(only or skip)
-    _main(lambda: run_on_target(target, host, ssh_config,
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
                                 lambda t, s: do_revert(t, s, select(only, skip), partial, force, dry_run)), as_json)
 
 
