@@ -232,6 +232,9 @@ def target_options(f):
     f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
     f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
     f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
+    f = click.option("--jobs", type=click.IntRange(1, 256), default=8, show_default=True, expose_value=False,
+                     callback=lambda ctx, _p, v: ctx.meta.__setitem__("speculators_patch.jobs", v),
+                     help="With several hosts: how many to work on at once.")(f)
     f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
     f = click.option("--host", "hosts", multiple=True, metavar="HOST",
                      help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.")(f)
