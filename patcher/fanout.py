@@ -1,0 +1,126 @@
+"""One subcommand on several hosts: in parallel, bounded, each host on its own.
+
+Every host runs the same ``command(host) -> Report`` (one SSH connection each) in a thread
+pool of at most ``jobs`` workers. A host that fails -- a ``UserError`` or anything else --
+is recorded with its reason and never stops or touches the others. Progress goes to
+stderr; the end is one summary table (or, with ``--json``, one JSON list, one object per
+host). Exit code: 0 when every host succeeded, 2 when any host failed, else the largest
+exit code (1: ``diff`` found changes or ``verify`` disagreements somewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Callable
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from patcher.errors import UserError
+
+DEFAULT_JOBS = 8
+
+
+@dataclass
+class HostResult:
+    host: str
+    outcome: str  # changed | unchanged | would-change | ok | disagrees | failed
+    exit_code: int
+    reason: str
+    seconds: float
+    data: dict | None = None
+    notes: tuple[str, ...] = ()
+
+    def as_json(self) -> dict:
+        return {"host": self.host, "outcome": self.outcome, "exit_code": self.exit_code,
+                "reason": self.reason or None, "seconds": round(self.seconds, 3),
+                "notes": list(self.notes), "report": self.data}
+
+
+def classify(data: dict, exit_code: int) -> tuple[str, str]:
+    """(outcome, reason) for one host's report data, whatever the subcommand."""
+    if "written" in data:  # apply / revert
+        if data.get("dry_run"):
+            pending = data.get("would_change") or sorted({p["file"] for p in data.get("patches", []) if p["state"] == "pending"})
+            return ("would-change", f"{len(pending)} file(s)") if pending else ("unchanged", "")
+        if data["written"]:
+            return "changed", f"{len(data['written'])} file(s) written"
+        return "unchanged", ""
+    if "diff" in data:
+        return ("would-change", "diff printed in --json") if data["changed"] else ("unchanged", "")
+    if "ok" in data:  # verify
+        if data["ok"]:
+            return "ok", ""
+        bad = [p["id"] for p in data.get("patches", []) if p.get("verdict") != "ok"]
+        return "disagrees", "verify failed: " + ", ".join(bad)
+    return ("ok", "") if exit_code == 0 else ("failed", f"exit code {exit_code}")
+
+
+def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
+    start = time.monotonic()
+    try:
+        report = command(host)
+    except UserError as e:
+        return HostResult(host, "failed", 2, str(e), time.monotonic() - start)
+    except Exception as e:  # a bug must not take the other hosts down
+        return HostResult(host, "failed", 2, f"internal error: {type(e).__name__}: {e}", time.monotonic() - start)
+    outcome, reason = classify(report.data, report.exit_code)
+    return HostResult(host, outcome, report.exit_code, reason, time.monotonic() - start,
+                      report.data, tuple(report.notes))
+
+
+_COLORS = {"changed": "green", "unchanged": "dim", "ok": "green", "would-change": "yellow",
+           "disagrees": "red", "failed": "red"}
+
+
+def summary_table(results: list[HostResult]) -> Table:
+    table = Table(title="per-host summary", title_justify="left")
+    for col in ("host", "result", "time", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.host, f"[{_COLORS.get(r.outcome, '')}]{r.outcome}[/]", f"{r.seconds:.1f}s", r.reason)
+    return table
+
+
+def _jobs() -> int:
+    ctx = click.get_current_context(silent=True)
+    return int((ctx.meta.get("speculators_patch.jobs") if ctx else None) or DEFAULT_JOBS)
+
+
+def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, jobs: int | None = None) -> int:
+    """Run ``command`` on every host, at most ``jobs`` at once; print progress and a summary.
+
+    Returns the exit code for all hosts together (see the module docstring).
+    """
+    jobs = max(1, jobs or _jobs())
+    hosts = list(dict.fromkeys(hosts))  # the same host twice would only race itself
+    err = Console(stderr=True, highlight=False)
+    results: dict[str, HostResult] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(f"{len(hosts)} hosts, {min(jobs, len(hosts))} at a time", total=len(hosts))
+        with ThreadPoolExecutor(max_workers=min(jobs, len(hosts)), thread_name_prefix="host") as pool:
+            futures = {pool.submit(_run_one, h, command): h for h in hosts}
+            for future in as_completed(futures):
+                r = future.result()
+                results[futures[future]] = r
+                progress.console.print(f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {r.host}"
+                                       + (f": {r.reason}" if r.reason else ""))
+                progress.advance(task)
+    ordered = [results[h] for h in hosts]
+    if any(r.outcome == "failed" for r in ordered):
+        code = 2
+    else:
+        code = max(r.exit_code for r in ordered)
+    if as_json:
+        click.echo(json.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
+    else:
+        Console(highlight=False, soft_wrap=True).print(summary_table(ordered))
+        failed = sum(r.outcome == "failed" for r in ordered)
+        click.echo(f"{len(hosts) - failed} of {len(hosts)} hosts succeeded" + (f", {failed} failed" if failed else ""))
+    return code

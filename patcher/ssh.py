@@ -1,0 +1,282 @@
+"""The agent on a remote machine, over one connection of the system OpenSSH client.
+
+Nothing is installed remotely. ``ssh HOST <constant command>`` starts the remote user's
+``python3`` on a tiny bootstrap (``BOOTSTRAP`` below, base64 in the command line); the
+bootstrap reads one length-prefixed header from stdin -- the ``--target`` path and the
+agent's source -- decides on the remote side which interpreter runs the agent, and
+``exec``s it. From then on the connection carries the same JSON lines as a local agent.
+
+Quoting: the remote command line is the same constant string for every host and target
+(``remote_command()``); the target path only ever travels as JSON data on stdin, and the
+host name is one argv element after ``--``, validated first. Neither reaches a shell.
+
+Why OpenSSH and not a Python SSH library: docs/ssh.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import subprocess
+import threading
+
+from patcher.errors import UserError
+from patcher.transport import AGENT_SOURCE, Transport
+
+# Runs under the remote python3 (any 3.x; stays Python 2 parseable to say "too old").
+# Reads the header, resolves the target like patcher.transport.local_transport does
+# locally, then replaces itself with the chosen interpreter running the agent.
+BOOTSTRAP = r'''
+import json, os, sys
+
+def fail(msg):
+    sys.stdout.write(json.dumps({"error": msg}) + "\n")
+    sys.stdout.flush()
+    sys.exit(3)
+
+def read_exact(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(0, n - len(buf))
+        if not chunk:
+            sys.exit(0)
+        buf += chunk
+    return buf
+
+size = b""
+while not size.endswith(b"\n"):
+    size += read_exact(1)
+header = json.loads(read_exact(int(size)).decode("utf-8"))
+target, agent, where = header["target"], header["agent"], header["where"]
+if sys.version_info < (3, 8):
+    fail("%s: the agent needs Python 3.8+, %s is %d.%d" % ((where, sys.executable) + tuple(sys.version_info[:2])))
+python, flags, site_dir = sys.executable, [], None
+if target is not None:
+    path = os.path.abspath(os.path.expanduser(target))
+    if not os.path.exists(path):
+        fail("target does not exist on %s: %s" % (where, target))
+    if os.path.isfile(path):
+        if not os.access(path, os.X_OK):
+            fail("target on %s is a file but not an executable Python interpreter: %s" % (where, target))
+        python = path
+    else:
+        for candidate in ("python", "python3"):
+            if os.path.exists(os.path.join(path, "bin", candidate)):
+                python = os.path.join(path, "bin", candidate)
+                break
+        else:
+            try:
+                entries = os.listdir(path)
+            except OSError as e:
+                fail("cannot read target on %s: %s: %s" % (where, target, e.strerror))
+            if os.path.basename(path) in ("site-packages", "dist-packages") or [e for e in entries if e.endswith(".dist-info")]:
+                flags, site_dir = ["-I", "-S"], path
+            else:
+                fail("target on %s is not a Python environment (no bin/python), site-packages directory "
+                     "or interpreter: %s" % (where, target))
+program = agent
+if site_dir is not None:
+    # A bare site-packages directory: the agent runs isolated and is told where to look.
+    program = (
+        "__name__ = 'speculators_patch_agent'\n"
+        "exec(compile(%r, 'agent.py', 'exec'))\n"
+        "_inspect = HANDLERS['inspect']\n"
+        "HANDLERS['inspect'] = lambda r: _inspect(dict(r, site_packages=r.get('site_packages') or %r))\n"
+        "main()\n" % (agent, site_dir)
+    )
+try:
+    os.execv(python, [python] + flags + ["-c", program])
+except OSError as e:
+    fail("cannot run %s on %s: %s" % (python, where, e.strerror))
+'''
+
+# The remote command: POSIX sh finds python3 (else python) and runs the bootstrap. It is a
+# constant: nothing from the user is in it. ``sh -c`` keeps it independent of the login shell.
+_FIND_PYTHON = (
+    'for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$0"; fi; done; '
+    'echo "speculators-patch: no python3 on the remote PATH" >&2; exit 127'
+)
+
+
+def remote_command() -> str:
+    """The one command line sent to every host (a constant string, shell-quoted once)."""
+    oneliner = 'import base64;exec(base64.b64decode("%s"))' % base64.b64encode(BOOTSTRAP.encode()).decode()
+    return f"sh -c {shlex.quote(_FIND_PYTHON)} {shlex.quote(oneliner)}"
+
+
+_HOST = re.compile(
+    r"(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_][A-Za-z0-9._-]*)"
+    r"(?::(?P<port>[0-9]{1,5}))?"
+)
+
+
+def parse_host(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` (or an ssh_config alias) -> (user, host, port).
+
+    Raises ``UserError`` for anything else: no spaces, quotes, shell characters or a
+    leading ``-`` can reach ssh's argv.
+    """
+    m = _HOST.fullmatch(spec)
+    if not m or (m["port"] and not 0 < int(m["port"]) < 65536):
+        raise UserError(f"not a host: {spec!r} (expected an ~/.ssh/config alias or [user@]host[:port])")
+    return m["user"], m["host"].strip("[]"), int(m["port"]) if m["port"] else None
+
+
+def _resolved(base: list[str], host: str) -> dict[str, str]:
+    """``ssh -G``: the options ssh will use for ``host`` (reads config only; no connection)."""
+    proc = subprocess.run([*base, "-G", "--", host], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise UserError(f"ssh cannot use host {host}: {_last_line(proc.stderr) or 'ssh -G failed'}")
+    options: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        options.setdefault(key, value)
+    return options
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def explain_ssh_failure(stderr: str, where: str, during: str) -> str:
+    """One clear line for an ssh client failure (exit status 255), from its stderr."""
+    text = stderr
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        return (f"{where}: the host key CHANGED since it was recorded in known_hosts; refusing to connect. "
+                f"If the machine was reinstalled, check the new fingerprint, then `ssh-keygen -R` the old key")
+    if "Host key verification failed" in text or "No ED25519 host key is known" in text or "host key is known" in text:
+        return (f"{where}: unknown host key (not in known_hosts); host key checking stays on. "
+                f"Check the fingerprint and add it, e.g. by running `ssh` to it once")
+    if "Permission denied" in text:
+        methods = re.search(r"Permission denied \(([^)]*)\)", text)
+        return (f"{where}: authentication failed ({methods[1] if methods else 'permission denied'}); "
+                f"speculators-patch never prompts: load the key into ssh-agent or set IdentityFile")
+    if "Connection refused" in text:
+        return f"{where}: connection refused (is sshd running, and is the port right?)"
+    if "timed out" in text or "Connection timed out" in text:
+        return f"{where}: connection timed out ({_last_line(text)})"
+    if "Could not resolve hostname" in text:
+        return f"{where}: cannot resolve host name ({_last_line(text)})"
+    if "Timeout, server" in text or "Broken pipe" in text or "closed by" in text or "Connection reset" in text:
+        return (f"{where}: connection dropped {during}. A commit that had started finishes or rolls back "
+                f"on the remote side by itself; run `speculators-patch status` on it to see which")
+    return f"{where}: ssh failed {during}: {_last_line(text) or 'no message'}"
+
+
+class SshTransport(Transport):
+    """The agent on ``host`` over a single ``ssh`` process (one connection per subcommand).
+
+    Args:
+        host: an ssh_config alias or ``[user@]host[:port]``.
+        target: the remote ``--target`` path, or None for the remote python3's environment.
+        ssh_config: a config file to use instead of ~/.ssh/config (``ssh -F``).
+    """
+
+    connect_timeout = 15
+    keepalive = (5, 3)  # ServerAliveInterval, ServerAliveCountMax: a dead peer is noticed in ~15 s
+
+    def __init__(self, host: str, target: str | None, ssh_config: str | None = None) -> None:
+        super().__init__()
+        self.host = host
+        self.target = target
+        self.ssh_config = ssh_config
+        self.user, self.hostname, self.port = parse_host(host)
+        self.label = f"{host}:{target}" if target else host
+        self.connections = 0
+        self._stderr: list[bytes] = []
+        self._drain: threading.Thread | None = None
+
+    def _base(self) -> list[str]:
+        argv = ["ssh"]
+        if self.ssh_config:
+            argv += ["-F", self.ssh_config]
+        if self.port:
+            argv += ["-p", str(self.port)]
+        if self.user:
+            argv += ["-l", self.user]
+        return argv
+
+    def _argv(self) -> list[str]:
+        opts = _resolved(self._base(), self.hostname)
+        self._where = f"{self.host} ({opts.get('user', '?')}@{opts.get('hostname', self.hostname)} port {opts.get('port', '?')})"
+        argv = self._base() + ["-T", "-o", "BatchMode=yes"]
+        if opts.get("connecttimeout", "none") == "none":
+            argv += ["-o", f"ConnectTimeout={self.connect_timeout}"]
+        if opts.get("serveraliveinterval", "0") == "0":
+            argv += ["-o", f"ServerAliveInterval={self.keepalive[0]}", "-o", f"ServerAliveCountMax={self.keepalive[1]}"]
+        return argv + ["--", self.hostname, remote_command()]
+
+    def __enter__(self) -> "SshTransport":
+        super().__enter__()
+        self.connections += 1
+        assert self._proc is not None
+        # Drain stderr as it comes: a ControlPersist master may keep it open after ssh exits.
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
+        header = json.dumps({"target": self.target, "agent": AGENT_SOURCE, "where": self.host}).encode()
+        try:
+            self._proc.stdin.write(b"%d\n" % len(header) + header)
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # reported by the first request, with ssh's own message
+        return self
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        for chunk in iter(lambda: self._proc.stderr.read1(4096), b""):
+            self._stderr.append(chunk)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def request(self, op: str, **payload: object) -> dict:
+        """One exchange; ssh-level failures become one ``UserError`` line naming the host."""
+        assert self._proc is not None and self._proc.stdin and self._proc.stdout
+        self.exchanges += 1
+        try:
+            self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        except BrokenPipeError:
+            line = b""
+        if not line:
+            raise UserError(self._failure(op))
+        answer = json.loads(line)
+        if "error" in answer:
+            raise UserError(answer["error"])
+        return answer["ok"]
+
+    def _failure(self, op: str) -> str:
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
+        if self._drain is not None:
+            self._drain.join(timeout=2)
+        stderr = b"".join(self._stderr).decode(errors="replace")
+        during = "while committing" if op == "commit" else "while reading"
+        if code == 255 or code < 0:
+            return explain_ssh_failure(stderr, self._where, during)
+        return f"{self._where}: remote agent ended (status {code}) {during}: {_last_line(stderr) or 'no output'}"
+
+
+def ssh_transport(host: str, target: str | None, ssh_config: str | None = None) -> tuple[SshTransport, None]:
+    """The transport for ``--host``; the remote side resolves ``--target`` itself, so the
+    bare-site-packages path the local resolver returns is always None here."""
+    return SshTransport(host, target, ssh_config), None
