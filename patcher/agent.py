@@ -14,6 +14,7 @@ State kept next to the install, in ``<site-packages>/.speculators-patch/``:
 
 from __future__ import annotations
 
+import ast
 import base64
 import fcntl
 import hashlib
@@ -99,6 +100,19 @@ def _editable_source(dist_info):
     return url[len("file://"):] if url.startswith("file://") else url
 
 
+def _site_dir(request):
+    """The target's site-packages; a bare directory target is added to sys.path first."""
+    if not request.get("site_packages"):
+        return sysconfig.get_paths()["purelib"]
+    site_dir = os.path.abspath(request["site_packages"])
+    if not os.path.isdir(site_dir):
+        raise AgentError("no such directory: %s" % site_dir)
+    if site_dir not in sys.path:
+        site.addsitedir(site_dir)  # honours .pth files, as the interpreter would
+        sys.path.insert(0, site_dir)
+    return site_dir
+
+
 def inspect(request):
     """Describe the target and return the requested files.
 
@@ -108,14 +122,7 @@ def inspect(request):
     Returns a JSON-able dict (file contents base64, ``None`` for a missing file).
     Raises AgentError when the target has no speculators.
     """
-    if request.get("site_packages"):
-        site_dir = os.path.abspath(request["site_packages"])
-        if not os.path.isdir(site_dir):
-            raise AgentError("no such directory: %s" % site_dir)
-        site.addsitedir(site_dir)  # honours .pth files, as the interpreter would
-        sys.path.insert(0, site_dir)
-    else:
-        site_dir = sysconfig.get_paths()["purelib"]
+    site_dir = _site_dir(request)
     search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p) and p != site_dir]
 
     spec_root = _package_root("speculators")
@@ -307,7 +314,187 @@ def commit(request):
     return {"written": sorted(writes), "recovered": recovered}
 
 
-HANDLERS = {"inspect": inspect, "commit": commit}
+# --- Sources for the call-site check (patcher.callsite) and the runtime reading ----------
+# Which vLLM files a check needs is only known by reading them (re-exports, star imports,
+# base classes), so the agent follows them here: one exchange, however deep the chain.
+
+MAX_SOURCE_FILES = 400
+
+
+def module_paths(module):
+    """Candidate files of a dotted module name: the package's __init__.py, then module.py."""
+    base = module.replace(".", "/")
+    return [base + "/__init__.py", base + ".py"]
+
+
+def _absolute(module, is_pkg, level, name):
+    """The absolute module named by ``from <level dots><name> import ...`` inside ``module``."""
+    if not level:
+        return name
+    parts = module.split(".")
+    if not is_pkg:
+        parts = parts[:-1]
+    if level > 1:
+        parts = parts[: len(parts) - (level - 1)]
+    return ".".join(parts + ([name] if name else []))
+
+
+def _module_statements(body):
+    """Module-level statements, including those under ``if``/``try`` (TYPE_CHECKING, fallbacks)."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If):
+            for sub in _module_statements(node.body + node.orelse):
+                yield sub
+        elif isinstance(node, ast.Try):
+            inner = node.body + node.orelse + node.finalbody
+            for handler in node.handlers:
+                inner += handler.body
+            for sub in _module_statements(inner):
+                yield sub
+
+
+def bindings(tree, module, is_pkg):
+    """What a module binds at top level: ``(names, star_modules)``.
+
+    ``names`` maps a name to ``("def", node)`` (class, function, assignment; the last
+    binding wins as at runtime), ``("import", module, name)`` or ``("module", module)``.
+    """
+    names, stars = {}, []
+    for node in _module_statements(tree.body):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[node.name] = ("def", node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    names[t.id] = ("def", node)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, is_pkg, node.level, node.module or "")
+            for alias in node.names:
+                if alias.name == "*":
+                    stars.append(source)
+                else:
+                    names[alias.asname or alias.name] = ("import", source, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = ("module", alias.name)
+                else:
+                    top = alias.name.split(".")[0]
+                    names[top] = ("module", top)
+    return names, stars
+
+
+def referenced_names(cls):
+    """(dotted name) of each base class and decorator of a ClassDef, e.g. ``msgspec.Struct``."""
+    found = []
+    for expr in list(cls.bases) + list(cls.decorator_list):
+        if isinstance(expr, ast.Call):
+            expr = expr.func
+        parts = []
+        while isinstance(expr, ast.Attribute):
+            parts.insert(0, expr.attr)
+            expr = expr.value
+        if isinstance(expr, ast.Name):
+            found.append(".".join([expr.id] + parts))
+    return found
+
+
+def speculators_vllm_imports(tree):
+    """[(module, name or None)] that a speculators module imports from vLLM."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "vllm":
+            found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] == "vllm"]
+    return found
+
+
+def collect_sources(read, seeds, package="vllm"):
+    """Every file of ``package`` needed to resolve ``seeds`` to their definitions.
+
+    seeds: [(module, name or None)]; read(path) -> bytes or None. Follows re-exports, star
+    imports and submodules, and for a class its bases and decorators, recursively.
+    Returns {path: bytes or None} (None: the file does not exist).
+    """
+    files, trees = {}, {}
+
+    def parse(module):
+        if module not in trees:
+            trees[module] = None
+            for path in module_paths(module):
+                if path not in files:
+                    files[path] = read(path)
+                if files[path] is not None:
+                    try:
+                        trees[module] = (ast.parse(files[path]), path.endswith("__init__.py"))
+                    except (SyntaxError, ValueError):
+                        pass
+                    break
+        return trees[module]
+
+    seen, queue = set(), list(seeds)
+    while queue and len(files) < MAX_SOURCE_FILES:
+        module, name = queue.pop(0)
+        if (module, name) in seen or module.split(".")[0] != package:
+            continue
+        seen.add((module, name))
+        parsed = parse(module)
+        if parsed is None or name is None:
+            continue
+        names, stars = bindings(parsed[0], module, parsed[1])
+        hit = names.get(name)
+        if hit is None:
+            queue += [(module + "." + name, None)] + [(star, name) for star in stars]
+        elif hit[0] == "import":
+            queue.append((hit[1], hit[2]))
+        elif hit[0] == "module":
+            queue.append((hit[1], None))
+        elif isinstance(hit[1], ast.ClassDef):
+            for dotted in referenced_names(hit[1]):
+                head, _, rest = dotted.partition(".")
+                bound = names.get(head)
+                if not rest:
+                    queue.append((module, head))
+                elif bound and bound[0] == "module":
+                    target, _, last = (bound[1] + "." + rest).rpartition(".")
+                    queue.append((target, last))
+    return files
+
+
+def sources(request):
+    """Files for the call-site check: speculators' modules and the vLLM files they need.
+
+    request: {"site_packages": str|None, "speculators_dir": path under speculators' import
+              root (e.g. speculators/data_generation), "symbols": [[module, name]] to resolve
+              besides the ones those modules import from vLLM}
+    Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}}.
+    """
+    _site_dir(request)
+    spec_root, vllm_root = _package_root("speculators"), _package_root("vllm")
+    if spec_root is None:
+        raise AgentError("no speculators installed (python %s)" % sys.executable)
+    spec_dir = os.path.join(spec_root, request["speculators_dir"])
+    spec = {}
+    for entry in sorted(os.listdir(spec_dir)) if os.path.isdir(spec_dir) else []:
+        if entry.endswith(".py"):
+            spec[request["speculators_dir"] + "/" + entry] = _read(os.path.join(spec_dir, entry))
+    seeds = [tuple(s) for s in request.get("symbols", [])]
+    for data in spec.values():
+        try:
+            seeds += speculators_vllm_imports(ast.parse(data))
+        except (SyntaxError, ValueError):
+            pass
+    found = {}
+    if vllm_root is not None:
+        found = collect_sources(lambda p: _read(os.path.join(vllm_root, p)), seeds)
+    return {"speculators": {p: _b64(d) for p, d in spec.items()},
+            "vllm": {p: _b64(d) for p, d in found.items()}}
+
+
+HANDLERS = {"inspect": inspect, "commit": commit, "sources": sources}
 
 
 def handle(message):

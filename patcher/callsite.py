@@ -1,0 +1,557 @@
+"""The generic call-site check: does every call speculators makes into vLLM still fit?
+
+Independently of the patch list, read speculators' data-generation modules and check each
+call into vLLM against the installed vLLM's source (``ast`` only, nothing imported):
+
+- ``missing-import``: a name imported from vLLM that vLLM no longer defines;
+- ``missing-argument``: a required parameter (or dataclass field, init-only ``InitVar``
+  included) that the call does not pass;
+- ``unknown-keyword``: a keyword the callee does not take (``ignored-keyword`` when a
+  pydantic dataclass without ``extra="forbid"`` silently drops it: a note, not a break);
+- ``too-many-positional``, ``missing-method``: a method called on an object built from a
+  vLLM class (``self.executor = MultiprocExecutor(...)``) that the class no longer has,
+  unless the call is guarded by ``hasattr(obj, "method")``;
+- ``unknown-rpc``: ``collective_rpc("name")`` where neither vLLM's worker nor the worker
+  extension named by ``worker_extension_cls=`` defines ``name``.
+
+Each finding names the speculators ``file:line`` and the vLLM ``file:line`` of the signature.
+The vLLM files come from the agent's ``sources`` op (one exchange; see ``patcher.agent``),
+which follows re-exports and base classes the same way this module does.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping
+
+from patcher.agent import bindings, module_paths, referenced_names, speculators_vllm_imports
+from patcher.transport import Transport
+
+SPECULATORS_DIR = "speculators/data_generation"
+# collective_rpc("name") runs ``name`` on vLLM's worker (CPU/XPU workers subclass it) or
+# on the worker extension class mixed into it.
+WORKER = ("vllm.v1.worker.gpu_worker", "Worker")
+# Bases that add no constructor parameters and no methods speculators calls.
+NEUTRAL_BASES = {"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol", "typing.Protocol"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One call that does not fit the installed vLLM.
+
+    ``severity`` is ``error`` (the call fails at runtime) or ``note`` (accepted, no effect).
+    """
+
+    kind: str
+    file: str
+    line: int
+    call: str
+    detail: str
+    vllm_file: str | None = None
+    vllm_line: int | None = None
+    vllm_found: str = ""
+    severity: str = "error"
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def vllm_where(self) -> str:
+        if self.vllm_file is None:
+            return ""
+        return f"{self.vllm_file}:{self.vllm_line}" if self.vllm_line else self.vllm_file
+
+    def __str__(self) -> str:
+        tail = f" ({self.vllm_where}: {self.vllm_found})" if self.vllm_file else ""
+        return f"{self.where}: {self.call}: {self.detail}{tail}"
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "severity": self.severity, "file": self.file, "line": self.line,
+                "call": self.call, "detail": self.detail, "vllm_file": self.vllm_file,
+                "vllm_line": self.vllm_line, "vllm_found": self.vllm_found}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    required: bool
+    kind: str = "any"  # "any" (positional or keyword) | "positional" (only) | "keyword" (only)
+    init_only: bool = False
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a callable accepts, read from the source. ``extra``: what an unknown keyword
+    does (``error``, or ``ignored`` by a pydantic dataclass without extra="forbid")."""
+
+    name: str
+    file: str
+    line: int
+    text: str
+    params: tuple[Param, ...] = ()
+    varargs: bool = False
+    varkw: bool = False
+    extra: str = "error"
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A definition in vLLM: its module, file and node (class, function or assignment)."""
+
+    module: str
+    file: str
+    node: ast.AST
+
+    @property
+    def is_class(self) -> bool:
+        return isinstance(self.node, ast.ClassDef)
+
+
+class Index:
+    """Resolve vLLM names to definitions over a set of source files (path -> bytes)."""
+
+    def __init__(self, files: Mapping[str, bytes | None]) -> None:
+        self.files = files
+        self._modules: dict[str, tuple[ast.Module, bool, str, dict, list] | None] = {}
+
+    def module(self, name: str) -> tuple[ast.Module, bool, str, dict, list] | None:
+        """(tree, is_package, path, bindings, star modules) of a module, or None."""
+        if name not in self._modules:
+            self._modules[name] = None
+            for path in module_paths(name):
+                data = self.files.get(path)
+                if data is not None:
+                    tree = ast.parse(data, filename=path)
+                    is_pkg = path.endswith("__init__.py")
+                    self._modules[name] = (tree, is_pkg, path, *bindings(tree, name, is_pkg))
+                    break
+        return self._modules[name]
+
+    def resolve(self, module: str, name: str, depth: int = 0) -> Symbol | None:
+        """Follow ``from module import name`` to the definition (None when not found)."""
+        mod = self.module(module)
+        if mod is None or depth > 20:
+            return None
+        _, _, path, names, stars = mod
+        hit = names.get(name)
+        if hit is None:
+            for star in stars:
+                found = self.resolve(star, name, depth + 1)
+                if found is not None:
+                    return found
+            sub = self.module(f"{module}.{name}")
+            return Symbol(f"{module}.{name}", sub[2], sub[0]) if sub else None
+        if hit[0] == "def":
+            return Symbol(module, path, hit[1])
+        if hit[0] == "import":
+            return self.resolve(hit[1], hit[2], depth + 1)
+        sub = self.module(hit[1])
+        return Symbol(hit[1], sub[2], sub[0]) if sub else None
+
+    def resolve_dotted(self, module: str, dotted: str) -> Symbol | str | None:
+        """A base or decorator written ``Name`` or ``mod.Name`` in ``module``: its Symbol,
+        or the dotted external name (``msgspec.Struct``) when it lives outside vLLM."""
+        mod = self.module(module)
+        if mod is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        bound = mod[3].get(head)
+        if bound is None:
+            return dotted if not rest else None
+        if bound[0] == "def":
+            return Symbol(module, mod[2], bound[1]) if not rest else None
+        if bound[0] == "import":
+            target = f"{bound[1]}.{bound[2]}" + (f".{rest}" if rest else "")
+        else:
+            target = bound[1] + (f".{rest}" if rest else "")
+        if target.split(".")[0] != "vllm":
+            return target
+        parent, _, last = target.rpartition(".")
+        return self.resolve(parent, last)
+
+    # -- classes ------------------------------------------------------------------------
+
+    def mro(self, sym: Symbol) -> tuple[list[Symbol], list[str]]:
+        """The class and its vLLM bases (depth-first, each once), and the external bases."""
+        order: list[Symbol] = []
+        external: list[str] = []
+
+        def visit(s: Symbol) -> None:
+            if any(o.node is s.node for o in order):
+                return
+            order.append(s)
+            for base in s.node.bases:
+                base_name = _dotted(base)
+                found = self.resolve_dotted(s.module, base_name) if base_name else None
+                if isinstance(found, Symbol) and found.is_class:
+                    visit(found)
+                elif base_name not in NEUTRAL_BASES:
+                    external.append(found if isinstance(found, str) else (base_name or ast.unparse(base)))
+
+        visit(sym)
+        return order, external
+
+    def method(self, sym: Symbol, name: str) -> tuple[Symbol, ast.FunctionDef] | None:
+        for cls in self.mro(sym)[0]:
+            for node in cls.node.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                    return cls, node
+        return None
+
+    def dataclass_kind(self, sym: Symbol) -> str | None:
+        """``stdlib`` | ``pydantic`` | ``pydantic-forbid`` | ``msgspec`` | None."""
+        for deco in sym.node.decorator_list:
+            call = deco if isinstance(deco, ast.Call) else None
+            found = self.resolve_dotted(sym.module, _dotted(call.func if call else deco) or "")
+            if found in ("dataclasses.dataclass",):
+                return "stdlib"
+            if found == "pydantic.dataclasses.dataclass":
+                return "pydantic-forbid" if call is not None and _forbids_extra(call) else "pydantic"
+            if isinstance(found, Symbol) and isinstance(found.node, ast.FunctionDef):
+                kind = self._decorator_factory(found)
+                if kind:
+                    return kind
+        for base in sym.node.bases:
+            if self.resolve_dotted(sym.module, _dotted(base) or "") == "msgspec.Struct":
+                return "msgspec"
+        return None
+
+    def _decorator_factory(self, fn: Symbol) -> str | None:
+        """A vLLM decorator (e.g. vllm.config.utils.config) that makes a dataclass."""
+        makes = None
+        for node in ast.walk(fn.node):
+            if isinstance(node, ast.Call):
+                found = self.resolve_dotted(fn.module, _dotted(node.func) or "")
+                if found == "pydantic.dataclasses.dataclass":
+                    makes = "pydantic"
+                elif found == "dataclasses.dataclass":
+                    makes = makes or "stdlib"
+        if makes == "pydantic" and any(_forbids_extra(n) for n in ast.walk(fn.node) if isinstance(n, ast.Call)):
+            return "pydantic-forbid"
+        return makes
+
+    def constructor(self, sym: Symbol) -> Signature | None:
+        """The signature ``Class(...)`` is checked against, or None when it cannot be known.
+
+        As at runtime: the first class in the MRO that defines ``__init__`` or is a
+        dataclass (whose generated ``__init__`` takes the fields of it and its dataclass
+        bases) decides.
+        """
+        classes, external = self.mro(sym)
+        for i, cls in enumerate(classes):
+            init = next((n for n in cls.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            if init is not None:
+                return function_signature(init, cls.file, f"{cls.node.name}.__init__", method=True)
+            kind = self.dataclass_kind(cls)
+            if kind is None:
+                continue
+            if any(e != "msgspec.Struct" for e in external):
+                return None  # fields may come from a base outside vLLM
+            params: dict[str, Param] = {}
+            for base in reversed(classes[i:]):
+                if base is cls or self.dataclass_kind(base):
+                    for p in dataclass_fields(base.node):
+                        params[p.name] = p
+            bases = ", ".join(ast.unparse(b) for b in cls.node.bases)
+            text = f"class {cls.node.name}({bases})" if bases else f"class {cls.node.name}"
+            return Signature(cls.node.name, cls.file, cls.node.lineno, f"{kind} dataclass {text}",
+                             tuple(params.values()), extra="ignored" if kind == "pydantic" else "error")
+        if external:
+            return None
+        return Signature(sym.node.name, sym.file, sym.node.lineno, f"class {sym.node.name}")
+
+
+def _dotted(expr: ast.AST) -> str | None:
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.insert(0, expr.attr)
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        return ".".join([expr.id, *parts])
+    return None
+
+
+def _forbids_extra(call: ast.Call) -> bool:
+    """``ConfigDict(extra="forbid")`` (or ``extra="forbid"``) anywhere in a call."""
+    for node in ast.walk(call):
+        if isinstance(node, ast.keyword) and node.arg == "extra":
+            return isinstance(node.value, ast.Constant) and node.value.value == "forbid"
+    return False
+
+
+def function_signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, file: str, name: str,
+                       method: bool = False) -> Signature:
+    args = fn.args
+    positional = [*args.posonlyargs, *args.args]
+    first_default = len(positional) - len(args.defaults)
+    params = []
+    for i, a in enumerate(positional):
+        if method and i == 0:
+            continue
+        kind = "positional" if i < len(args.posonlyargs) else "any"
+        params.append(Param(a.arg, i < first_default, kind, line=a.lineno))
+    for a, d in zip(args.kwonlyargs, args.kw_defaults):
+        params.append(Param(a.arg, d is None, "keyword", line=a.lineno))
+    text = f"{fn.name}({ast.unparse(args)})"
+    return Signature(name, file, fn.lineno, text, tuple(params), args.vararg is not None, args.kwarg is not None)
+
+
+FIELD_CALLS = {"field", "Field", "dataclasses.field", "msgspec.field", "pydantic.Field"}
+
+
+def dataclass_fields(cls: ast.ClassDef) -> Iterator[Param]:
+    """The ``__init__`` parameters a dataclass body declares (InitVar included, ClassVar and
+    ``field(init=False)`` left out)."""
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        annotation = ast.unparse(node.annotation)
+        if "ClassVar" in annotation:
+            continue
+        required = node.value is None
+        value = node.value
+        if isinstance(value, ast.Call) and _dotted(value.func) in FIELD_CALLS:
+            kws = {k.arg: k.value for k in value.keywords if k.arg}
+            init = kws.get("init")
+            if isinstance(init, ast.Constant) and init.value is False:
+                continue
+            has_default = "default" in kws or "default_factory" in kws or any(
+                not (isinstance(a, ast.Constant) and a.value is Ellipsis) for a in value.args[:1])
+            required = not has_default
+        yield Param(node.target.id, required, "any", "InitVar" in annotation, node.lineno)
+
+
+# -- the check ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Module:
+    path: str
+    tree: ast.Module
+    imports: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # local -> (module, name, line)
+
+
+def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None]) -> list[Finding]:
+    """Every call from ``speculators`` modules (path -> source) into vLLM (path -> source)
+    that does not fit. Files that do not parse are skipped (the patch check reports them)."""
+    index = Index(vllm)
+    modules = []
+    for path, data in sorted(speculators.items()):
+        if data is None:
+            continue
+        try:
+            tree = ast.parse(data, filename=path)
+        except SyntaxError:
+            continue
+        mod = _Module(path, tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "vllm":
+                for a in node.names:
+                    mod.imports[a.asname or a.name] = (node.module, a.name, node.lineno)
+        if mod.imports:
+            modules.append(mod)
+    extensions = _extensions(speculators)
+    findings: list[Finding] = []
+    for mod in modules:
+        findings += _check_module(index, mod, extensions)
+    return sorted(set(findings), key=lambda f: (f.file, f.line, f.kind, f.detail))
+
+
+def _extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.ClassDef]]:
+    """Worker extension classes named by ``worker_extension_cls="pkg.mod.Class"``."""
+    found = []
+    for data in speculators.values():
+        if data is None:
+            continue
+        try:
+            tree = ast.parse(data)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.keyword) and node.arg == "worker_extension_cls"
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                module, _, cls_name = node.value.value.rpartition(".")
+                path = module.replace(".", "/") + ".py"
+                source = speculators.get(path)
+                if source is None:
+                    continue
+                cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+                if cls is not None:
+                    found.append((path, cls))
+    return found
+
+
+def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]]) -> list[Finding]:
+    findings = []
+    symbols: dict[str, Symbol] = {}
+    for local, (module, name, line) in mod.imports.items():
+        sym = index.resolve(module, name)
+        if sym is None:
+            mod_info = index.module(module)
+            findings.append(Finding(
+                "missing-import", mod.path, line, f"from {module} import {name}",
+                f"vLLM has no {name} in {module}" if mod_info else f"vLLM has no module {module}",
+                mod_info[2] if mod_info else module_paths(module)[1], None,
+                "name not defined" if mod_info else "file not found"))
+        else:
+            symbols[local] = sym
+    # self.<attr> = <vLLM class>(...) anywhere in the module: the attribute's class.
+    attrs: dict[str, Symbol] = {}
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            sym = symbols.get(node.value.func.id)
+            if sym is not None and sym.is_class:
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        attrs[t.attr] = sym
+    for call, guards in _calls(mod.tree):
+        func = call.func
+        line = call.lineno
+        if isinstance(func, ast.Name) and func.id in symbols:
+            sym = symbols[func.id]
+            if sym.is_class:
+                sig = index.constructor(sym)
+            elif isinstance(sym.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                sig = function_signature(sym.node, sym.file, func.id)
+            else:
+                sig = None
+            if sig is not None:
+                findings += _check_call(mod.path, line, f"{func.id}(...)", call, sig)
+        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute)
+              and isinstance(func.value.value, ast.Name) and func.value.value.id == "self"
+              and func.value.attr in attrs):
+            owner = attrs[func.value.attr]
+            label = f"self.{func.value.attr}.{func.attr}(...)"
+            found = index.method(owner, func.attr)
+            if found is None:
+                if (ast.dump(func.value), func.attr) not in guards and not index.mro(owner)[1]:
+                    findings.append(Finding(
+                        "missing-method", mod.path, line, label,
+                        f"{owner.node.name} (and its bases) has no method {func.attr}",
+                        owner.file, owner.node.lineno, f"class {owner.node.name}"))
+                continue
+            cls, fn = found
+            sig = function_signature(fn, cls.file, f"{cls.node.name}.{fn.name}", method=True)
+            findings += _check_call(mod.path, line, label, call, sig)
+            if func.attr == "collective_rpc" and call.args and isinstance(call.args[0], ast.Constant):
+                findings += _check_rpc(index, mod.path, line, call.args[0].value, extensions)
+    return findings
+
+
+def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
+    """Every call, with the ``hasattr(obj, "name")`` guards (as (dump(obj), name)) above it."""
+
+    def guards_of(test: ast.AST) -> set:
+        found = set()
+        for node in ast.walk(test):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
+                    and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
+                found.add((ast.dump(node.args[0]), node.args[1].value))
+        return found
+
+    def walk(node: ast.AST, guards: frozenset) -> Iterator[tuple[ast.Call, frozenset]]:
+        if isinstance(node, (ast.If, ast.IfExp)):
+            inner = guards | guards_of(node.test)
+            yield from walk(node.test, guards)
+            body = node.body if isinstance(node.body, list) else [node.body]
+            for child in body:
+                yield from walk(child, inner)
+            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            for child in orelse:
+                yield from walk(child, guards)
+            return
+        if isinstance(node, ast.Call):
+            yield node, guards
+        for child in ast.iter_child_nodes(node):
+            yield from walk(child, guards)
+
+    yield from walk(tree, frozenset())
+
+
+def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
+    findings = []
+
+    def finding(kind: str, detail: str, p: Param | None = None, severity: str = "error") -> Finding:
+        vline = p.line if p is not None and p.line else sig.line
+        found = sig.text if p is None or "dataclass" not in sig.text else f"{sig.name}.{p.name}"
+        return Finding(kind, path, line, label, detail, sig.file, vline, found, severity)
+
+    splat = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+    positional = [p for p in sig.params if p.kind != "keyword"]
+    n_pos = sum(1 for a in call.args if not isinstance(a, ast.Starred))
+    if n_pos > len(positional) and not sig.varargs and not splat:
+        findings.append(finding("too-many-positional",
+                                f"{n_pos} positional arguments, {sig.name} takes {len(positional)}"))
+    passed = {p.name for p in positional[:n_pos]}
+    for kw in call.keywords:
+        if kw.arg is None:
+            continue
+        p = sig.param(kw.arg)
+        if p is not None and p.kind != "positional":
+            passed.add(kw.arg)
+        elif not sig.varkw:
+            if sig.extra == "ignored":
+                findings.append(finding("ignored-keyword", f"{sig.name} has no field {kw.arg}; pydantic drops it",
+                                        severity="note"))
+            else:
+                findings.append(finding("unknown-keyword", f"{sig.name} takes no keyword {kw.arg}"))
+    if not splat:
+        for p in sig.params:
+            if p.required and p.name not in passed:
+                what = "init-only field" if p.init_only else ("field" if "dataclass" in sig.text else "parameter")
+                findings.append(finding("missing-argument", f"required {what} {p.name} not passed", p))
+    return findings
+
+
+def _check_rpc(index: Index, path: str, line: int, name: object, extensions: list[tuple[str, ast.ClassDef]]) -> list[Finding]:
+    if not isinstance(name, str):
+        return []
+    worker = index.resolve(*WORKER)
+    if worker is None or not worker.is_class:
+        return []  # no worker source to check against
+    if index.method(worker, name) is not None:
+        return []
+    for _, cls in extensions:
+        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in cls.body):
+            return []
+    ext = " nor ".join(f"{c.name} ({p}:{c.lineno})" for p, c in extensions) or "no worker extension"
+    return [Finding("unknown-rpc", path, line, f'collective_rpc("{name}")',
+                    f"neither {worker.node.name} nor {ext} defines {name}",
+                    worker.file, worker.node.lineno, f"class {worker.node.name}")]
+
+
+def fetch(transport: Transport, site_packages: str | None = None) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+    """One ``sources`` exchange: (speculators files, vLLM files) for ``check``."""
+    answer = transport.request("sources", site_packages=site_packages, speculators_dir=SPECULATORS_DIR,
+                               symbols=[list(WORKER)])
+
+    def unb64(files: dict) -> dict[str, bytes | None]:
+        return {k: None if v is None else base64.b64decode(v) for k, v in files.items()}
+
+    return unb64(answer["speculators"]), unb64(answer["vllm"])
+
+
+def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+    """What ``fetch`` returns, read directly from two directories (tests, benchmarks)."""
+    import os
+
+    from patcher.agent import collect_sources
+
+    def read(root: str, path: str) -> bytes | None:
+        try:
+            with open(os.path.join(root, path), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    spec_dir = os.path.join(speculators_root, SPECULATORS_DIR)
+    spec = {f"{SPECULATORS_DIR}/{n}": read(spec_dir, n) for n in sorted(os.listdir(spec_dir)) if n.endswith(".py")}
+    seeds = [WORKER] + [s for d in spec.values() if d for s in speculators_vllm_imports(ast.parse(d))]
+    return spec, collect_sources(lambda p: read(vllm_root, p), seeds)
