@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,7 +24,7 @@ from patcher.registry import all_patches, select
 from patcher.transport import Transport, local_transport
 from patcher.verify import verify
 
-out = Console(highlight=False, soft_wrap=True)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 @dataclass
@@ -87,14 +86,19 @@ def _outcome_rows(plans: list[engine.FilePlan]) -> list[dict]:
     ]
 
 
-def _outcome_table(rows: list[dict], title: str) -> Table:
+APPLY_WORDS = {"pending": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}
+DRY_RUN_WORDS = {"pending": "would apply", "applied": "applied earlier", "satisfied": "already satisfied"}
+
+
+def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = None) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("patch", "state", "title"):
         table.add_column(col)
     titles = {p.id: p.title for p in all_patches()}
     colors = {"pending": "yellow", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red"}
-    for r in rows:
-        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{r['state']}[/]", titles[r["id"]])
+    for r in sorted(rows, key=lambda r: r["id"]):
+        word = (words or {}).get(r["state"], r["state"])
+        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", titles[r["id"]])
     return table
 
 
@@ -106,7 +110,8 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool) -> Rep
     data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "patches": rows}
 
     def render(console: Console) -> None:
-        console.print(_outcome_table(rows, f"{'would apply' if dry_run else 'apply'} on {snap.label}"))
+        words = DRY_RUN_WORDS if dry_run else APPLY_WORDS
+        console.print(_outcome_table(rows, f"speculators {snap.speculators_version} on vLLM {snap.vllm.version} ({snap.label})", words))
         if dry_run:
             console.print(f"dry run: {len(changed)} file(s) would change, nothing written")
         elif result.written:
@@ -166,16 +171,16 @@ def do_verify(transport: Transport, snap: Snapshot, chosen) -> Report:
 
     def render(console: Console) -> None:
         table = Table(title=f"vLLM {snap.vllm.version} facts (static read of {snap.vllm_root})", title_justify="left")
-        for col in ("patch", "fact", "holds", "evidence", "found"):
-            table.add_column(col, overflow="fold")
-        for f in facts:
+        for col in ("patch", "vLLM symbol", "holds", "evidence", "found"):
+            table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
+        for f in sorted(facts, key=lambda f: f.patch.id):
             mark = "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
-            table.add_row(f.patch.id, f.fact.summary, mark, f.evidence.where, f.evidence.found)
+            table.add_row(f.patch.id, f.fact.symbol, mark, f.evidence.where, f.evidence.found)
         console.print(table)
         table = Table(title=f"speculators {snap.speculators_version} at {snap.speculators_root}", title_justify="left")
         for col in ("patch", "needed", "state", "verdict", "fix"):
             table.add_column(col, overflow="fold")
-        for c in checks:
+        for c in sorted(checks, key=lambda c: c.patch.id):
             color = "green" if c.verdict == "ok" else "red"
             table.add_row(c.patch.id, "yes" if c.needed else "no", c.state, f"[{color}]{c.verdict}[/]", c.hint)
         console.print(table)
@@ -223,7 +228,7 @@ def _emit(report: Report, as_json: bool) -> None:
         click.echo(json.dumps({**report.data, "notes": report.notes, "exit_code": report.exit_code}, indent=1))
     else:
         for note in report.notes:
-            Console(stderr=True, highlight=False).print(f"note: {note}")
+            Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}")
         report.render(out)
 
 

@@ -167,26 +167,39 @@ def _parser_config(python_version: str) -> cst.PartialParserConfig:
     return cst.PartialParserConfig(python_version=version)
 
 
-def run_codemod(patch: Patch, source: bytes, python_version: str = "3.10") -> tuple[str, bytes, str]:
-    """Run one patch's codemod on ``source``.
+def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
+    """Parse with the target interpreter's grammar. Raises ``UserError`` on a syntax error."""
+    try:
+        return cst.parse_module(source, config=_parser_config(python_version))
+    except cst.ParserSyntaxError as e:
+        raise UserError(f"{path}:{e.raw_line}: syntax error, cannot patch: {e.message}") from None
 
-    Returns ``(verdict, new_source, detail)`` with verdict ``changed``, ``satisfied`` or
-    ``refused``. Raises ``UserError`` when the source does not parse.
+
+def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
+    """Run one patch's codemod on a parsed module.
+
+    Returns ``(verdict, module, detail)`` with verdict ``changed``, ``satisfied`` or
+    ``refused`` (``detail`` then names file:line and the expected shape).
     """
     try:
-        module = cst.parse_module(source, config=_parser_config(python_version))
-    except cst.ParserSyntaxError as e:
-        raise UserError(f"{patch.file}:{e.raw_line}: syntax error, cannot patch: {e.message}") from None
-    codemod = patch.codemod(CodemodContext(filename=patch.file))
-    try:
-        new = codemod.transform_module(module).bytes
+        new = patch.codemod(CodemodContext(filename=patch.file)).transform_module(module)
     except SkipFile as e:
-        return "satisfied", source, str(e)
-    except PatchRefused as e:
-        return "refused", source, str(e)
-    if new == source:
-        return "satisfied", source, "already satisfied: no change"
+        return "satisfied", module, str(e)
+    except PatchRefused:
+        try:  # again, with positions resolved, to name the line
+            patch.codemod.with_positions()(CodemodContext(filename=patch.file)).transform_module(module)
+        except PatchRefused as e:
+            return "refused", module, str(e)
+        raise
+    if new.code == module.code:
+        return "satisfied", module, "already satisfied: no change"
     return "changed", new, ""
+
+
+def run_codemod(patch: Patch, source: bytes, python_version: str = "3.10") -> tuple[str, bytes, str]:
+    """``transform`` on bytes: returns ``(verdict, new_source, detail)``."""
+    verdict, module, detail = transform(patch, parse(patch.file, source, python_version))
+    return verdict, module.bytes, detail
 
 
 def needed(snap: Snapshot, patch: Patch) -> bool:
@@ -198,19 +211,20 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
               recorded: dict[str, int]) -> FilePlan:
     """Run the chosen patches for ``path`` in order on ``source`` (deterministic)."""
     plan = FilePlan(path, source, source)
+    module = parse(path, source, snap.python_version)
     for patch in (p for p in chosen if p.file == path):
         if not needed(snap, patch):
             plan.outcomes.append(Outcome(patch, "not-needed", "the installed vLLM does not need it"))
             continue
-        verdict, new, detail = run_codemod(patch, plan.after, snap.python_version)
+        verdict, module, detail = transform(patch, module)
         if verdict == "changed":
-            plan.after = new
             plan.outcomes.append(Outcome(patch, "pending"))
         elif verdict == "satisfied":
             state = "applied" if patch.id in recorded else "satisfied"
             plan.outcomes.append(Outcome(patch, state, detail))
         else:
             plan.outcomes.append(Outcome(patch, "refused", detail))
+    plan.after = module.bytes
     return plan
 
 

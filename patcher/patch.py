@@ -85,7 +85,13 @@ class PatchCodemod(VisitorBasedCodemodCommand):
     through ``PositionProvider`` for refusal messages.
     """
 
-    METADATA_DEPENDENCIES = (PositionProvider,)
+    # Positions cost a full pass per codemod, so they are only resolved to word a refusal:
+    # the engine re-runs a refusing codemod with ``with_positions()``.
+    METADATA_DEPENDENCIES: tuple = ()
+
+    @classmethod
+    def with_positions(cls) -> type[PatchCodemod]:
+        return type(cls.__name__, (cls,), {"METADATA_DEPENDENCIES": (PositionProvider,)})
 
     def already_satisfied(self, why: str) -> None:
         """Stop: the code already has the fix. Raises ``libcst.codemod.SkipFile``."""
@@ -97,6 +103,6 @@ class PatchCodemod(VisitorBasedCodemodCommand):
         if node is not None:
             try:
                 where += f":{self.get_metadata(PositionProvider, node).start.line}"
-            except KeyError:
+            except KeyError:  # positions not resolved on this run
                 pass
         raise PatchRefused(f"{where}: unrecognised code, expected {expected}")

@@ -1,0 +1,100 @@
+"""Bad input: a one-line error, exit code 2, and nothing changed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import GENERATOR, run_cli, tree_digest
+
+
+def assert_refused(result, *fragments: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_missing_target(tmp_path):
+    assert_refused(run_cli("apply", "--target", str(tmp_path / "nope")), "target does not exist")
+
+
+def test_target_is_not_an_environment(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert_refused(run_cli("status", "--target", str(tmp_path)), "not a Python environment")
+
+
+def test_no_speculators_in_target(tmp_path):
+    from sandbox import make_sandbox
+
+    env = make_sandbox(tmp_path / "env", speculators=None)
+    assert_refused(run_cli("apply", "--target", str(env)), "no speculators installed")
+
+
+def test_unsupported_speculators_version_0_4_0_is_left_alone(tmp_path):
+    from sandbox import make_sandbox, site_packages
+
+    env = make_sandbox(tmp_path / "env", speculators="0.4.0")
+    before = tree_digest(site_packages(env))
+    for command in ("apply", "diff", "verify", "status"):
+        assert_refused(run_cli(command, "--target", str(env)), "speculators 0.4.0 is not supported")
+    assert tree_digest(site_packages(env)) == before
+
+
+def test_unknown_patch_id(sandbox, site):
+    before = tree_digest(site)
+    assert_refused(run_cli("apply", "--target", str(sandbox), "--only", "SP999"), "unknown patch id SP999")
+    assert tree_digest(site) == before
+
+
+def test_syntax_error_in_target_file(sandbox, site):
+    path = site / GENERATOR
+    path.write_text(path.read_text() + "\ndef broken(:\n")
+    before = tree_digest(site)
+    assert_refused(run_cli("apply", "--target", str(sandbox)), GENERATOR, "syntax error")
+    assert tree_digest(site) == before
+
+
+def test_unrecognised_code_is_refused_with_file_and_line(sandbox, site):
+    path = site / GENERATOR
+    path.write_text(path.read_text().replace("SchedulerConfig(\n", "make_scheduler_config(\n"))
+    before = tree_digest(site)
+    result = run_cli("apply", "--target", str(sandbox))
+    assert_refused(result, GENERATOR, "SchedulerConfig(...)")
+    assert tree_digest(site) == before
+
+
+def test_modified_after_patching_is_not_overwritten(sandbox, site):
+    run_cli("apply", "--target", str(sandbox))
+    path = site / GENERATOR
+    path.write_text(path.read_text() + "\n# a local edit\n")
+    before = tree_digest(site)
+    assert_refused(run_cli("revert", "--target", str(sandbox)), "modified after patching", "--force")
+    assert tree_digest(site) == before
+    assert run_cli("revert", "--target", str(sandbox), "--force").returncode == 0
+    assert "# a local edit" not in path.read_text()
+
+
+def _mount_read_only(path: Path) -> bool:
+    """Bind-mount ``path`` read-only onto itself; False where mounting is not allowed."""
+    ok = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True).returncode == 0
+    if ok and subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True).returncode == 0:
+        return True
+    if ok:
+        subprocess.run(["umount", str(path)])
+    return False
+
+
+def test_read_only_site_packages(sandbox, site):
+    """site-packages on a read-only filesystem (as a shared read-only NFS export would be)."""
+    before = tree_digest(site)
+    if not _mount_read_only(site):
+        pytest.skip("this machine does not allow a read-only bind mount (needs root)")
+    try:
+        assert_refused(run_cli("apply", "--target", str(sandbox)), "cannot write", "Read-only file system")
+        assert tree_digest(site) == before
+    finally:
+        subprocess.run(["umount", str(site)], check=True)

