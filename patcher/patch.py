@@ -63,6 +63,10 @@ class Patch:
             without facts (a correctness fix in speculators' own logic) is always needed.
         speculators: the speculators versions the patch is written for (PEP 440 specifier).
         order: position in the sequence applied to a file; lower runs first.
+        portable: the emitted code is right on every vLLM release 0.11-0.17 (e.g. it checks
+            ``hasattr`` at runtime), so it stays correct when vLLM is upgraded or downgraded
+            under it. A non-portable patch targets the installed API: ``verify`` reports it
+            stale once the installed vLLM no longer needs it.
     """
 
     id: str
@@ -74,6 +78,7 @@ class Patch:
     facts: tuple[VllmFact, ...] = ()
     speculators: str = "==0.3.0"
     order: int = 0
+    portable: bool = False
     notes: str = field(default="", compare=False)
 
 

@@ -15,6 +15,9 @@ from patcher.registry import all_patches
 from patcher.vllm_source import Evidence
 
 
+STALE_FIX = "speculators-patch revert && speculators-patch apply"
+
+
 @dataclass
 class FactCheck:
     patch: Patch
@@ -25,7 +28,8 @@ class FactCheck:
 @dataclass
 class PatchCheck:
     """``verdict``: ``ok`` | ``missing`` (needed, not applied) | ``stale`` (applied by us
-    but the installed vLLM no longer needs it) | ``refused`` (unrecognised code)."""
+    for another vLLM, not portable, and the installed vLLM does not need it: its code
+    targets an API this vLLM lacks) | ``refused`` (unrecognised code)."""
 
     patch: Patch
     needed: bool
@@ -47,8 +51,12 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
                 checks.append(PatchCheck(o.patch, needed, o.state, "missing", f"speculators-patch apply --only {o.patch.id}"))
             elif o.state == "refused":
                 checks.append(PatchCheck(o.patch, needed, o.state, "refused", o.detail))
+            elif o.state == "not-needed" and o.patch.id in recorded and not o.patch.portable:
+                # Applied for another vLLM (upgrade or downgrade since): its code targets an
+                # API this vLLM does not have. Re-derive the patch set for the installed vLLM.
+                checks.append(PatchCheck(o.patch, False, "applied", "stale", STALE_FIX))
             elif o.state == "not-needed" and o.patch.id in recorded:
-                checks.append(PatchCheck(o.patch, False, "applied", "stale", f"speculators-patch revert --only {o.patch.id}"))
+                checks.append(PatchCheck(o.patch, False, "applied", "ok"))  # portable: right here too
             else:
                 checks.append(PatchCheck(o.patch, needed, o.state, "ok"))
     return facts, checks

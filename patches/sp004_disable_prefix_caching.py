@@ -35,4 +35,5 @@ PATCH = Patch(
         ),
     ),
     order=40,
+    portable=True,
 )

@@ -70,4 +70,5 @@ PATCH = Patch(
         ),
     ),
     order=50,
+    portable=True,
 )

@@ -36,4 +36,5 @@ PATCH = Patch(
         ),
     ),
     order=60,
+    portable=True,
 )

@@ -56,4 +56,5 @@ PATCH = Patch(
         ),
     ),
     order=70,
+    portable=True,
 )

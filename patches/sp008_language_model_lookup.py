@@ -80,4 +80,5 @@ PATCH = Patch(
         ),
     ),
     order=80,
+    portable=True,
 )

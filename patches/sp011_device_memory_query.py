@@ -54,4 +54,5 @@ PATCH = Patch(
         ),
     ),
     order=110,
+    portable=True,
 )
