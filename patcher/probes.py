@@ -52,7 +52,7 @@ def parameter_absent(path: str, qualname: str, param: str) -> Probe:
         fn = src.find_function(path, qualname)
         if fn is None:
             return _missing(path, qualname)
-        return Evidence(param not in parameter_names(fn), path, fn.lineno, signature(fn))
+        return Evidence(param not in parameter_names(fn), path, fn.lineno, signature(fn, param))
 
     return probe
 
@@ -64,7 +64,7 @@ def parameter_required(path: str, qualname: str, param: str) -> Probe:
         fn = src.find_function(path, qualname)
         if fn is None:
             return _missing(path, qualname)
-        return Evidence(param in required_parameters(fn), path, fn.lineno, signature(fn))
+        return Evidence(param in required_parameters(fn), path, fn.lineno, signature(fn, param))
 
     return probe
 
@@ -77,7 +77,7 @@ def method_defined(path: str, qualname: str, param: str | None = None) -> Probe:
         if fn is None:
             return _missing(path, qualname)
         ok = param is None or param in parameter_names(fn)
-        return Evidence(ok, path, fn.lineno, signature(fn))
+        return Evidence(ok, path, fn.lineno, signature(fn, param))
 
     return probe
 
@@ -90,7 +90,7 @@ def returns_not_list(path: str, qualname: str) -> Probe:
         if fn is None:
             return _missing(path, qualname)
         returns = ast.unparse(fn.returns) if fn.returns is not None else ""
-        return Evidence(not returns.lower().startswith("list"), path, fn.lineno, signature(fn))
+        return Evidence(not returns.lower().startswith("list"), path, fn.lineno, signature(fn, "unique_reply_rank"))
 
     return probe
 

@@ -94,9 +94,20 @@ class VllmSource:
         }
 
 
-def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    """``name(args) -> returns`` as written in the source, e.g. ``sample_tokens(self, grammar_output: 'GrammarOutput | None')``."""
-    text = f"{fn.name}({ast.unparse(fn.args)})"
+def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, focus: str | None = None, most: int = 4) -> str:
+    """``name(args) -> returns`` as written in the source, e.g.
+    ``sample_tokens(self, grammar_output: 'GrammarOutput | None')``.
+
+    A signature with more than ``most`` parameters is shortened to the ``focus`` parameter
+    (``__init__(self, ..., block_size: int, ...)``), or to a count when it lacks it.
+    """
+    every = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+    if len(every) <= most or focus is None:
+        text = f"{fn.name}({ast.unparse(fn.args)})"
+    else:
+        hit = next((a for a in every if a.arg == focus), None)
+        shown = f"{ast.unparse(hit)}, ..." if hit is not None else f"{len(every) - 1} more, no {focus}"
+        text = f"{fn.name}({every[0].arg}, ..., {shown})"
     if fn.returns is not None:
         text += f" -> {ast.unparse(fn.returns)}"
     return text
