@@ -494,7 +494,34 @@ def sources(request):
             "vllm": {p: _b64(d) for p, d in found.items()}}
 
 
-HANDLERS = {"inspect": inspect, "commit": commit, "sources": sources}
+
+def run_python(request):
+    """Run a stdlib script under this interpreter in a child process (``verify --runtime``).
+
+    request: {"script": source, "input": text for its stdin, "site_packages": str|None,
+              "timeout": seconds, "env": {name: value} added to the environment}
+    The child keeps imports (vLLM, torch) and their logging out of this process and its
+    JSON exchange. Returns {"returncode", "stdout", "stderr"} (each stream's last 256 KB).
+    """
+    import subprocess
+
+    site_dir = _site_dir(request)
+    env = dict(os.environ)
+    env.update(request.get("env") or {})
+    payload = json.loads(request.get("input") or "{}")
+    payload["site_packages"] = site_dir if request.get("site_packages") else None
+    try:
+        done = subprocess.run([sys.executable, "-c", request["script"]], input=json.dumps(payload).encode(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                              timeout=float(request.get("timeout") or 600))
+    except subprocess.TimeoutExpired:
+        raise AgentError("runtime reading timed out after %ss" % request.get("timeout"))
+    tail = 256 * 1024
+    return {"returncode": done.returncode, "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
+            "stderr": done.stderr[-tail:].decode("utf-8", "replace")}
+
+
+HANDLERS = {"inspect": inspect, "commit": commit, "sources": sources, "run_python": run_python}
 
 
 def handle(message):

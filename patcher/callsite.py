@@ -53,6 +53,7 @@ class Finding:
     vllm_line: int | None = None
     vllm_found: str = ""
     severity: str = "error"
+    subject: str = field(default="", compare=False)  # the parameter, keyword, name or method
 
     @property
     def where(self) -> str:
@@ -81,6 +82,7 @@ class Param:
     kind: str = "any"  # "any" (positional or keyword) | "positional" (only) | "keyword" (only)
     init_only: bool = False
     line: int | None = None
+    text: str = field(default="", compare=False)  # as declared, e.g. "block_size: int"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,20 @@ class Signature:
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
+    @property
+    def short(self) -> str:
+        """Parameter names only: ``Scheduler.__init__(vllm_config, kv_cache_config, log_stats=…)``."""
+        if "dataclass" in self.text:
+            return self.text
+        names = [p.name if p.required else f"{p.name}=…" for p in self.params if p.kind != "keyword"]
+        if self.varargs:
+            names.append("*args")
+        keyword = [p.name if p.required else f"{p.name}=…" for p in self.params if p.kind == "keyword"]
+        if keyword and not self.varargs:
+            names.append("*")
+        names += keyword + (["**kwargs"] if self.varkw else [])
+        return f"{self.name}({', '.join(names)})"
+
 
 @dataclass(frozen=True)
 class Symbol:
@@ -112,6 +128,20 @@ class Symbol:
     @property
     def is_class(self) -> bool:
         return isinstance(self.node, ast.ClassDef)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One call the check evaluated: where, the callee as speculators names it
+    (``target``: (module, name, method or None)) and the signature read statically.
+    ``patcher.runtime`` re-checks the same calls against the live objects."""
+
+    file: str
+    line: int
+    label: str
+    target: tuple[str, str, str | None]
+    call: ast.Call | None = field(compare=False, repr=False)
+    signature: Signature | None = field(compare=False, default=None)
 
 
 class Index:
@@ -296,9 +326,9 @@ def function_signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, file: str, na
         if method and i == 0:
             continue
         kind = "positional" if i < len(args.posonlyargs) else "any"
-        params.append(Param(a.arg, i < first_default, kind, line=a.lineno))
+        params.append(Param(a.arg, i < first_default, kind, line=a.lineno, text=ast.unparse(a)))
     for a, d in zip(args.kwonlyargs, args.kw_defaults):
-        params.append(Param(a.arg, d is None, "keyword", line=a.lineno))
+        params.append(Param(a.arg, d is None, "keyword", line=a.lineno, text=ast.unparse(a)))
     text = f"{fn.name}({ast.unparse(args)})"
     return Signature(name, file, fn.lineno, text, tuple(params), args.vararg is not None, args.kwarg is not None)
 
@@ -325,7 +355,8 @@ def dataclass_fields(cls: ast.ClassDef) -> Iterator[Param]:
             has_default = "default" in kws or "default_factory" in kws or any(
                 not (isinstance(a, ast.Constant) and a.value is Ellipsis) for a in value.args[:1])
             required = not has_default
-        yield Param(node.target.id, required, "any", "InitVar" in annotation, node.lineno)
+        yield Param(node.target.id, required, "any", "InitVar" in annotation, node.lineno,
+                    f"{node.target.id}: {annotation}")
 
 
 # -- the check ---------------------------------------------------------------------------
@@ -338,9 +369,11 @@ class _Module:
     imports: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # local -> (module, name, line)
 
 
-def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None]) -> list[Finding]:
+def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None],
+          record: list[Checked] | None = None) -> list[Finding]:
     """Every call from ``speculators`` modules (path -> source) into vLLM (path -> source)
-    that does not fit. Files that do not parse are skipped (the patch check reports them)."""
+    that does not fit. Files that do not parse are skipped (the patch check reports them).
+    ``record``, when given, receives every call evaluated (for ``patcher.runtime``)."""
     index = Index(vllm)
     modules = []
     for path, data in sorted(speculators.items()):
@@ -360,7 +393,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
     extensions = _extensions(speculators)
     findings: list[Finding] = []
     for mod in modules:
-        findings += _check_module(index, mod, extensions)
+        findings += _check_module(index, mod, extensions, record if record is not None else [])
     return sorted(set(findings), key=lambda f: (f.file, f.line, f.kind, f.detail))
 
 
@@ -388,10 +421,12 @@ def _extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.
     return found
 
 
-def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]]) -> list[Finding]:
+def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]],
+                  record: list[Checked]) -> list[Finding]:
     findings = []
     symbols: dict[str, Symbol] = {}
     for local, (module, name, line) in mod.imports.items():
+        record.append(Checked(mod.path, line, f"from {module} import {name}", (module, name, None), None))
         sym = index.resolve(module, name)
         if sym is None:
             mod_info = index.module(module)
@@ -399,18 +434,18 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
                 "missing-import", mod.path, line, f"from {module} import {name}",
                 f"vLLM has no {name} in {module}" if mod_info else f"vLLM has no module {module}",
                 mod_info[2] if mod_info else module_paths(module)[1], None,
-                "name not defined" if mod_info else "file not found"))
+                "name not defined" if mod_info else "file not found", subject=name))
         else:
             symbols[local] = sym
     # self.<attr> = <vLLM class>(...) anywhere in the module: the attribute's class.
-    attrs: dict[str, Symbol] = {}
+    attrs: dict[str, tuple[Symbol, str]] = {}  # attribute -> (class, its local import name)
     for node in ast.walk(mod.tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
             sym = symbols.get(node.value.func.id)
             if sym is not None and sym.is_class:
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        attrs[t.attr] = sym
+                        attrs[t.attr] = (sym, node.value.func.id)
     for call, guards in _calls(mod.tree):
         func = call.func
         line = call.lineno
@@ -422,26 +457,37 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
                 sig = function_signature(sym.node, sym.file, func.id)
             else:
                 sig = None
+            module, name, _ = mod.imports[func.id]
+            record.append(Checked(mod.path, line, f"{func.id}(...)", (module, name, None), call, sig))
             if sig is not None:
                 findings += _check_call(mod.path, line, f"{func.id}(...)", call, sig)
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute)
               and isinstance(func.value.value, ast.Name) and func.value.value.id == "self"
               and func.value.attr in attrs):
-            owner = attrs[func.value.attr]
+            owner, owner_local = attrs[func.value.attr]
             label = f"self.{func.value.attr}.{func.attr}(...)"
             found = index.method(owner, func.attr)
+            module, name, _ = mod.imports[owner_local]
+            guarded = (ast.dump(func.value), func.attr) in guards
+            if not guarded or found is not None:
+                sig = None if found is None else function_signature(
+                    found[1], found[0].file, f"{found[0].node.name}.{found[1].name}", method=True)
+                record.append(Checked(mod.path, line, label, (module, name, func.attr), call, sig))
             if found is None:
-                if (ast.dump(func.value), func.attr) not in guards and not index.mro(owner)[1]:
+                if not guarded and not index.mro(owner)[1]:
                     findings.append(Finding(
                         "missing-method", mod.path, line, label,
                         f"{owner.node.name} (and its bases) has no method {func.attr}",
-                        owner.file, owner.node.lineno, f"class {owner.node.name}"))
+                        owner.file, owner.node.lineno, f"class {owner.node.name}", subject=func.attr))
                 continue
-            cls, fn = found
-            sig = function_signature(fn, cls.file, f"{cls.node.name}.{fn.name}", method=True)
             findings += _check_call(mod.path, line, label, call, sig)
             if func.attr == "collective_rpc" and call.args and isinstance(call.args[0], ast.Constant):
-                findings += _check_rpc(index, mod.path, line, call.args[0].value, extensions)
+                rpc = call.args[0].value
+                findings += _check_rpc(index, mod.path, line, rpc, extensions)
+                if isinstance(rpc, str):
+                    by_extension = any(_defines(c, rpc) for _, c in extensions)
+                    record.append(Checked(mod.path, line, f'collective_rpc("{rpc}")',
+                                          ("<rpc>", rpc, "extension" if by_extension else None), call))
     return findings
 
 
@@ -478,17 +524,23 @@ def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
 def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
     findings = []
 
-    def finding(kind: str, detail: str, p: Param | None = None, severity: str = "error") -> Finding:
+    def finding(kind: str, detail: str, p: Param | None = None, severity: str = "error", subject: str = "") -> Finding:
         vline = p.line if p is not None and p.line else sig.line
-        found = sig.text if p is None or "dataclass" not in sig.text else f"{sig.name}.{p.name}"
-        return Finding(kind, path, line, label, detail, sig.file, vline, found, severity)
+        if p is None:
+            found = sig.short
+        elif "dataclass" in sig.text:
+            found = f"{sig.name}.{p.text or p.name}"
+        else:
+            found = f"{sig.name}(... {p.text or p.name} ...)"
+        return Finding(kind, path, line, label, detail, sig.file, vline, found, severity,
+                       subject or (p.name if p is not None else ""))
 
     splat = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
     positional = [p for p in sig.params if p.kind != "keyword"]
     n_pos = sum(1 for a in call.args if not isinstance(a, ast.Starred))
     if n_pos > len(positional) and not sig.varargs and not splat:
         findings.append(finding("too-many-positional",
-                                f"{n_pos} positional arguments, {sig.name} takes {len(positional)}"))
+                                f"{n_pos} positional arguments, {sig.name} takes {len(positional)}", subject=str(n_pos)))
     passed = {p.name for p in positional[:n_pos]}
     for kw in call.keywords:
         if kw.arg is None:
@@ -499,9 +551,9 @@ def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature
         elif not sig.varkw:
             if sig.extra == "ignored":
                 findings.append(finding("ignored-keyword", f"{sig.name} has no field {kw.arg}; pydantic drops it",
-                                        severity="note"))
+                                        severity="note", subject=kw.arg))
             else:
-                findings.append(finding("unknown-keyword", f"{sig.name} takes no keyword {kw.arg}"))
+                findings.append(finding("unknown-keyword", f"{sig.name} takes no keyword {kw.arg}", subject=kw.arg))
     if not splat:
         for p in sig.params:
             if p.required and p.name not in passed:
@@ -518,13 +570,16 @@ def _check_rpc(index: Index, path: str, line: int, name: object, extensions: lis
         return []  # no worker source to check against
     if index.method(worker, name) is not None:
         return []
-    for _, cls in extensions:
-        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in cls.body):
-            return []
+    if any(_defines(cls, name) for _, cls in extensions):
+        return []
     ext = " nor ".join(f"{c.name} ({p}:{c.lineno})" for p, c in extensions) or "no worker extension"
     return [Finding("unknown-rpc", path, line, f'collective_rpc("{name}")',
                     f"neither {worker.node.name} nor {ext} defines {name}",
-                    worker.file, worker.node.lineno, f"class {worker.node.name}")]
+                    worker.file, worker.node.lineno, f"class {worker.node.name}", subject=name)]
+
+
+def _defines(cls: ast.ClassDef, name: str) -> bool:
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in cls.body)
 
 
 def fetch(transport: Transport, site_packages: str | None = None) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import patcher
@@ -22,7 +23,7 @@ from patcher.engine import Snapshot
 from patcher.errors import UserError
 from patcher.registry import all_patches, select
 from patcher.transport import Transport, local_transport
-from patcher.verify import verify
+from patcher.verify import CallsCheck, verify, verify_calls
 
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
@@ -155,10 +156,11 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     return Report(data, 0, render)
 
 
-def do_verify(transport: Transport, snap: Snapshot, chosen) -> Report:
+def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
     engine.check_supported(snap)
     facts, checks = verify(snap)
-    ok = all(c.verdict == "ok" for c in checks)
+    calls = verify_calls(transport, snap, runtime)
+    ok = all(c.verdict == "ok" for c in checks) and calls.ok
     data = {
         **_describe(snap),
         "ok": ok,
@@ -167,6 +169,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen) -> Report:
                    "first_release": f.fact.first_release} for f in facts],
         "patches": [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
                     for c in checks],
+        "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
+                  "runtime": calls.runtime.as_dict() if calls.runtime else None},
     }
 
     def render(console: Console) -> None:
@@ -184,9 +188,32 @@ def do_verify(transport: Transport, snap: Snapshot, chosen) -> Report:
             color = "green" if c.verdict == "ok" else "red"
             table.add_row(c.patch.id, "yes" if c.needed else "no", c.state, f"[{color}]{c.verdict}[/]", c.hint)
         console.print(table)
-        console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column)")
+        _render_calls(console, calls, snap)
+        console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column and the calls)")
 
     return Report(data, 0 if ok else 1, render)
+
+
+def _render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
+    """The call-site check: each call into vLLM that does not fit, with both file:lines."""
+    title = f"calls from speculators into vLLM {snap.vllm.version} ({len(calls.checked)} checked, static)"
+    errors = sum(f.severity == "error" for f in calls.findings)
+    if not calls.findings:
+        console.print(f"{title}: every call fits")
+    else:
+        console.print(f"{title}: {errors} break(s), {len(calls.findings) - errors} note(s)")
+    for f in calls.findings:
+        mark = "[red]break[/]" if f.severity == "error" else "[dim]note[/]"
+        console.print(f"  {mark} {escape(f'{f.where}: {f.call}: {f.detail}')}")
+        console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
+    if calls.runtime is not None:
+        rt = calls.runtime
+        console.print(f"runtime reading (vLLM {rt.vllm_version} imported by the target, {rt.wall_seconds:.1f} s): "
+                      f"{len(rt.findings)} finding(s), "
+                      + ("[green]agrees with the static reading[/]" if not rt.disagreements
+                         else f"[red]{len(rt.disagreements)} disagreement(s) with the static reading[/]"))
+        for line in rt.disagreements:
+            console.print(f"  {escape(line)}")
 
 
 def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:
@@ -300,9 +327,12 @@ def status(target, hosts, hosts_file, ssh_config, only, skip, as_json):
 
 @main.command(name="verify")
 @target_options
-def verify_command(target, hosts, hosts_file, ssh_config, only, skip, as_json):
+@click.option("--runtime", is_flag=True,
+              help="Also import vLLM in the target's interpreter and confirm the call check on the live objects (slow).")
+def verify_command(target, hosts, hosts_file, ssh_config, only, skip, as_json, runtime):
     """Check vLLM's API (static read, with evidence) and the patched speculators agree."""
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_verify(t, s, select(only, skip))), as_json)
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
+                                lambda t, s: do_verify(t, s, select(only, skip), runtime)), as_json)
 
 
 @main.command()

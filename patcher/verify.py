@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from patcher import callsite
+from patcher.callsite import Checked, Finding
 from patcher.engine import FilePlan, Snapshot, plan
 from patcher.patch import Patch, VllmFact
 from patcher.registry import all_patches
+from patcher.transport import Transport
 from patcher.vllm_source import Evidence
 
 
@@ -60,3 +63,33 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
             else:
                 checks.append(PatchCheck(o.patch, needed, o.state, "ok"))
     return facts, checks
+
+
+@dataclass
+class CallsCheck:
+    """The generic call-site check (``patcher.callsite``), and with ``--runtime`` the same
+    calls re-checked against the live vLLM objects (``patcher.runtime``)."""
+
+    findings: list[Finding]
+    checked: list[Checked]
+    runtime: object | None = None  # patcher.runtime.RuntimeReport
+
+    @property
+    def ok(self) -> bool:
+        errors = [f for f in self.findings if f.severity == "error"]
+        if self.runtime is not None:
+            errors += [f for f in self.runtime.findings if f.severity == "error"] + self.runtime.disagreements
+        return not errors
+
+
+def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
+    """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
+    speculators' data-generation modules into vLLM, checked against the installed vLLM."""
+    speculators, vllm = callsite.fetch(transport, snap.site_packages)
+    checked: list[Checked] = []
+    findings = callsite.check(speculators, vllm, checked)
+    if not runtime:
+        return CallsCheck(findings, checked)
+    from patcher.runtime import runtime_verify  # only verify --runtime needs it
+
+    return CallsCheck(findings, checked, runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER))
