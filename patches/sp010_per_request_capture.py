@@ -1,0 +1,174 @@
+"""SP010: attribute captured rows to requests in vLLM's batch order, step by step (worker).
+
+speculators 0.3.0 concatenates every forward pass's captured rows and the generator slices
+them by prompt length in submission order. vLLM lays out a step's tokens in its own batch
+order (the model runner's ``input_batch.req_id_to_index``, vllm/v1/worker/gpu_input_batch.py)
+and, with chunked prefill (on by default since 0.12), splits a long prompt across steps.
+Measured on vLLM 0.16 with a 24-prompt batch over the token budget: 9 of 72 (request,
+layer) captures wrong, no error.
+
+The emitted worker code records, for every step the model runner executes, the scheduled
+requests and their token counts sorted by the batch's own index (an instance-level wrapper
+around ``model_runner.execute_model``; forwards outside a step, such as warm-up, are not
+recorded and are cleared by ``_reset_capture``). ``_get_captured_states(per_request=True)``
+splits each step's rows by that layout and returns ``{request_id: [tensor per layer]}``;
+it raises when the number of forward passes and steps differ, or a step has fewer rows than
+tokens scheduled. Called without the argument it returns what it always did, so this patch
+alone changes no result: SP012 makes the generator ask per request (and needs this patch).
+Works with 0.3.0's replacement forward and with SP009's hooks alike (same storage layout).
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from patcher.cst_helpers import statements
+from patcher.patch import Patch, PatchCodemod
+
+CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))
+# self._captured_states = None
+RESET_LINE = m.SimpleStatementLine(
+    body=[m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self"), attr=m.Name("_captured_states")))])]
+)
+AFTER_RESET = {
+    "_setup_hidden_states_capture": "self._batch_layouts = []\nself._track_batch_layout()\n",
+    "_reset_capture": "self._batch_layouts = []\n",
+}
+NEW_RPC = m.FunctionDef(name=m.Name("_get_captured_states_per_request"))
+GET_STATES = m.FunctionDef(name=m.Name("_get_captured_states"), params=m.Parameters(params=[m.Param(m.Name("self"))]))
+DELEGATE = """\
+# Per request id, split by each step's batch layout (batch order, chunked prefill).
+if per_request:
+    return self._get_captured_states_per_request()
+"""
+
+# Methods as they appear in the class (parsed inside it, so docstrings keep their indent).
+METHODS = '''\
+class HiddenStatesWorkerExtension:
+
+    def _track_batch_layout(self):
+        """Record each executed step's requests and token counts in vLLM's batch order.
+
+        A step's tokens are laid out in the model runner's batch order
+        (input_batch.req_id_to_index), not in submission order, and a prompt may be split
+        across steps (chunked prefill).
+        """
+        runner = self.model_runner  # type: ignore[attr-defined]
+        execute_model = runner.execute_model
+        if getattr(execute_model, "_records_batch_layout", False):
+            return
+
+        def execute_model_recording_layout(scheduler_output, *args, **kwargs):
+            output = execute_model(scheduler_output, *args, **kwargs)
+            scheduled = scheduler_output.num_scheduled_tokens
+            if scheduled:
+                index = runner.input_batch.req_id_to_index
+                missing = [req_id for req_id in scheduled if req_id not in index]
+                if missing:
+                    raise RuntimeError(f"Scheduled requests not in the batch: {missing}")
+                layout = sorted(scheduled.items(), key=lambda item: index[item[0]])
+                self._batch_layouts.append(layout)
+            return output
+
+        execute_model_recording_layout._records_batch_layout = True
+        runner.execute_model = execute_model_recording_layout
+
+    def _get_captured_states_per_request(self):
+        """Get the captured hidden states per request, assembled across steps.
+
+        Returns:
+            Dict mapping request id to a list of tensors, one per target layer, or None
+            if no states captured. Raises when captures and executed steps disagree.
+        """
+        captured, self._captured_states = self._captured_states, None
+        layouts, self._batch_layouts = self._batch_layouts, []
+        if captured is None:
+            return None
+        per_request = {}
+        for layer_index, passes in enumerate(captured):
+            if len(passes) != len(layouts):
+                raise RuntimeError(
+                    f"Captured {len(passes)} forward passes for {len(layouts)} steps"
+                )
+            for rows, layout in zip(passes, layouts):
+                total = sum(num_tokens for _, num_tokens in layout)
+                # vLLM may pad a step's tail (e.g. for CUDA graphs), never its head.
+                if rows.shape[0] < total:
+                    raise RuntimeError(
+                        f"Captured {rows.shape[0]} rows for a step of {total} tokens"
+                    )
+                offset = 0
+                for req_id, num_tokens in layout:
+                    chunks = per_request.setdefault(req_id, [[] for _ in captured])
+                    chunks[layer_index].append(rows[offset : offset + num_tokens])
+                    offset += num_tokens
+        return {
+            req_id: [torch.cat(chunks, dim=0) for chunks in layers]
+            for req_id, layers in per_request.items()
+        }
+'''
+
+
+def _method(name: str) -> m.FunctionDef:
+    return m.FunctionDef(name=m.Name(name), body=m.IndentedBlock(body=[m.ZeroOrMore(), RESET_LINE, m.ZeroOrMore()]))
+
+
+class PerRequestCapture(PatchCodemod):
+    DESCRIPTION = "record each step's batch layout; new RPC returning captures per request"
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if m.findall(tree, NEW_RPC):
+            self.already_satisfied("captures are split per request by the batch layout")
+        shape = ("class HiddenStatesWorkerExtension whose _setup_hidden_states_capture and "
+                 "_reset_capture set 'self._captured_states = None', and def _get_captured_states(self)")
+        found = m.findall(tree, CLASS) and m.findall(tree, GET_STATES)
+        if not found or not all(m.findall(tree, _method(n)) for n in AFTER_RESET):
+            self.refuse(None, shape)
+        return tree.visit(_Rewrite(tree.default_newline))
+
+
+class _Rewrite(cst.CSTTransformer):
+    def __init__(self, newline: str) -> None:
+        super().__init__()
+        self.functions: list[str] = []
+        self.newline = newline  # docstrings of the added methods span lines: keep CRLF files CRLF
+
+    def visit_FunctionDef(self, node):
+        self.functions.append(node.name.value)
+
+    def leave_FunctionDef(self, original, updated):
+        self.functions.pop()
+        if not m.matches(original, GET_STATES):
+            return updated
+        param = cst.Param(cst.Name("per_request"), default=cst.Name("False"),
+                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        params = updated.params.with_changes(params=[*updated.params.params, param])
+        body = list(updated.body.body)
+        at = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
+        body[at:at] = statements(DELEGATE).nodes
+        return updated.with_changes(params=params, body=updated.body.with_changes(body=body))
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if len(self.functions) == 1 and self.functions[0] in AFTER_RESET and m.matches(updated, RESET_LINE):
+            added = cst.parse_module(AFTER_RESET[self.functions[0]]).body
+            return cst.FlattenSentinel([updated, *added])
+        return updated
+
+    def leave_ClassDef(self, original, updated):
+        if not m.matches(updated, CLASS):
+            return updated
+        code = METHODS.replace("\n", self.newline)
+        methods = cst.ensure_type(cst.parse_module(code).body[0], cst.ClassDef).body.body
+        return updated.with_changes(body=updated.body.with_changes(body=[*updated.body.body, *methods]))
+
+
+PATCH = Patch(
+    id="SP010",
+    name="per-request-capture",
+    version=1,
+    title="Worker: split captures per request by vLLM's batch order and chunked steps",
+    file="speculators/data_generation/custom_worker.py",
+    codemod=PerRequestCapture,
+    order=100,
+    portable=True,
+    notes="SP012 (generator side) calls the RPC this patch adds; apply both.",
+)
