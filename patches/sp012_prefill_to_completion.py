@@ -47,7 +47,13 @@ RPC_PER_REQUEST = m.Call(
 )
 SEQ_LENS = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("seq_lens"))])])
 OFFSET = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("offset"))], value=m.Integer("0"))])
-RESULTS_LOOP = m.For(iter=m.Call(func=m.Name("enumerate"), args=[m.Arg(m.Name("seq_lens"))]))
+# layer_states = [h[offset : offset + seq_len]... for h in aux_hidden_states]
+SLICE_STATES = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("layer_states"))])])
+OFFSET_STEP = m.SimpleStatementLine(body=[m.AugAssign(target=m.Name("offset"))])
+RESULTS_LOOP = m.For(
+    iter=m.Call(func=m.Name("enumerate"), args=[m.Arg(m.Name("seq_lens"))]),
+    body=m.IndentedBlock(body=[m.ZeroOrMore(), SLICE_STATES, m.ZeroOrMore(), OFFSET_STEP, m.ZeroOrMore()]),
+)
 LAYERS_LOG = 'log.debug(f"Successfully captured {len(aux_hidden_states)} layers")'
 
 PROMPT_LENS = "prompt_lens = {}\n"
@@ -70,32 +76,25 @@ if unfinished:
     self.scheduler.finish_requests(unfinished, RequestStatus.FINISHED_ABORTED)
 '''
 REQUESTS_LOG = 'log.debug(f"Successfully captured {len(aux_hidden_states)} requests")\n'
-RESULTS = '''\
-# Captures arrive per request; refuse to return anything when a request's rows do
-# not cover exactly its prompt.
-for i, (req_id, seq_len) in enumerate(prompt_lens.items()):
-    layer_states = aux_hidden_states.get(req_id)
-    if (
-        computed[req_id] != seq_len
-        or not layer_states
-        or any(h.shape[0] != seq_len for h in layer_states)
-    ):
-        raise RuntimeError(
-            f"Hidden states of request {req_id} do not match its prompt: "
-            f"{seq_len} prompt tokens, {computed[req_id]} scheduled, captured rows "
-            f"per layer {[h.shape[0] for h in layer_states or []]}"
-        )
-    layer_states = [h.cpu() for h in layer_states]
-
-    input_ids_tensor = torch.as_tensor(input_ids_list[i], dtype=torch.long)
-
-    results.append(
-        {
-            "input_ids": input_ids_tensor,
-            "hidden_states": layer_states,
-            "loss_mask": None,
-        }
+RESULTS_COMMENT = (
+    "# Captures arrive per request; refuse to return anything when a request's rows do",
+    "# not cover exactly its prompt.",
+)
+RESULTS_TARGET = "i, (req_id, seq_len)"
+RESULTS_ITER = "enumerate(prompt_lens.items())"
+CHECKED_STATES = '''\
+layer_states = aux_hidden_states.get(req_id)
+if (
+    computed[req_id] != seq_len
+    or not layer_states
+    or any(h.shape[0] != seq_len for h in layer_states)
+):
+    raise RuntimeError(
+        f"Hidden states of request {req_id} do not match its prompt: "
+        f"{seq_len} prompt tokens, {computed[req_id]} scheduled, captured rows "
+        f"per layer {[h.shape[0] for h in layer_states or []]}"
     )
+layer_states = [h.cpu() for h in layer_states]
 '''
 
 
@@ -144,8 +143,20 @@ class _Rewrite(cst.CSTTransformer):
             return cst.FlattenSentinel([first, updated.with_changes(leading_lines=[])])
         if m.matches(original, ABORT_LOOP):
             return statements(FINISH_DONE, updated.leading_lines)
-        if m.matches(updated, RESULTS_LOOP):
-            return statements(RESULTS, updated.leading_lines)
+        if m.matches(original, RESULTS_LOOP):
+            body = []
+            for stmt in updated.body.body:
+                if m.matches(stmt, SLICE_STATES):
+                    body += statements(CHECKED_STATES, stmt.leading_lines).nodes
+                elif not m.matches(stmt, OFFSET_STEP):
+                    body.append(stmt)
+            comments = [cst.EmptyLine(comment=cst.Comment(c)) for c in RESULTS_COMMENT]
+            return updated.with_changes(
+                target=cst.parse_expression(RESULTS_TARGET),
+                iter=cst.parse_expression(RESULTS_ITER),
+                body=updated.body.with_changes(body=body),
+                leading_lines=[*updated.leading_lines, *comments],
+            )
         return updated
 
     def leave_While(self, original, updated):
