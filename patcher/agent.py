@@ -175,7 +175,10 @@ class _Lock:
         self.path = os.path.join(state, "lock")
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # e.g. a read-only file system
+            raise AgentError("cannot write to %s: %s" % (os.path.dirname(self.path), e.strerror))
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while True:
             try:
@@ -207,9 +210,14 @@ def _write_atomic(path, data):
 
 
 def _fault(point):
-    """Test hook: SPECULATORS_PATCH_FAULT=<point> makes the commit fail at that point."""
-    if os.environ.get("SPECULATORS_PATCH_FAULT") == point:
+    """Test hooks: SPECULATORS_PATCH_FAULT=<point> makes the commit fail at that point;
+    ``pause-<point>`` holds it there for SPECULATORS_PATCH_FAULT_SECONDS (default 3), so a
+    test can drop the connection or kill the agent in the middle of the write phase."""
+    fault = os.environ.get("SPECULATORS_PATCH_FAULT")
+    if fault == point:
         raise AgentError("injected fault at %s" % point)
+    if fault == "pause-" + point:
+        time.sleep(float(os.environ.get("SPECULATORS_PATCH_FAULT_SECONDS", "3")))
 
 
 def _recover(state, root):
@@ -269,6 +277,8 @@ def commit(request):
         raise AgentError("cannot write to %s: %s" % (os.path.dirname(state), e.strerror))
     with _Lock(state):
         recovered = _recover(state, root)
+        if recovered:  # the caller read the half-written files: its plan is stale
+            raise AgentError("changed-since-read: an interrupted commit was rolled back first")
         writes = request["writes"]
         old = {}
         for path, w in sorted(writes.items()):
