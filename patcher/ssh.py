@@ -78,12 +78,12 @@ if target is not None:
                      "or interpreter: %s" % (where, target))
 program = agent
 if site_dir is not None:
-    # A bare site-packages directory: the agent runs isolated and is told where to look.
+    # A bare site-packages directory: the agent runs isolated; every request names the directory.
     program = (
         "__name__ = 'speculators_patch_agent'\n"
         "exec(compile(%r, 'agent.py', 'exec'))\n"
-        "_inspect = HANDLERS['inspect']\n"
-        "HANDLERS['inspect'] = lambda r: _inspect(dict(r, site_packages=r.get('site_packages') or %r))\n"
+        "_handle = handle\n"
+        "handle = lambda r: _handle(dict(r, site_packages=r.get('site_packages') or %r))\n"
         "main()\n" % (agent, site_dir)
     )
 try:

@@ -1,0 +1,123 @@
+"""Remote targets over a real loopback sshd give what local targets give, byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import GENERATOR, WORKER, run_cli, tree_digest
+from sandbox import make_sandbox, site_packages
+from sshfixtures import *  # noqa: F403  (fixtures)
+from sshfixtures import remote
+
+pytestmark = pytest.mark.ssh
+
+
+def _json(result) -> dict:
+    assert result.returncode in (0, 1), (result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+MAX_EXCHANGES = 3  # per subcommand and host, whatever the number of patches or files
+
+
+def _same_report(remote_report: dict, local_report: dict) -> None:
+    """Reports equal but for the target's label; the same (small) number of exchanges."""
+    def strip(report):
+        return {k: v for k, v in report.items() if k != "target"}
+    assert strip(remote_report) == strip(local_report)
+    assert remote_report["exchanges"] <= MAX_EXCHANGES
+
+
+def test_apply_remote_equals_local(tmp_path, sshd, ssh_config):
+    here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
+    connections = sshd.connections()
+    r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json"))
+    assert sshd.connections() - connections == 1
+    assert r["exchanges"] == 2 and sorted(r["written"]) == [WORKER, GENERATOR]
+    l = _json(run_cli("apply", "--target", str(here), "--json"))
+    # Same files, same hashes: the patched modules, the manifest and the pristine backups.
+    assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
+    assert [p["state"] for p in r["patches"]] == [p["state"] for p in l["patches"]]
+
+
+def test_diff_status_verify_remote_equal_local_on_the_same_sandbox(sandbox, sshd, ssh_config):
+    for command, code in (("diff", 1), ("status", 0), ("verify", 1)):
+        r = remote(ssh_config, command, "--host", "gpu-box", "--target", str(sandbox), "--json")
+        l = run_cli(command, "--target", str(sandbox), "--json")
+        assert (r.returncode, l.returncode) == (code, code), (command, r.stderr, l.stderr)
+        _same_report(json.loads(r.stdout), json.loads(l.stdout))
+    before = tree_digest(sandbox)
+    r = remote(ssh_config, "diff", "--host", "gpu-box", "--target", str(sandbox))
+    assert r.stdout == run_cli("diff", "--target", str(sandbox)).stdout and r.stdout.startswith("--- a/")
+    assert tree_digest(sandbox) == before  # reading wrote nothing
+
+
+@pytest.mark.parametrize("form", ["prefix", "interpreter", "site-packages"])
+def test_every_target_form_resolves_on_the_remote_side(tmp_path, sshd, ssh_config, form):
+    here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
+    target = {"prefix": there, "interpreter": there / "bin" / "python", "site-packages": site_packages(there)}[form]
+    r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(target), "--json"))
+    assert r["speculators_root"] == str(site_packages(there))
+    if form == "site-packages":
+        assert r["python"] == "/usr/bin/python3" or not r["python"].startswith(str(there))
+    else:
+        assert r["python"].startswith(str(there))
+    _json(run_cli("apply", "--target", str(here), "--json"))
+    assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
+
+
+def test_apply_only_one_patch(tmp_path, sshd, ssh_config):
+    here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
+    r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--only", "SP001", "--json"))
+    l = _json(run_cli("apply", "--target", str(here), "--only", "SP001", "--json"))
+    assert r["written"] == l["written"] == [GENERATOR]
+    assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
+
+
+def test_user_at_address_colon_port(tmp_path, sshd, ssh_config):
+    there = make_sandbox(tmp_path / "there")
+    r = _json(remote(ssh_config, "status", "--host", f"root@127.0.0.1:{sshd.port}", "--target", str(there), "--json"))
+    assert r["speculators"] == "0.3.0"
+
+
+def test_revert_over_ssh_restores_the_wheel_bytes(sandbox, sshd, ssh_config):
+    before = tree_digest(site_packages(sandbox) / "speculators")
+    _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(sandbox), "--json"))
+    assert tree_digest(site_packages(sandbox) / "speculators") != before
+    r = _json(remote(ssh_config, "revert", "--host", "gpu-box", "--target", str(sandbox), "--json"))
+    assert r["exchanges"] == 2
+    assert tree_digest(site_packages(sandbox) / "speculators") == before
+
+
+HOSTILE = "we ird 'single' \"double\"; touch {canary}; $(touch {canary}) `touch {canary}` & | > <"
+
+
+def test_hostile_target_path_works_and_runs_nothing(tmp_path, sshd, ssh_config):
+    canary = tmp_path / "CANARY"
+    weird = tmp_path / HOSTILE.format(canary=canary) / "env"
+    here, there = make_sandbox(tmp_path / "here"), make_sandbox(weird)
+    r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json"))
+    assert len(r["written"]) == 2
+    _json(run_cli("apply", "--target", str(here), "--json"))
+    assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
+    assert not canary.exists()
+
+
+def test_hostile_missing_target_is_refused_and_runs_nothing(tmp_path, sshd, ssh_config):
+    canary = tmp_path / "CANARY"
+    r = remote(ssh_config, "apply", "--host", "gpu-box", "--target", HOSTILE.format(canary=canary))
+    assert r.returncode == 2 and "target does not exist on gpu-box" in r.stderr, r.stderr
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("host", [
+    "-oProxyCommand=touch {canary}", "gpu-box;touch {canary}", "$(touch {canary})", "gpu box",
+    "gpu-box\ntouch {canary}", "user@-oProxyCommand=x", "root@gpu-box:99999",
+], ids=["option", "semicolon", "substitution", "space", "newline", "option-after-user", "bad-port"])
+def test_hostile_host_is_refused_before_ssh_runs(tmp_path, ssh_config, host):
+    canary = tmp_path / "CANARY"
+    r = remote(ssh_config, "status", "--host", host.format(canary=canary), "--target", "/nonexistent")
+    assert r.returncode == 2 and "not a host" in r.stderr, r.stderr
+    assert not canary.exists()
