@@ -66,6 +66,11 @@ CONFIGS = {
     # No references: the error a user sees on an unpatched install.
     "unpatched": {"model": "llama", "tp": 1, "layers": [0, 5], "reference": None,
                   "calls": [("mixed", 11, MIXED)]},
+    # A KV cache too small for the 480-token prompt (about 100 tokens of room): vLLM cannot
+    # run that prompt whole, so the generator must raise rather than return short or
+    # shifted rows. The 20-token prompt fits.
+    "kv-starved": {"model": "llama", "tp": 1, "layers": [0, 5], "reference": None,
+                   "gpu_memory_utilization": 0.0015, "calls": [("starved", 51, [20, 480])]},
 }
 
 MAX_MODEL_LEN = 512
@@ -127,7 +132,7 @@ def vllm_reference(model_dir: Path, layers: list[int], batches: list[list[list[i
     import gc
     import shutil
 
-    import torch
+    from safetensors.torch import load_file, save_file
     from vllm import LLM
     from vllm.config import PoolerConfig
     from vllm.inputs import TokensPrompt
@@ -136,8 +141,13 @@ def vllm_reference(model_dir: Path, layers: list[int], batches: list[list[list[i
     out = [[{} for _ in batch] for batch in batches]
     for layer in layers:
         sub = tmp / f"{model_dir.name}-first-{layer + 1}-layers"
-        if not sub.exists():
-            shutil.copytree(model_dir, sub)
+        if not (sub / "config.json").exists():
+            shutil.copytree(model_dir, sub, ignore=shutil.ignore_patterns("model.safetensors", ".complete"),
+                            dirs_exist_ok=True)
+            weights = load_file(str(model_dir / "model.safetensors"))
+            keep = {k: v for k, v in weights.items()
+                    if not k.startswith("model.layers.") or int(k.split(".")[2]) <= layer}
+            save_file(keep, str(sub / "model.safetensors"), metadata={"format": "pt"})
             (sub / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layer + 1}))
         llm = LLM(
             model=str(sub), runner="pooling", convert="embed", enforce_eager=True,
@@ -177,6 +187,7 @@ def main() -> int:
         generator = VllmHiddenStatesGenerator(
             str(model_dir), layer_ids=config["layers"], max_model_len=MAX_MODEL_LEN,
             tensor_parallel_size=config["tp"],
+            gpu_memory_utilization=config.get("gpu_memory_utilization", 0.8),
         )
     except Exception as exc:  # the unpatched case: record what the user sees
         report["error"] = {"type": type(exc).__name__, "message": str(exc)}
@@ -202,7 +213,9 @@ def main() -> int:
         try:
             result = generator.generate(batch)
         except Exception as exc:
-            report["error"] = {"type": type(exc).__name__, "message": str(exc), "call": call_name}
+            report["error"] = {"type": type(exc).__name__, "message": str(exc), "call": call_name,
+                               "steps": len(steps), "kv_cache_blocks": generator.vllm_config.cache_config.num_gpu_blocks}
+            generator.executor.shutdown()
             out_json.write_text(json.dumps(report, indent=1))
             return 0
         elapsed = time.time() - t
@@ -214,6 +227,22 @@ def main() -> int:
         outputs.append(result)
     generator.executor.shutdown()
     del generator
+    # The same batch twice on one generator: the results must be identical.
+    seen: dict[tuple, list] = {}
+    for (call_name, seed, lengths), result in zip(config["calls"], outputs):
+        key = (seed, tuple(lengths))
+        if key in seen:
+            diffs = [
+                (a.float() - b.float()).abs().max().item()
+                for r0, r1 in zip(seen[key], result)
+                for a, b in zip(r0["hidden_states"], r1["hidden_states"])
+            ]
+            report.setdefault("repeat_max_abs_diff", {})[call_name] = max(diffs)
+        seen.setdefault(key, result)
+    if config["reference"] is None:
+        report["calls"] = calls
+        out_json.write_text(json.dumps(report, indent=1))
+        return 0
 
     if config["reference"] == "hf":
         refs, ref_info = hf_reference(model_dir, config["layers"], batches)
@@ -258,7 +287,6 @@ def main() -> int:
     report["min_cosine"] = worst
     report["total_s"] = round(time.time() - t0, 1)
     out_json.write_text(json.dumps(report, indent=1))
-    torch.set_num_threads(1)
     return 0
 
 
