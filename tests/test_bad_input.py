@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GENERATOR, run_cli, tree_digest
+from support import GENERATOR, run_cli, tree_digest
 
 
 def assert_refused(result, *fragments: str) -> None:

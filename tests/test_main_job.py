@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import py_compile
 
-from conftest import GENERATOR, WORKER, digest, run_cli, run_json, tree_digest
+from support import GENERATOR, WORKER, digest, run_cli, run_json, tree_digest
 
 
 def states(report: dict) -> set[str]:
@@ -165,7 +165,7 @@ def test_concurrent_applies_patch_once(sandbox, site):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from support import ROOT
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import CLI, ROOT, WORKER, digest, run_cli, tree_digest
+from support import CLI, ROOT, WORKER, digest, run_cli, tree_digest
 from sandbox import make_sandbox, site_packages
 from sshfixtures import *  # noqa: F403  (fixtures)
 from sshfixtures import remote

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import GENERATOR, WORKER, run_cli, tree_digest
+from support import GENERATOR, WORKER, run_cli, tree_digest
 from sandbox import make_sandbox, site_packages
 from sshfixtures import *  # noqa: F403  (fixtures)
 from sshfixtures import remote

@@ -1,0 +1,41 @@
+"""Helpers shared by the test tiers: paths, digests and the real CLI.
+
+Import these with ``from support import ...`` (several directories have a conftest.py, so
+``from conftest import`` would pick whichever was imported first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "fixtures"))
+
+GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+WORKER = "speculators/data_generation/custom_worker.py"
+CLI = [sys.executable, "-m", "patcher"]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> digest)."""
+    return {str(p.relative_to(root)): digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``speculators-patch`` CLI in a fresh process."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=300)
+
+
+def run_json(*args: str, **kw) -> tuple[int, dict]:
+    result = run_cli(*args, "--json", **kw)
+    return result.returncode, json.loads(result.stdout)
