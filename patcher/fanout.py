@@ -1,7 +1,10 @@
 """One subcommand on several hosts: in parallel, bounded, each host on its own.
 
-Every host runs the same ``command(host) -> Report`` (one SSH connection each) in a thread
-pool of at most ``jobs`` workers. A host that fails -- a ``UserError`` or anything else --
+Every host runs the same ``command(host) -> Report`` (one SSH connection each) in a pool
+of at most ``jobs`` workers. The workers are forked processes where the platform has
+``fork``: reading, transforming and verifying happen locally and are CPU-bound Python, so
+threads would run them one host at a time under the GIL (threads are the fallback).
+A host that fails -- a ``UserError`` or anything else --
 is recorded with its reason and never stops or touches the others. Progress goes to
 stderr; the end is one summary table (or, with ``--json``, one JSON list, one object per
 host). Exit code: 0 when every host succeeded, 2 when any host failed, else the largest
@@ -11,8 +14,10 @@ exit code (1: ``diff`` found changes or ``verify`` disagreements somewhere).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,6 +79,22 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
                       report.data, tuple(report.notes))
 
 
+# The command of the current run, for forked workers: a closure cannot be pickled, but a
+# forked child inherits it. Set only while ``run_many`` runs.
+_COMMAND: Callable[[str], object] | None = None
+
+
+def _run_inherited(host: str) -> HostResult:
+    assert _COMMAND is not None
+    return _run_one(host, _COMMAND)
+
+
+def _pool(workers: int) -> tuple[Executor, Callable[[str], HostResult]]:
+    if "fork" in multiprocessing.get_all_start_methods():
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")), _run_inherited
+    return ThreadPoolExecutor(workers, thread_name_prefix="host"), _run_inherited
+
+
 _COLORS = {"changed": "green", "unchanged": "dim", "ok": "green", "would-change": "yellow",
            "disagrees": "red", "failed": "red"}
 
@@ -99,19 +120,30 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     """
     jobs = max(1, jobs or _jobs())
     hosts = list(dict.fromkeys(hosts))  # the same host twice would only race itself
+    global _COMMAND
     err = Console(stderr=True, highlight=False)
     results: dict[str, HostResult] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task(f"{len(hosts)} hosts, {min(jobs, len(hosts))} at a time", total=len(hosts))
-        with ThreadPoolExecutor(max_workers=min(jobs, len(hosts)), thread_name_prefix="host") as pool:
-            futures = {pool.submit(_run_one, h, command): h for h in hosts}
+    workers = min(jobs, len(hosts))
+    _COMMAND = command
+    pool, work = _pool(workers)
+    try:
+        futures = {pool.submit(work, h): h for h in hosts}  # workers start here, before any progress thread
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task(f"{len(hosts)} hosts, {workers} at a time", total=len(hosts))
             for future in as_completed(futures):
-                r = future.result()
-                results[futures[future]] = r
+                host = futures[future]
+                try:
+                    r = future.result()
+                except Exception as e:  # the worker process itself died
+                    r = HostResult(host, "failed", 2, f"internal error: worker died: {type(e).__name__}: {e}", 0.0)
+                results[host] = r
                 progress.console.print(f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {r.host}"
                                        + (f": {r.reason}" if r.reason else ""))
                 progress.advance(task)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _COMMAND = None
     ordered = [results[h] for h in hosts]
     if any(r.outcome == "failed" for r in ordered):
         code = 2
@@ -120,7 +152,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     if as_json:
         click.echo(json.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
     else:
-        Console(highlight=False, soft_wrap=True).print(summary_table(ordered))
+        Console(highlight=False, width=None if sys.stdout.isatty() else 120).print(summary_table(ordered))
         failed = sum(r.outcome == "failed" for r in ordered)
         click.echo(f"{len(hosts) - failed} of {len(hosts)} hosts succeeded" + (f", {failed} failed" if failed else ""))
     return code

