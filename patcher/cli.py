@@ -23,7 +23,7 @@ from patcher.engine import Snapshot
 from patcher.errors import UserError
 from patcher.registry import all_patches, select
 from patcher.transport import Transport, local_transport
-from patcher.verify import CallsCheck, verify, verify_calls
+from patcher.verify import STALE_FIX, CallsCheck, recorded_states, verify, verify_calls
 
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
@@ -96,7 +96,8 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
     for col in ("patch", "state", "title"):
         table.add_column(col)
     titles = {p.id: p.title for p in all_patches()}
-    colors = {"pending": "yellow", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red"}
+    colors = {"pending": "yellow", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
+              "stale": "red"}
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])
         table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", titles[r["id"]])
@@ -143,6 +144,9 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     engine.check_supported(snap)
     plans = engine.plan(snap, chosen)
     rows = _outcome_rows(plans)
+    moved = recorded_states(snap, plans)  # applied by us for another vLLM (upgraded or downgraded since)
+    for r in rows:
+        r["state"] = moved.get(r["id"], r["state"])
     files = {p.path: snap.file_state(p.path) for p in plans}
     data = {**_describe(snap), "files": files, "patches": rows}
 
@@ -152,6 +156,8 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
         for path, state in files.items():
             console.print(f"  {path}: {state}")
         console.print(_outcome_table(rows, "patches"))
+        if any(r["state"] == "stale" for r in rows):
+            console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; fix: {STALE_FIX}")
 
     return Report(data, 0, render)
 

@@ -65,6 +65,18 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
     return facts, checks
 
 
+def recorded_states(snap: Snapshot, plans: list[FilePlan]) -> dict[str, str]:
+    """For ``status``: patches applied by us that the installed vLLM does not need (it
+    changed since): ``stale`` when their code targets another vLLM's API, else ``applied``."""
+    states = {}
+    for file_plan in plans:
+        recorded = snap.recorded(file_plan.path)
+        for o in file_plan.outcomes:
+            if o.state == "not-needed" and o.patch.id in recorded:
+                states[o.patch.id] = "applied" if o.patch.portable else "stale"
+    return states
+
+
 @dataclass
 class CallsCheck:
     """The generic call-site check (``patcher.callsite``), and with ``--runtime`` the same

@@ -128,6 +128,8 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     assert all(p["hint"] == "speculators-patch revert && speculators-patch apply"
                for p in report["patches"] if p["verdict"] == "stale")
     assert breaks(report)  # the stale code breaks calls, and the check names them
+    code, status = cli("status", "--target", str(env))
+    assert {p["id"] for p in status["patches"] if p["state"] == "stale"} == stale
     # The fix verify names makes verify pass again.
     assert cli("revert", "--target", str(env))[0] == 0
     assert cli("apply", "--target", str(env))[0] == 0
