@@ -1,7 +1,6 @@
 """Real sshd servers on loopback ports, and the real CLI pointed at them.
 
-Test modules here ``from sshfixtures import *`` (not a conftest.py: ``tests/conftest.py``
-is imported as ``conftest`` by the other tests, and a second one would shadow it).
+Test modules here ``from sshfixtures import *``.
 
 ``sshd``: one server; ``ssh_config`` gives it aliases, plus aliases that fail on purpose
 (``refused``, ``stranger``, ``unknown-key``, ``blackhole``) and one whose sessions pause
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from support import run_cli  # tests/conftest.py
+from support import run_cli
 from loopback import INSTALL_HINT, SSHD, LoopbackSshd, free_port, keygen, write_ssh_config
 from sandbox import make_sandbox
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import run_cli, tree_digest
+from support import run_cli, tree_digest
 from patcher.errors import UserError
 from patcher.fanout import run_many
 from sandbox import make_sandbox, site_packages
