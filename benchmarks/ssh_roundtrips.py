@@ -125,7 +125,7 @@ def main(n: int, out: Path | None) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("n", nargs="?", type=int, default=5)
+    parser.add_argument("n", nargs="?", type=int, default=3)
     parser.add_argument("--json", type=Path, dest="out")
     args = parser.parse_args()
     main(args.n, args.out)

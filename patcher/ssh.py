@@ -203,7 +203,12 @@ class SshTransport(Transport):
     def _argv(self) -> list[str]:
         opts = _resolved(self._base(), self.hostname)
         self._where = f"{self.host} ({opts.get('user', '?')}@{opts.get('hostname', self.hostname)} port {opts.get('port', '?')})"
-        argv = self._base() + ["-T", "-o", "BatchMode=yes"]
+        # -T: no tty (a clean byte pipe); BatchMode: never prompt (a password or host key
+        # question would hang parallel runs; unknown keys fail with a message instead);
+        # no forwarding or RemoteCommand from the config: this connection only runs the agent.
+        argv = self._base() + ["-T", "-o", "BatchMode=yes", "-o", "ClearAllForwardings=yes"]
+        if opts.get("remotecommand", "none") != "none":
+            argv += ["-o", "RemoteCommand=none"]
         if opts.get("connecttimeout", "none") == "none":
             argv += ["-o", f"ConnectTimeout={self.connect_timeout}"]
         if opts.get("serveraliveinterval", "0") == "0":

@@ -60,6 +60,8 @@ def ssh_config(sshd, keys, blackhole) -> Path:
         sshd.host_block("unknown-key", known_hosts=sshd.dir / "empty_known_hosts"),
         sshd.host_block("changed-key", known_hosts=wrong),
         sshd.host_block("blackhole", port=blackhole, connect_timeout=2),
+        sshd.host_block("interactive-box", extra="  RemoteCommand tmux new -A -s main\n  RequestTTY yes\n"
+                        f"  LocalForward 127.0.0.1:{free_port()} 127.0.0.1:8888\n"),
         sshd.host_block("slow-writer", extra="  SetEnv SPECULATORS_PATCH_FAULT=pause-mid-write\n"),
     ])
 

@@ -82,6 +82,12 @@ def test_user_at_address_colon_port(tmp_path, sshd, ssh_config):
     assert r["speculators"] == "0.3.0"
 
 
+def test_remote_command_tty_and_forwards_in_the_config_are_not_used(sandbox, sshd, ssh_config):
+    """A host set up for interactive use (RemoteCommand tmux, RequestTTY, LocalForward)."""
+    r = _json(remote(ssh_config, "status", "--host", "interactive-box", "--target", str(sandbox), "--json"))
+    assert r["speculators"] == "0.3.0"
+
+
 def test_revert_over_ssh_restores_the_wheel_bytes(sandbox, sshd, ssh_config):
     before = tree_digest(site_packages(sandbox) / "speculators")
     _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(sandbox), "--json"))
