@@ -88,3 +88,12 @@ def unpatched(engine_env, speculators_wheel, models_dir, tmp_path_factory) -> En
     """Worker runs on a target with speculators 0.3.0 exactly as pip installed it."""
     target = make_target(tmp_path_factory.mktemp("unpatched") / "env", speculators_wheel)
     return EngineRuns(target, models_dir, tmp_path_factory.mktemp("unpatched-runs"))
+
+
+@pytest.fixture(scope="session")
+def api_fixes_only(engine_env, speculators_wheel, models_dir, tmp_path_factory) -> EngineRuns:
+    """Worker runs on a target with the API fixes only (SP009, SP010, SP012 skipped)."""
+    target = make_target(tmp_path_factory.mktemp("api-only") / "env", speculators_wheel)
+    proc = cli("apply", "--target", str(target), "--skip", "SP009", "--skip", "SP010", "--skip", "SP012")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return EngineRuns(target, models_dir, tmp_path_factory.mktemp("api-only-runs"))

@@ -63,6 +63,11 @@ CONFIGS = {
         "model": "deepseek_v3_l4s", "tp": 1, "layers": [0, 3], "reference": "vllm",
         "calls": [("mixed", 41, MIXED)],
     },
+    # Only the chunked batch, for installs patched without SP009/SP010/SP012.
+    "llama-chunked": {
+        "model": "llama", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
+        "calls": [("chunked", 12, CHUNKED)],
+    },
     # No references: the error a user sees on an unpatched install.
     "unpatched": {"model": "llama", "tp": 1, "layers": [0, 5], "reference": None,
                   "calls": [("mixed", 11, MIXED)]},

@@ -86,3 +86,21 @@ def test_kv_cache_too_small_raises_instead_of_returning_wrong_rows(patched):
     error = patched("kv-starved").get("error")
     assert error is not None and error["type"] == "RuntimeError"
     assert "do not match its prompt" in error["message"] and "480 prompt tokens" in error["message"]
+
+
+# The same cases with only the API fixes (SP009, SP010, SP012 skipped): the engine runs, no
+# error is raised, and the data is wrong. This is what the bound above must catch.
+
+
+def test_without_capture_patches_a_chunked_batch_is_silently_wrong(api_fixes_only):
+    report = api_fixes_only("llama-chunked")
+    assert "error" not in report, "expected silent corruption, got an error"
+    chunked = report["calls"][0]
+    wrong = [c for row in chunked["min_cosine_per_request_layer"] for c in row if not c >= COSINE_BOUND]
+    assert wrong and (not chunked["shapes_ok"] or chunked["min_cosine"] < 0.9), chunked["min_cosine"]
+
+
+def test_without_hook_capture_llama_4_scaling_is_dropped(api_fixes_only):
+    report = api_fixes_only("deepseek-v3-l4s-tp1")
+    assert "error" not in report, json.dumps(report.get("error"))
+    assert report["min_cosine"] < 0.9
