@@ -61,7 +61,7 @@ def classify(data: dict, exit_code: int) -> tuple[str, str]:
     if "ok" in data:  # verify
         if data["ok"]:
             return "ok", ""
-        bad = [p["id"] for p in data.get("patches", []) if p.get("verdict") != "ok"]
+        bad = sorted(p["id"] for p in data.get("patches", []) if p.get("verdict") != "ok")
         return "disagrees", "verify failed: " + ", ".join(bad)
     return ("ok", "") if exit_code == 0 else ("failed", f"exit code {exit_code}")
 
@@ -153,6 +153,6 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
         click.echo(json.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
     else:
         Console(highlight=False, width=None if sys.stdout.isatty() else 120).print(summary_table(ordered))
-        failed = sum(r.outcome == "failed" for r in ordered)
-        click.echo(f"{len(hosts) - failed} of {len(hosts)} hosts succeeded" + (f", {failed} failed" if failed else ""))
+        counts = {o: sum(r.outcome == o for r in ordered) for o in dict.fromkeys(r.outcome for r in ordered)}
+        click.echo(f"{len(hosts)} hosts: " + ", ".join(f"{n} {o}" for o, n in counts.items()))
     return code

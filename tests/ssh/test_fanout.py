@@ -46,7 +46,7 @@ def test_one_host_failing_does_not_stop_or_touch_the_others(tmp_path, fleet, fle
     for line in ("changed node1", "changed node2", "failed dead: dead (root@127.0.0.1 port"):
         assert line in " ".join(r.stderr.split()), r.stderr
     table = r.stdout
-    assert "per-host summary" in table and "2 of 3 hosts succeeded, 1 failed" in table
+    assert "per-host summary" in table and "3 hosts: 2 changed, 1 failed" in table
     assert "refused" in table
     assert [row.split("│")[2].strip() for row in table.splitlines() if row.startswith("│ node")] == ["changed", "changed"]
     assert tree_digest(fleet_envs[2]) == tree_digest(make_sandbox(tmp_path / "untouched"))  # node3 was not named
