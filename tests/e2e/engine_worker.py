@@ -63,6 +63,12 @@ CONFIGS = {
         "model": "deepseek_v3_l4s", "tp": 1, "layers": [0, 3], "reference": "vllm",
         "calls": [("mixed", 41, MIXED)],
     },
+    # A vision-language wrapper: vLLM's LlavaForConditionalGeneration, text model reached via
+    # get_language_model() (the path Kimi-K2.5 takes); text-only prompts.
+    "llava-tp1": {
+        "model": "llava", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
+        "calls": [("mixed", 61, MIXED)],
+    },
     # Only the chunked batch, for installs patched without SP009/SP010/SP012.
     "llama-chunked": {
         "model": "llama", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
@@ -103,12 +109,17 @@ def hf_reference(model_dir: Path, layers: list[int], batches: list[list[list[int
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    if json.loads((model_dir / "config.json").read_text())["model_type"] == "llava":
+        from transformers import LlavaForConditionalGeneration as model_class
+    else:
+        model_class = AutoModelForCausalLM
+    model = model_class.from_pretrained(model_dir, dtype=torch.bfloat16)
     model.eval()
-    num_layers = model.config.num_hidden_layers
+    text = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    num_layers = text.config.num_hidden_layers
     seen: dict[int, torch.Tensor] = {}
     hooks = [
-        model.model.layers[i].register_forward_hook(
+        text.layers[i].register_forward_hook(
             lambda mod, args, out, i=i: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0])
         )
         for i in layers

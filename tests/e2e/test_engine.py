@@ -26,6 +26,7 @@ CASES = {
     "llama-tp2": (6, "Llama, tensor parallel 2"),
     "deepseek-v3-tp1": (4, "DeepSeek-V3 MoE (Kimi-K2's text model), MLA disabled on CPU"),
     "deepseek-v3-l4s-tp1": (4, "DeepSeek-V3 with llama_4_scaling; reference: vLLM's unmodified forward"),
+    "llava-tp1": (6, "vision-language wrapper, text model via get_language_model() (Kimi-K2.5's path)"),
 }
 
 
