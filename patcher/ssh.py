@@ -127,7 +127,10 @@ def parse_host(spec: str) -> tuple[str | None, str, int | None]:
 
 def _resolved(base: list[str], host: str) -> dict[str, str]:
     """``ssh -G``: the options ssh will use for ``host`` (reads config only; no connection)."""
-    proc = subprocess.run([*base, "-G", "--", host], capture_output=True, text=True, timeout=30)
+    try:
+        proc = subprocess.run([*base, "-G", "--", host], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise UserError("no `ssh` client on this machine: install OpenSSH (e.g. apt-get install openssh-client)") from None
     if proc.returncode != 0:
         raise UserError(f"ssh cannot use host {host}: {_last_line(proc.stderr) or 'ssh -G failed'}")
     options: dict[str, str] = {}

@@ -125,3 +125,10 @@ def test_agent_killed_mid_write_next_apply_completes(tmp_path, sshd, ssh_config)
     again = json.loads(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json").stdout)
     assert len(again["written"]) == 2, again
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
+
+
+def test_missing_ssh_config_file_and_missing_ssh_client(sandbox, tmp_path):
+    assert_one_line_error(run_cli("status", "--host", "gpu-box", "--target", str(sandbox),
+                                  "--ssh-config", str(tmp_path / "nope")), "Can't open user config file")
+    assert_one_line_error(run_cli("status", "--host", "gpu-box", "--target", str(sandbox),
+                                  env={"PATH": str(tmp_path)}), "no `ssh` client on this machine")
