@@ -104,3 +104,85 @@ def test_per_request_capture_refuses_unknown_code(src: str) -> None:
     verdict, new, detail = run_codemod(PATCH, src.encode(), "3.11")
     assert (verdict, new) == ("refused", src.encode())
     assert "expected class HiddenStatesWorkerExtension" in detail
+
+
+# The emitted methods at work, on plain Python stand-ins for tensors and the model runner
+# (the real engine runs them in tests/e2e).
+
+
+class Rows(list):
+    """A list of row labels standing in for a [tokens, hidden] tensor."""
+
+    @property
+    def shape(self):
+        return (len(self),)
+
+    def __getitem__(self, index):
+        got = super().__getitem__(index)
+        return Rows(got) if isinstance(index, slice) else got
+
+
+class FakeTorch:
+    @staticmethod
+    def cat(chunks, dim=0):
+        return Rows(row for chunk in chunks for row in chunk)
+
+
+class Step:
+    def __init__(self, num_scheduled_tokens):
+        self.num_scheduled_tokens = num_scheduled_tokens
+
+
+def emitted_extension(batch_index):
+    """The patched class from BEFORE, with a model runner whose batch order is ``batch_index``."""
+    namespace = {"torch": FakeTorch}
+    exec(compile(AFTER.replace("import torch\n", ""), "custom_worker.py", "exec"), namespace)
+    ext = namespace["HiddenStatesWorkerExtension"]()
+
+    class InputBatch:
+        req_id_to_index = batch_index
+
+    class Runner:
+        input_batch = InputBatch()
+        model = type("Model", (), {"model": None})()
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            return None
+
+    ext.model_runner = Runner()
+    ext._register_capture_hooks = lambda base_model: None
+    ext._setup_hidden_states_capture([0])
+    return ext
+
+
+def test_captures_are_split_in_batch_order_across_chunked_steps():
+    # Step 1 lays out b (3 tokens) before a (2 of its 4); step 2 runs the rest of a.
+    ext = emitted_extension({"b": 0, "a": 1})
+    ext.model_runner.execute_model(Step({"a": 2, "b": 3}))
+    ext.model_runner.execute_model(Step({"a": 2}))
+    ext._captured_states = [[Rows(["b0", "b1", "b2", "a0", "a1"]), Rows(["a2", "a3"])]]
+    assert ext._get_captured_states(per_request=True) == {"b": [["b0", "b1", "b2"]], "a": [["a0", "a1", "a2", "a3"]]}
+    assert ext._batch_layouts == [] and ext._captured_states is None
+
+
+@pytest.mark.parametrize(
+    ("passes", "message"),
+    [
+        pytest.param([Rows(["a0", "a1", "a2"])], "Captured 1 forward passes for 2 steps", id="a step without capture"),
+        pytest.param([Rows(["a0"]), Rows(["a1", "a2"])], "Captured 1 rows for a step of 2 tokens",
+                     id="fewer rows than tokens"),
+    ],
+)
+def test_captures_that_disagree_with_the_steps_raise(passes, message):
+    ext = emitted_extension({"a": 0})
+    ext.model_runner.execute_model(Step({"a": 2}))
+    ext.model_runner.execute_model(Step({"a": 1}))
+    ext._captured_states = [passes]
+    with pytest.raises(RuntimeError, match=message):
+        ext._get_captured_states(per_request=True)
+
+
+def test_a_scheduled_request_missing_from_the_batch_raises():
+    ext = emitted_extension({"a": 0})
+    with pytest.raises(RuntimeError, match=r"Scheduled requests not in the batch: \['x'\]"):
+        ext.model_runner.execute_model(Step({"a": 1, "x": 1}))
