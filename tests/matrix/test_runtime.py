@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,10 @@ from click.testing import CliRunner
 
 from patcher.cli import main
 from sandbox import CACHE, make_sandbox, site_packages
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
+from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
+from sshfixtures import remote  # noqa: E402
 
 ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV", CACHE / "engine-env"))
 pytestmark = [
@@ -33,7 +38,7 @@ def verify_runtime(env: Path) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.output)
 
 
-def keys(findings: list[dict]) -> set[tuple]:
+def finding_keys(findings: list[dict]) -> set[tuple]:
     return {(f["file"], f["line"], f["kind"], f["subject"]) for f in findings}
 
 
@@ -43,10 +48,10 @@ def test_runtime_confirms_static_reading(tmp_path):
     calls, runtime = report["calls"], report["calls"]["runtime"]
     assert runtime["vllm"] == "0.16.0"
     assert runtime["disagreements"] == []
-    assert {k[2:] for k in keys(calls["findings"])} == {
+    assert {k[2:] for k in finding_keys(calls["findings"])} == {
         ("unknown-keyword", "kv_cache_specs"), ("missing-argument", "block_size"),
         ("missing-argument", "is_encoder_decoder")}
-    assert keys(runtime["findings"]) == keys(calls["findings"])
+    assert finding_keys(runtime["findings"]) == finding_keys(calls["findings"])
     assert code == 1
 
     assert CliRunner().invoke(main, ["apply", "--target", str(env)]).exit_code == 0
@@ -54,3 +59,16 @@ def test_runtime_confirms_static_reading(tmp_path):
     assert report["calls"]["findings"] == [] and report["calls"]["runtime"]["findings"] == []
     assert report["calls"]["runtime"]["disagreements"] == []
     assert code == 0
+
+
+@pytest.mark.ssh
+def test_runtime_over_ssh(tmp_path, ssh_config):
+    """The same reading through the SSH transport (loopback sshd): same findings, no
+    disagreement, three exchanges."""
+    env = runtime_target(tmp_path / "env")
+    result = remote(ssh_config, "verify", "--runtime", "--json", "--host", "gpu-box", "--target", str(env))
+    report = json.loads(result.stdout)
+    runtime = report["calls"]["runtime"]
+    assert runtime["vllm"] == "0.16.0" and runtime["disagreements"] == []
+    assert finding_keys(runtime["findings"]) == finding_keys(report["calls"]["findings"]) != set()
+    assert report["exchanges"] == 3  # inspect, sources, run_python
