@@ -12,7 +12,8 @@ call into vLLM against the installed vLLM's source (``ast`` only, nothing import
   vLLM class (``self.executor = MultiprocExecutor(...)``) that the class no longer has,
   unless the call is guarded by ``hasattr(obj, "method")``;
 - ``unknown-rpc``: ``collective_rpc("name")`` where neither vLLM's worker nor the worker
-  extension named by ``worker_extension_cls=`` defines ``name``.
+  extension named by ``worker_extension_cls=`` defines ``name``;
+- ``unreadable`` (a note): a vLLM file this interpreter cannot parse, so a name was not checked.
 
 Each finding names the speculators ``file:line`` and the vLLM ``file:line`` of the signature.
 The vLLM files come from the agent's ``sources`` op (one exchange; see ``patcher.agent``),
@@ -149,6 +150,7 @@ class Index:
 
     def __init__(self, files: Mapping[str, bytes | None]) -> None:
         self.files = files
+        self.unparsable: dict[str, str] = {}  # path -> why ast could not parse it
         self._modules: dict[str, tuple[ast.Module, bool, str, dict, list] | None] = {}
 
     def module(self, name: str) -> tuple[ast.Module, bool, str, dict, list] | None:
@@ -158,7 +160,11 @@ class Index:
             for path in module_paths(name):
                 data = self.files.get(path)
                 if data is not None:
-                    tree = ast.parse(data, filename=path)
+                    try:
+                        tree = ast.parse(data, filename=path)
+                    except SyntaxError as e:  # newer syntax than this interpreter reads
+                        self.unparsable[path] = f"line {e.lineno}: {e.msg}"
+                        break
                     is_pkg = path.endswith("__init__.py")
                     self._modules[name] = (tree, is_pkg, path, *bindings(tree, name, is_pkg))
                     break
@@ -428,7 +434,11 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
     for local, (module, name, line) in mod.imports.items():
         record.append(Checked(mod.path, line, f"from {module} import {name}", (module, name, None), None))
         sym = index.resolve(module, name)
-        if sym is None:
+        if sym is None and index.unparsable:
+            why = "; ".join(f"{p} ({e})" for p, e in sorted(index.unparsable.items()))
+            findings.append(Finding("unreadable", mod.path, line, f"from {module} import {name}",
+                                    f"not checked: this Python cannot parse {why}", severity="note", subject=name))
+        elif sym is None:
             mod_info = index.module(module)
             findings.append(Finding(
                 "missing-import", mod.path, line, f"from {module} import {name}",

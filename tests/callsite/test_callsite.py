@@ -151,3 +151,8 @@ def test_callsite(spec_src: str, vllm_files: dict[str, str], expected: list[str]
 )
 def test_callsite_noop(spec_src: str, vllm_files: dict[str, str]) -> None:
     assert run(spec_src, vllm_files) == []
+
+
+def test_callsite_unparsable_vllm_file_is_a_note_not_a_break():
+    found = run("from vllm.new import f\nf()\n", {"vllm/new.py": "def f(:\n    pass\n"})
+    assert found == ["unreadable 1  not checked: this Python cannot parse vllm/new.py (line 1: invalid syntax)"]
