@@ -208,12 +208,16 @@ def needed(snap: Snapshot, patch: Patch) -> bool:
 
 
 def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
-              recorded: dict[str, int]) -> FilePlan:
-    """Run the chosen patches for ``path`` in order on ``source`` (deterministic)."""
+              recorded: dict[str, int], only_needed: bool = True) -> FilePlan:
+    """Run the chosen patches for ``path`` in order on ``source`` (deterministic).
+
+    With ``only_needed`` (the default) a patch the installed vLLM does not need is skipped
+    as ``not-needed``; ``revert --only`` replays the recorded patches regardless.
+    """
     plan = FilePlan(path, source, source)
     module = parse(path, source, snap.python_version)
     for patch in (p for p in chosen if p.file == path):
-        if not needed(snap, patch):
+        if only_needed and not needed(snap, patch):
             plan.outcomes.append(Outcome(patch, "not-needed", "the installed vLLM does not need it"))
             continue
         verdict, module, detail = transform(patch, module)
@@ -325,9 +329,14 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         for patch in chosen:
             keep.pop(patch.id, None)
         kept = tuple(p for p in all_patches() if p.id in keep)
-        target = plan_file(snap, path, original, kept, {}).after if kept else original
+        replay = plan_file(snap, path, original, kept, {}, only_needed=False)
+        if refusals([replay]):
+            raise UserError(refusals([replay])[0])
+        # Record what the replay really applied, not what was asked for.
+        keep = {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"}
+        target = replay.after
         plans.append(FilePlan(path, current, target))
-        if kept:
+        if keep:
             files[path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(target), "patches": keep}
     changed = [p for p in plans if p.changed]
     if dry_run or not changed:

