@@ -59,6 +59,10 @@ CONFIGS = {
         "model": "deepseek_v3", "tp": 1, "layers": [0, 1, 3], "reference": "hf",
         "calls": [("mixed", 31, MIXED), ("chunked", 32, CHUNKED)],
     },
+    "deepseek-v3-tp2": {
+        "model": "deepseek_v3_2heads", "tp": 2, "layers": [0, 2, 3], "reference": "hf",
+        "calls": [("chunked", 72, CHUNKED)],
+    },
     "deepseek-v3-l4s-tp1": {
         "model": "deepseek_v3_l4s", "tp": 1, "layers": [0, 3], "reference": "vllm",
         "calls": [("mixed", 41, MIXED)],

@@ -25,6 +25,7 @@ CASES = {
     "llama-tp1": (6, "Llama; several lengths, chunked batch, repeated generate() on one generator"),
     "llama-tp2": (6, "Llama, tensor parallel 2"),
     "deepseek-v3-tp1": (4, "DeepSeek-V3 MoE (Kimi-K2's text model), MLA disabled on CPU"),
+    "deepseek-v3-tp2": (4, "DeepSeek-V3 MoE, tensor parallel 2 (experts and heads sharded)"),
     "deepseek-v3-l4s-tp1": (4, "DeepSeek-V3 with llama_4_scaling; reference: vLLM's unmodified forward"),
     "llava-tp1": (6, "vision-language wrapper, text model via get_language_model() (Kimi-K2.5's path)"),
 }
@@ -60,7 +61,7 @@ def test_hidden_states_match_the_reference(patched, config):
         assert worst >= COSINE_BOUND, f"{config}/{call['name']}: worst per-token cosine {worst:.6f}"
 
 
-@pytest.mark.parametrize("config", ["llama-tp1", "llama-tp2", "deepseek-v3-tp1"])
+@pytest.mark.parametrize("config", ["llama-tp1", "llama-tp2", "deepseek-v3-tp1", "deepseek-v3-tp2"])
 def test_batch_over_the_token_budget_is_chunked_across_steps(patched, config):
     chunked = next(c for c in patched(config)["calls"] if c["name"] == "chunked")
     assert chunked["tokens"] > 8192 and chunked["steps"] >= 2, chunked["step_tokens"]
