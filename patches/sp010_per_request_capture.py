@@ -113,7 +113,7 @@ def _method(name: str) -> m.FunctionDef:
 
 
 class PerRequestCapture(PatchCodemod):
-    DESCRIPTION = "record each step's batch layout; new RPC returning captures per request"
+    DESCRIPTION = "record each step's batch layout; _get_captured_states(per_request=True) splits by it"
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if m.findall(tree, NEW_RPC):
