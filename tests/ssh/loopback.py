@@ -15,6 +15,7 @@ on each, as it would be on real hosts.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+USER = getpass.getuser()  # sshd runs as this user too; as root it allows root by key only
 INSTALL_HINT = "apt-get update && apt-get install -y openssh-server openssh-client"
 
 
@@ -70,7 +72,8 @@ class LoopbackSshd:
             "AcceptEnv SPECULATORS_PATCH_*\nMaxStartups 64:30:128\nMaxSessions 64\n"
             + (f"SetEnv HOME={self.home}\n" if self.home else "")
         )
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
+        with contextlib.suppress(PermissionError):  # privilege separation directory (as root)
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         self.proc = subprocess.Popen([SSHD, "-D", "-f", str(config), "-E", str(self.log)])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -93,7 +96,7 @@ class LoopbackSshd:
         """An ssh_config ``Host`` block: each alias reaches this server (or ``port``)."""
         return (
             f"Host {' '.join(aliases)}\n"
-            f"  HostName 127.0.0.1\n  Port {port or self.port}\n  User root\n"
+            f"  HostName 127.0.0.1\n  Port {port or self.port}\n  User {USER}\n"
             f"  IdentityFile {key or self.user_key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
             f"  UserKnownHostsFile {known_hosts or self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
             "  StrictHostKeyChecking yes\n  ControlMaster no\n  ControlPath none\n"

@@ -14,6 +14,7 @@ import pytest
 
 from support import CLI, ROOT, WORKER, digest, run_cli, tree_digest
 from sandbox import make_sandbox, site_packages
+from loopback import USER
 from sshfixtures import *  # noqa: F403  (fixtures)
 from sshfixtures import remote
 
@@ -30,7 +31,7 @@ def assert_one_line_error(result, *fragments: str) -> str:
 
 
 @pytest.mark.parametrize("alias, fragments", [
-    ("refused", ["refused (root@127.0.0.1 port", "connection refused", "is sshd running"]),
+    ("refused", [f"refused ({USER}@127.0.0.1 port", "connection refused", "is sshd running"]),
     ("stranger", ["authentication failed (publickey)", "ssh-agent"]),
     ("unknown-key", ["unknown host key", "host key checking stays on"]),
     ("changed-key", ["host key CHANGED", "refusing to connect"]),

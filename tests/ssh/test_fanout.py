@@ -12,6 +12,7 @@ from support import run_cli, tree_digest
 from patcher.errors import UserError
 from patcher.fanout import run_many
 from sandbox import make_sandbox, site_packages
+from loopback import USER
 from sshfixtures import *  # noqa: F403  (fixtures)
 from sshfixtures import FLEET, remote
 
@@ -43,7 +44,7 @@ def test_one_host_failing_does_not_stop_or_touch_the_others(tmp_path, fleet, fle
     r = remote(config, "apply", "--host", "node1", "--host", "dead", "--host", "node2", "--target", "~/ml-env")
     assert r.returncode == 2
     # Progress on stderr, one line per host as it finishes; then the summary table.
-    for line in ("changed node1", "changed node2", "failed dead: dead (root@127.0.0.1 port"):
+    for line in ("changed node1", "changed node2", f"failed dead: dead ({USER}@127.0.0.1 port"):
         assert line in " ".join(r.stderr.split()), r.stderr
     table = r.stdout
     assert "per-host summary" in table and "3 hosts: 2 changed, 1 failed" in table

@@ -8,6 +8,7 @@ import pytest
 
 from support import GENERATOR, WORKER, run_cli, tree_digest
 from sandbox import make_sandbox, site_packages
+from loopback import USER
 from sshfixtures import *  # noqa: F403  (fixtures)
 from sshfixtures import remote
 
@@ -78,7 +79,7 @@ def test_apply_only_one_patch(tmp_path, sshd, ssh_config):
 
 def test_user_at_address_colon_port(tmp_path, sshd, ssh_config):
     there = make_sandbox(tmp_path / "there")
-    r = _json(remote(ssh_config, "status", "--host", f"root@127.0.0.1:{sshd.port}", "--target", str(there), "--json"))
+    r = _json(remote(ssh_config, "status", "--host", f"{USER}@127.0.0.1:{sshd.port}", "--target", str(there), "--json"))
     assert r["speculators"] == "0.3.0"
 
 
