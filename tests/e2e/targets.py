@@ -48,7 +48,8 @@ def speculators_wheel(version: str) -> Path:
 
 def make_target(dest: Path, wheel: Path) -> Path:
     """A venv at ``dest``: the real speculators ``wheel`` + the engine's packages (symlinked)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    # The engine's interpreter (not this one): the symlinked packages hold its version's .so files.
+    subprocess.run([str(engine_python()), "-m", "venv", "--without-pip", str(dest)], check=True)
     site = next((dest / "lib").glob("python3*/site-packages"))
     engine_site = next((ENGINE_ENV / "lib").glob("python3*/site-packages"))
     subprocess.run(
