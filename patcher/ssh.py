@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import secrets
 import shlex
 import subprocess
 import threading
@@ -50,6 +51,9 @@ while not size.endswith(b"\n"):
     size += read_exact(1)
 header = json.loads(read_exact(int(size)).decode("utf-8"))
 target, agent, where = header["target"], header["agent"], header["where"]
+# Whatever the login shell's rc files printed came before this line; the client skips it.
+sys.stdout.write("\n" + header["marker"] + "\n")
+sys.stdout.flush()
 if sys.version_info < (3, 8):
     fail("%s: the agent needs Python 3.8+, %s is %d.%d" % ((where, sys.executable) + tuple(sys.version_info[:2])))
 python, flags, site_dir = sys.executable, [], None
@@ -190,6 +194,8 @@ class SshTransport(Transport):
         self.user, self.hostname, self.port = parse_host(host)
         self.label = f"{host}:{target}" if target else host
         self.connections = 0
+        self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
+        self._synced = False
         self._stderr: list[bytes] = []
         self._drain: threading.Thread | None = None
 
@@ -225,7 +231,8 @@ class SshTransport(Transport):
         # Drain stderr as it comes: a ControlPersist master may keep it open after ssh exits.
         self._drain = threading.Thread(target=self._read_stderr, daemon=True)
         self._drain.start()
-        header = json.dumps({"target": self.target, "agent": AGENT_SOURCE, "where": self.host}).encode()
+        header = json.dumps({"target": self.target, "agent": AGENT_SOURCE, "where": self.host,
+                             "marker": self._marker.decode()}).encode()
         try:
             self._proc.stdin.write(b"%d\n" % len(header) + header)
             self._proc.stdin.flush()
@@ -258,12 +265,20 @@ class SshTransport(Transport):
         try:
             self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
             self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
+            while not self._synced:  # skip what the remote shell's rc files printed
+                noise = self._proc.stdout.readline()
+                if not noise:
+                    break
+                self._synced = noise.rstrip(b"\r\n") == self._marker
+            line = self._proc.stdout.readline() if self._synced else b""
         except BrokenPipeError:
             line = b""
         if not line:
             raise UserError(self._failure(op))
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise UserError(f"{self._where}: unexpected output from the remote agent: {line[:200]!r}") from None
         if "error" in answer:
             raise UserError(answer["error"])
         return answer["ok"]

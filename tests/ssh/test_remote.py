@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from support import GENERATOR, WORKER, run_cli, tree_digest
 from sandbox import make_sandbox, site_packages
-from loopback import USER
+from loopback import USER, LoopbackSshd, write_ssh_config
 from sshfixtures import *  # noqa: F403  (fixtures)
 from sshfixtures import remote
 
@@ -87,6 +88,22 @@ def test_remote_command_tty_and_forwards_in_the_config_are_not_used(sandbox, ssh
     """A host set up for interactive use (RemoteCommand tmux, RequestTTY, LocalForward)."""
     r = _json(remote(ssh_config, "status", "--host", "interactive-box", "--target", str(sandbox), "--json"))
     assert r["speculators"] == "0.3.0"
+
+
+def test_a_chatty_login_shell_does_not_confuse_the_protocol(tmp_path, keys, sandbox):
+    """rc files that print (banners, conda init, JSON-looking lines) before our command runs."""
+    home = tmp_path / "home"
+    home.mkdir()
+    noise = 'echo "Welcome to gpu-box"\necho \'{"ok": "not the agent"}\'\nprintf "no newline"\n'
+    for rc in (".bashrc", ".zshenv", ".profile"):
+        (home / rc).write_text(noise)
+    with LoopbackSshd(tmp_path / "sshd", home=home, user_key=keys["user"]) as server:
+        config = write_ssh_config(tmp_path / "ssh_config", [server.host_block("chatty")])
+        shell = subprocess.run(["ssh", "-F", str(config), "chatty", "true"], capture_output=True, text=True)
+        if "Welcome" not in shell.stdout:
+            pytest.skip("the login shell here reads no rc file for ssh commands")
+        r = _json(remote(config, "apply", "--host", "chatty", "--target", str(sandbox), "--json"))
+        assert len(r["written"]) == 2
 
 
 def test_revert_over_ssh_restores_the_wheel_bytes(sandbox, sshd, ssh_config):
