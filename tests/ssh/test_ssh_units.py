@@ -46,6 +46,13 @@ def test_remote_command_is_one_constant_with_no_user_data():
     assert remote_command() == remote_command()
 
 
+def test_remote_command_survives_any_login_shell():
+    """Single-quoted words without newlines, ``!`` or inner quotes: the same in sh, bash,
+    zsh, fish and csh (which expands ``!`` even inside single quotes)."""
+    for word in shlex.split(remote_command())[2:]:
+        assert not set(word) & {"\n", "!", "'"}, word
+
+
 def test_bootstrap_is_python_3_8_grammar():
     ast.parse(BOOTSTRAP, feature_version=(3, 8))
 
