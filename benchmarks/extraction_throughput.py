@@ -60,10 +60,16 @@ def worker(model_dir: str) -> None:
 
     ready = {"speculators": version("speculators"), "kv_cache_blocks": generator.vllm_config.cache_config.num_gpu_blocks}
     print(MARK, json.dumps(ready), flush=True)
+    import psutil
+
+    def cpu_seconds() -> float:  # this process and vLLM's worker processes
+        procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
     for _ in sys.stdin:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_seconds()
         generator.generate(batch)
-        print(MARK, time.perf_counter() - t, flush=True)
+        print(MARK, json.dumps([time.perf_counter() - t, cpu_seconds() - c]), flush=True)
     generator.executor.shutdown()
 
 
@@ -109,11 +115,14 @@ def main() -> int:
                 return 1
             info[name] = json.loads(line)
         seconds: dict[str, list[float]] = {name: [] for name in sides}
+        cpu: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.pairs):
             for name, proc in procs.items():
                 proc.stdin.write("run\n")
                 proc.stdin.flush()
-                seconds[name].append(float(_reply(proc)))
+                wall, used = json.loads(_reply(proc))
+                seconds[name].append(wall)
+                cpu[name].append(used)
         for proc in procs.values():
             proc.stdin.close()
             proc.wait(timeout=120)
@@ -127,11 +136,15 @@ def main() -> int:
         print(f"{name:>15} (speculators {info[name]['speculators']}): median {statistics.median(rates):,.0f} "
               f"tokens/s, best {max(rates):,.0f}, worst {min(rates):,.0f}; KV cache blocks "
               f"{info[name]['kv_cache_blocks']}")
-    a, b = seconds["patched 0.3.0"], seconds["upstream 0.4.0"]
-    ratios = sorted(y / x for x, y in zip(a, b))  # throughput A / throughput B per pair
-    print(f"ratio patched 0.3.0 / upstream 0.4.0 (median of {len(ratios)} paired ratios): "
-          f"{statistics.median(ratios):.3f} (quartiles {ratios[len(ratios) // 4]:.3f}-{ratios[3 * len(ratios) // 4]:.3f}); "
-          f"ratio of best calls {min(b) / min(a):.3f}")
+    for name in sides:
+        print(f"{name:>15}: median CPU time per call {statistics.median(cpu[name]):.2f} s "
+              f"(driver + vLLM workers; {tokens / statistics.median(cpu[name]):,.0f} tokens per CPU-second)")
+    for label, data in (("wall time", seconds), ("CPU time", cpu)):
+        a, b = data["patched 0.3.0"], data["upstream 0.4.0"]
+        ratios = sorted(y / x for x, y in zip(a, b))  # throughput A / throughput B per pair
+        print(f"ratio patched 0.3.0 / upstream 0.4.0 by {label} (median of {len(ratios)} paired ratios): "
+              f"{statistics.median(ratios):.3f} (quartiles {ratios[len(ratios) // 4]:.3f}-"
+              f"{ratios[3 * len(ratios) // 4]:.3f}; best calls {min(b) / min(a):.3f})")
     return 0
 
 
