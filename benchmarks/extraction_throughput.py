@@ -12,7 +12,9 @@ Method: both generators are started side by side (one process each, vLLM workers
 when idle: ``VLLM_SLEEP_WHEN_IDLE=1``), warmed up with one generate(), then called in turn,
 A B A B ..., ``--pairs`` times on the batch. Each pair gives a throughput ratio measured
 under the same machine load; the reported ratio is the median of those paired ratios (this
-2-core machine is shared, so single timings vary by 2-4x; pairing cancels most of it).
+2-core machine is shared, so single timings vary by 2-5x; pairing cancels much of it). Each
+call is timed by wall clock and by CPU time of the generator's process and vLLM's worker
+processes (psutil), the latter being less sensitive to other load.
 
 Upstream 0.4.0 on CPU: its ``mem_get_info()`` asks torch's current accelerator, which is
 None on CPU, and returns (0, 0): the KV cache gets 0 bytes and the generator cannot start.
