@@ -67,6 +67,8 @@ class Patch:
             ``hasattr`` at runtime), so it stays correct when vLLM is upgraded or downgraded
             under it. A non-portable patch targets the installed API: ``verify`` reports it
             stale once the installed vLLM no longer needs it.
+        requires: ids of patches this one cannot work without (e.g. a generator change that
+            calls an RPC a worker patch adds); ``--only``/``--skip`` must keep them together.
     """
 
     id: str
@@ -79,6 +81,7 @@ class Patch:
     speculators: str = "==0.3.0"
     order: int = 0
     portable: bool = False
+    requires: tuple[str, ...] = ()
     notes: str = field(default="", compare=False)
 
 

@@ -41,6 +41,10 @@ def all_patches() -> tuple[Patch, ...]:
         if problems:
             raise RuntimeError(f"{module.__name__}: " + "; ".join(problems))
         found.append(patch)
+    known = {p.id for p in found}
+    for patch in found:
+        if set(patch.requires) - known:
+            raise RuntimeError(f"{patch.id} requires unknown patches {sorted(set(patch.requires) - known)}")
     for key in ("id", "name"):
         values = [getattr(p, key) for p in found]
         dupes = {v for v in values if values.count(v) > 1}
@@ -59,4 +63,13 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
             f"unknown patch id {', '.join(unknown)} (known: {', '.join(p.id for p in patches)})"
         )
     chosen = [p for p in patches if not only or p.id in only or p.name in only]
-    return tuple(p for p in chosen if p.id not in skip and p.name not in skip)
+    chosen = [p for p in chosen if p.id not in skip and p.name not in skip]
+    ids = {p.id for p in chosen}
+    for patch in chosen:
+        missing = [r for r in patch.requires if r not in ids]
+        if missing:
+            raise UserError(f"{patch.id} requires {', '.join(missing)}: select them together")
+        dependents = [p.id for p in patches if patch.id in p.requires and p.id not in ids]
+        if dependents:
+            raise UserError(f"{', '.join(dependents)} require(s) {patch.id}: select them together")
+    return tuple(chosen)

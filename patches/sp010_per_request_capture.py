@@ -170,5 +170,5 @@ PATCH = Patch(
     codemod=PerRequestCapture,
     order=100,
     portable=True,
-    notes="SP012 (generator side) calls the RPC this patch adds; apply both.",
+    # SP012 (generator side) calls the RPC this patch adds: it declares requires=("SP010",).
 )

@@ -188,5 +188,5 @@ PATCH = Patch(
     codemod=PrefillToCompletion,
     order=120,
     portable=True,
-    notes="Calls _get_captured_states(per_request=True), which SP010 adds to the worker; apply both.",
+    requires=("SP010",),  # calls _get_captured_states(per_request=True), which SP010 adds
 )

@@ -61,3 +61,15 @@ def test_line_endings_and_comments_survive(pristine_sources):
     for path, data in patched.items():
         assert b"\n" not in data.replace(b"\r\n", b""), f"{path}: a bare LF was introduced"
     assert b"# Constants" in patched["speculators/data_generation/vllm_hidden_states_generator.py"]
+
+
+def test_required_patches_are_selected_together():
+    from patcher.errors import UserError
+    from patcher.registry import select
+
+    dependent = next(p for p in PATCHES if p.requires)
+    with pytest.raises(UserError, match=f"{dependent.id} requires"):
+        select(only=(dependent.id,))
+    with pytest.raises(UserError, match=f"require\\(s\\) {dependent.requires[0]}"):
+        select(skip=(dependent.requires[0],))
+    assert {dependent.id, *dependent.requires} <= {p.id for p in select(only=(dependent.id, *dependent.requires))}
