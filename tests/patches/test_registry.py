@@ -70,6 +70,8 @@ def test_required_patches_are_selected_together():
     dependent = next(p for p in PATCHES if p.requires)
     with pytest.raises(UserError, match=f"{dependent.id} requires"):
         select(only=(dependent.id,))
-    with pytest.raises(UserError, match=f"require\\(s\\) {dependent.requires[0]}"):
+    with pytest.raises(UserError, match=f"{dependent.id} requires {dependent.requires[0]}"):
         select(skip=(dependent.requires[0],))
+    with pytest.raises(UserError, match=f"{dependent.id} require\\(s\\) {dependent.requires[0]}"):
+        select(only=(dependent.requires[0],))
     assert {dependent.id, *dependent.requires} <= {p.id for p in select(only=(dependent.id, *dependent.requires))}
