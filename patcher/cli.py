@@ -187,7 +187,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             mark = "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
             table.add_row(f.patch.id, f.fact.symbol, mark, f.evidence.where, f.evidence.found)
         console.print(table)
-        table = Table(title=f"speculators {snap.speculators_version} at {snap.speculators_root}", title_justify="left")
+        console.print(f"speculators {snap.speculators_version} patches (installed at {snap.speculators_root})")
+        table = Table()
         for col in ("patch", "needed", "state", "verdict", "fix"):
             table.add_column(col, overflow="fold")
         for c in sorted(checks, key=lambda c: c.patch.id):

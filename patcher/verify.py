@@ -51,7 +51,7 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
         for o in file_plan.outcomes:
             needed = o.state != "not-needed"
             if o.state == "pending":
-                checks.append(PatchCheck(o.patch, needed, o.state, "missing", f"speculators-patch apply --only {o.patch.id}"))
+                checks.append(PatchCheck(o.patch, needed, o.state, "missing", "speculators-patch apply"))
             elif o.state == "refused":
                 checks.append(PatchCheck(o.patch, needed, o.state, "refused", o.detail))
             elif o.state == "not-needed" and o.patch.id in recorded and not o.patch.portable:
