@@ -43,6 +43,15 @@ CLI = [sys.executable, "-m", "patcher"]
 HOSTS = 8
 
 
+def _machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot (Linux /proc/stat), or zeros elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
 def _child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -83,13 +92,16 @@ def main(n: int, out: Path | None) -> None:
 
         times: dict[str, list[float]] = {}
         cpu: dict[str, list[float]] = {}
+        busy: dict[str, list[float]] = {}
         counts: dict[str, tuple[int, int]] = {}
 
         def measure(name: str, args: list[str], prepare=None) -> None:
             if prepare:
                 prepare()
-            before = connections()
+            before, machine = connections(), _machine_busy()
             seconds, cpu_seconds, data = run(*args)
+            after = _machine_busy()
+            busy.setdefault(name, []).append((after[0] - machine[0]) / max(1, after[1] - machine[1]))
             times.setdefault(name, []).append(seconds)
             cpu.setdefault(name, []).append(cpu_seconds)
             per_host = data["hosts"] if "hosts" in data else [{"report": data}]
@@ -119,11 +131,12 @@ def main(n: int, out: Path | None) -> None:
     ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     print(f"{ssh_version}, loopback; {n} runs each, interleaved; wall time of one CLI run")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"  {'subcommand':26} {'median':>8} {'min':>7} {'max':>7} {'local CPU':>10}  ssh connections  exchanges")
+    print(f"  {'subcommand':26} {'median':>8} {'min':>7} {'max':>7} {'local CPU':>10} {'machine busy':>13}"
+          "  ssh connections  exchanges")
     for k, v in times.items():
         conns, exchanges = counts[k]
         print(f"  {k:26} {med[k]:7.2f}s {min(v):6.2f}s {max(v):6.2f}s {statistics.median(cpu[k]):9.2f}s"
-              f"  {conns:>15}  {exchanges:>9}")
+              f" {100 * statistics.median(busy[k]):12.0f}%  {conns:>15}  {exchanges:>9}")
     pairs = {
         "ssh/local apply": ("ssh apply", "local apply"),
         "ssh/local verify": ("ssh verify", "local verify"),
@@ -134,10 +147,12 @@ def main(n: int, out: Path | None) -> None:
     print(f"  {'ratio':26} {'of medians':>10} {'of minima':>10}")
     for k, (a, b) in pairs.items():
         print(f"  {k:26} {ratios[k]:9.2f}x {low[a] / low[b]:9.2f}x")
-    print("  (the local half -- parse, transform, verify -- is CPU-bound: 8 hosts need ~8x one host's")
-    print("   local CPU, spread over the CPUs by the forked workers; the SSH part overlaps fully)")
+    print("  local CPU: this CLI and its children (workers, ssh clients); the loopback hosts' agents and")
+    print("  sshd run on the same machine too. machine busy: all CPUs, everyone's processes included.")
+    print("  The local half (parse, transform, verify) is CPU-bound, ~1.7 s per host: N hosts need N times")
+    print("  that, spread over the CPUs by the forked workers; the SSH waits overlap fully.")
     if out:
-        out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times, "cpu_seconds": cpu,
+        out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times, "cpu_seconds": cpu, "machine_busy": busy,
                                    "connections_exchanges": counts, "ratios": ratios}, indent=1))
 
 
