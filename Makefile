@@ -19,7 +19,7 @@ dev: $(BIN)/speculators-patch  ## the tool and its test tools in .venv
 demo: dev
 	rm -rf $(DEMO)
 	$(BIN)/python fixtures/sandbox.py $(DEMO)
-	-$(CLI) diff   --target $(DEMO)
+	$(CLI) diff   --target $(DEMO) || [ $$? -eq 1 ]  # exit 1: there are changes
 	$(CLI) apply  --target $(DEMO)
 	$(CLI) apply  --target $(DEMO)
 	$(CLI) verify --target $(DEMO)

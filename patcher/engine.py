@@ -24,8 +24,6 @@ from patcher.registry import all_patches
 from patcher.transport import Transport
 from patcher.vllm_source import Evidence, VllmSource
 
-# speculators releases the patch set is written for; 0.4.0 and later support vLLM 0.12-0.16.
-SUPPORTED_SPECULATORS = SpecifierSet("==0.3.0")
 
 
 def sha256(data: bytes) -> str:
@@ -58,6 +56,7 @@ class Snapshot:
     manifest: dict | None
     pristine: dict[str, bytes | None]
     journal_pending: bool
+    recovered: bool = False
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
@@ -114,19 +113,21 @@ def read_snapshot(transport: Transport, site_packages: str | None = None) -> Sna
         manifest=answer["manifest"],
         pristine={k: _unb64(v) for k, v in answer["pristine"].items()},
         journal_pending=answer["journal_pending"],
+        recovered=answer.get("recovered", False),
     )
 
 
 def check_supported(snap: Snapshot) -> None:
     """Raise ``UserError`` unless the target has a supported speculators and a vLLM."""
     version = snap.speculators_version
+    written_for = sorted({p.speculators for p in all_patches()})
     try:
-        ok = version is not None and Version(version) in SUPPORTED_SPECULATORS
+        ok = version is not None and any(Version(version) in SpecifierSet(s) for s in written_for)
     except InvalidVersion:
         ok = False
     if not ok:
         raise UserError(
-            f"speculators {version} is not supported (patches exist for {SUPPORTED_SPECULATORS}; "
+            f"speculators {version} is not supported (patches exist for {', '.join(written_for)}; "
             f"0.4.0 and later support vLLM 0.12-0.16 without patches)"
         )
     if snap.vllm is None:
@@ -172,7 +173,12 @@ def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
     try:
         return cst.parse_module(source, config=_parser_config(python_version))
     except cst.ParserSyntaxError as e:
-        raise UserError(f"{path}:{e.raw_line}: syntax error, cannot patch: {e.message}") from None
+        line = e.raw_line
+        try:  # CPython names the offending line more precisely than libcst's parser
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as exact:
+            line = exact.lineno or line
+        raise UserError(f"{path}:{line}: syntax error, cannot patch: {e.message}") from None
 
 
 def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
@@ -227,7 +233,7 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
             state = "applied" if patch.id in recorded else "satisfied"
             plan.outcomes.append(Outcome(patch, state, detail))
         else:
-            plan.outcomes.append(Outcome(patch, "refused", detail))
+            plan.outcomes.append(Outcome(patch, "refused", f"{detail} ({patch.id} {patch.name}; --skip {patch.id} leaves it out)"))
     plan.after = module.bytes
     return plan
 
@@ -315,6 +321,12 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
     with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
     after patching unless ``force``."""
     entries = (snap.manifest or {}).get("files", {})
+    kept_for = (snap.manifest or {}).get("speculators_version")
+    if entries and kept_for != snap.speculators_version:
+        raise UserError(
+            f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
+            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files)"
+        )
     plans, files = [], {}
     for path in sorted(entries):
         state, current = snap.file_state(path), snap.files.get(path)
@@ -339,7 +351,10 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         if keep:
             files[path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(target), "patches": keep}
     changed = [p for p in plans if p.changed]
-    if dry_run or not changed:
+    manifest = _manifest(snap, files)
+    same_record = {k: v["patches"] for k, v in files.items()} == {
+        k: v["patches"] for k, v in entries.items() if snap.file_state(k) == "patched"}
+    if dry_run or (not changed and same_record):
         return CommitResult([], plans)
     answer = transport.request(
         "commit",
@@ -347,6 +362,6 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         root=snap.speculators_root,
         writes={p.path: {"expect_sha256": sha256(p.before), "data": base64.b64encode(p.after).decode()} for p in changed},
         pristine={},
-        manifest=_manifest(snap, files),
+        manifest=manifest,
     )
     return CommitResult(answer["written"], plans, answer["recovered"])

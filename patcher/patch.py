@@ -6,7 +6,7 @@ A patch module in ``patches/`` defines one module-level ``PATCH = Patch(...)``. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
@@ -61,7 +61,8 @@ class Patch:
             fix is already there, or raises ``PatchRefused`` on unknown code.
         facts: vLLM facts the patch depends on. The patch is needed when all hold; a patch
             without facts (a correctness fix in speculators' own logic) is always needed.
-        speculators: the speculators versions the patch is written for (PEP 440 specifier).
+        speculators: the speculators versions the patch is written for (PEP 440 specifier);
+            a speculators version no patch is written for is refused.
         order: position in the sequence applied to a file; lower runs first.
         portable: the emitted code is right on every vLLM release 0.11-0.17 (e.g. it checks
             ``hasattr`` at runtime), so it stays correct when vLLM is upgraded or downgraded
@@ -82,7 +83,6 @@ class Patch:
     order: int = 0
     portable: bool = False
     requires: tuple[str, ...] = ()
-    notes: str = field(default="", compare=False)
 
 
 class PatchCodemod(VisitorBasedCodemodCommand):

@@ -56,6 +56,8 @@ def all_patches() -> tuple[Patch, ...]:
 def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:
     """Patches chosen by ``--only``/``--skip`` (ids or names). Raises ``UserError`` on unknown ids."""
     patches = all_patches()
+    only = tuple(x.upper() if _ID.match(x.upper()) else x for x in only)  # sp004 == SP004
+    skip = tuple(x.upper() if _ID.match(x.upper()) else x for x in skip)
     known = {p.id for p in patches} | {p.name for p in patches}
     unknown = [x for x in (*only, *skip) if x not in known]
     if unknown:

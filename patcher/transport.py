@@ -37,9 +37,17 @@ class Transport:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
+        if self._proc is None:
+            return
+        try:
             self._proc.stdin.close()
-            self._proc.wait(timeout=60)
+        except BrokenPipeError:  # the agent is already gone; its error was reported
+            pass
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def request(self, op: str, **payload: object) -> dict:
         """Send one request; return the agent's answer. Raises ``UserError`` on failure."""
@@ -53,8 +61,16 @@ class Transport:
             line = b""
         if not line:
             err = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
-            raise UserError(f"{self.label}: agent ended unexpectedly: {err[-1] if err else 'no output'}")
-        answer = json.loads(line)
+            raise UserError(f"{self.label}: {self._argv()[0]} ended without answering the agent's request "
+                            f"({err[-1] if err else 'no output'}); is it a Python 3.8+ interpreter?")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self._proc.kill()
+            raise UserError(
+                f"{self.label}: {self._argv()[0]} did not answer as a Python interpreter running the agent "
+                f"(it printed {line[:60].decode(errors='replace').strip()!r})"
+            ) from None
         if "error" in answer:
             raise UserError(answer["error"])
         return answer["ok"]
@@ -91,9 +107,14 @@ def local_transport(target: str | None) -> tuple[LocalTransport, str | None]:
     interpreter. Raises ``UserError`` for anything else.
     """
     if target is None:
-        prefix = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
-        python = str(Path(prefix) / "bin" / "python") if prefix else sys.executable
-        return LocalTransport(python), None
+        for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+            prefix = os.environ.get(variable)
+            if prefix:
+                python = Path(prefix) / "bin" / "python"
+                if not python.exists():
+                    raise UserError(f"${variable} is {prefix}, which has no bin/python; pass --target")
+                return LocalTransport(str(python)), None
+        return LocalTransport(sys.executable), None
     path = Path(target).expanduser()
     if not path.exists():
         raise UserError(f"target does not exist: {target}")

@@ -98,3 +98,48 @@ def test_read_only_site_packages(sandbox, site):
         assert tree_digest(site) == before
     finally:
         subprocess.run(["umount", str(site)], check=True)
+
+
+def test_not_a_python_interpreter(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'Welcome to the cluster'\nexec cat >/dev/null\n")
+    fake.chmod(0o755)
+    assert_refused(run_cli("status", "--target", str(fake)), "did not answer as a Python interpreter")
+    assert_refused(run_cli("status", "--target", "/bin/true"), "ended without answering")
+
+
+def test_stale_virtual_env(tmp_path):
+    assert_refused(run_cli("status", env={"VIRTUAL_ENV": str(tmp_path / "gone")}), "$VIRTUAL_ENV", "--target")
+
+
+def test_hosts_file_missing_or_empty_never_falls_back_to_local(sandbox, site, tmp_path):
+    before = tree_digest(site)
+    empty = tmp_path / "hosts"
+    empty.write_text("# no hosts yet\n\n")
+    local = {"VIRTUAL_ENV": str(sandbox)}
+    assert_refused(run_cli("apply", "--hosts-file", str(empty), env=local), "no hosts in")
+    assert_refused(run_cli("apply", "--hosts-file", str(tmp_path / "nope"), env=local), "cannot read hosts file")
+    assert tree_digest(site) == before
+
+
+def test_revert_after_upgrading_speculators_does_not_restore_old_files(sandbox, site):
+    import sys
+
+    from sandbox import wheel
+
+    run_cli("apply", "--target", str(sandbox))
+    # pip acting on the sandbox's interpreter, as `pip install speculators==0.4.0` there would
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet",
+                    "--no-deps", "--no-compile", str(wheel("speculators", "0.4.0"))], check=True)
+    before = tree_digest(site)
+    for force in ((), ("--force",)):
+        assert_refused(run_cli("revert", "--target", str(sandbox), *force), "speculators 0.4.0 is installed")
+    assert tree_digest(site) == before
+
+
+def test_syntax_error_names_the_right_line(sandbox, site):
+    path = site / GENERATOR
+    lines = path.read_text().splitlines(True)
+    lines.insert(20, "def broken(:\n")
+    path.write_text("".join(lines))
+    assert_refused(run_cli("apply", "--target", str(sandbox)), f"{GENERATOR}:21:")

@@ -148,8 +148,8 @@ def test_reinstall_is_detected_and_apply_works_again(sandbox, site):
     import sys
 
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", "--no-compile",
-         "--prefix", str(sandbox), str(wheel("speculators", "0.3.0"))],
+        [sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet", "--no-deps",
+         "--force-reinstall", "--no-compile", str(wheel("speculators", "0.3.0"))],
         check=True,
     )
     _, status = run_json("status", "--target", str(sandbox))
@@ -204,3 +204,55 @@ def test_editable_install_is_patched_at_its_source(sandbox, site, tmp_path):
     assert "is_encoder_decoder=False" in (source / GENERATOR).read_text()
     result = run_cli("status", "--target", str(sandbox))
     assert f"patching the source at {source}" in result.stderr
+
+
+def test_default_target_is_the_activated_environment(sandbox, site):
+    """`source env/bin/activate && speculators-patch apply` patches that env."""
+    import os
+
+    activate = (sandbox / "bin/activate").read_text()
+    assert str(sandbox) in activate, "the sandbox's activate script names the sandbox itself"
+    code, report = run_json("apply", env={"VIRTUAL_ENV": str(sandbox), "CONDA_PREFIX": ""})
+    assert code == 0 and report["site_packages"] == str(site) and report["written"]
+    assert os.path.realpath(report["python"]).startswith(str(sandbox)) or report["python"].startswith(str(sandbox))
+
+
+def test_killed_mid_write_is_rolled_back_by_the_next_command(sandbox, site):
+    """kill -9 between the two file writes; the next command (even `status`) rolls back."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from support import CLI, ROOT
+
+    before = tree_digest(site / "speculators")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECULATORS_PATCH_FAULT": "pause-mid-write",
+           "SPECULATORS_PATCH_FAULT_SECONDS": "30"}
+    proc = subprocess.Popen([*CLI, "apply", "--target", str(sandbox)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = site / ".speculators-patch/journal.json"
+    deadline = time.monotonic() + 60
+    while not journal.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # the first file is written, the second not yet
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert journal.exists() and tree_digest(site / "speculators") != before, "half-written, as intended"
+
+    result = run_cli("status", "--target", str(sandbox))
+    assert result.returncode == 0 and "rolled back" in result.stderr
+    assert tree_digest(site / "speculators") == before and not journal.exists()
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    assert run_json("verify", "--target", str(sandbox))[0] == 0
+
+
+def test_revert_of_a_superseded_patch_updates_the_record(sandbox, site):
+    """SP009 removes the code SP007 edits: reverting SP007 changes no byte, only the record."""
+    run_cli("apply", "--target", str(sandbox))
+    before = tree_digest(site / "speculators")
+    assert run_cli("revert", "--target", str(sandbox), "--only", "SP007").returncode == 0
+    assert tree_digest(site / "speculators") == before
+    manifest = json.loads((site / ".speculators-patch/manifest.json").read_text())
+    assert "SP007" not in manifest["files"][WORKER]["patches"]
+    assert "SP009" in manifest["files"][WORKER]["patches"]

@@ -87,7 +87,7 @@ def test_apply_compile_verify(envs, release, tmp_path):
     shutil.copytree(envs[release], env, symlinks=True)
     code, report = cli("apply", "--target", str(env))
     assert code == 0, report
-    applied = {p["id"] for p in report["patches"] if p["state"] == "pending"}
+    applied = {p["id"] for p in report["patches"] if p["state"] == "applied-now"}
     api = {p for p in applied if p in API_PATCHES}
     assert api == api_needed(release)
     assert EVERY_RELEASE <= applied
@@ -165,7 +165,7 @@ def test_version_strings_are_shown_not_trusted(envs, tmp_path):
     code, report = cli("apply", "--target", str(env))
     assert code == 0
     assert "0.16.1rc1.dev124+g92f5d0f07" in report["vllm"] and "0.16.0+cpu" in report["vllm"]
-    assert {p["id"] for p in report["patches"] if p["state"] == "pending"} & set(API_PATCHES) == api_needed("0.16.0")
+    assert {p["id"] for p in report["patches"] if p["state"] == "applied-now"} & set(API_PATCHES) == api_needed("0.16.0")
 
 
 def test_docs_matrix_is_current(envs):
