@@ -171,6 +171,8 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
     engine.check_supported(snap)
     facts, checks = verify(snap)
+    ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
+    facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
     ok = all(c.verdict == "ok" for c in checks) and calls.ok
     data = {

@@ -150,5 +150,9 @@ def runtime_verify(transport: Transport, site_packages: str | None, checked: lis
     start = time.perf_counter()
     live = run_probe(transport, probe_request(checked, worker), site_packages)
     wall = time.perf_counter() - start
+    if live.get("vllm") is None:
+        raise UserError(f"{transport.label}: the target's interpreter cannot import vLLM "
+                        f"({live.get('vllm_error', 'unknown error')}); verify --runtime needs an importable "
+                        f"vLLM, the static verify does not")
     findings, notes = compare(checked, static, live)
     return RuntimeReport(live.get("vllm"), findings, notes, live.get("seconds", 0.0), wall)

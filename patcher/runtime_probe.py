@@ -100,8 +100,9 @@ def main():
     out["seconds"] = time.perf_counter() - start
     try:
         out["vllm"] = importlib.import_module("vllm").__version__
-    except Exception:
+    except Exception as e:
         out["vllm"] = None
+        out["vllm_error"] = "%s: %s" % (type(e).__name__, e)
     sys.stdout.write("\n" + MARKER + json.dumps(out) + "\n")
     sys.stdout.flush()
 
