@@ -4,10 +4,9 @@ Every host runs the same ``command(host) -> Report`` (one SSH connection each) i
 of at most ``jobs`` workers. The workers are forked processes where the platform has
 ``fork``: reading, transforming and verifying happen locally and are CPU-bound Python, so
 threads would run them one host at a time under the GIL (threads are the fallback).
-A host that fails -- a ``UserError`` or anything else --
-is recorded with its reason and never stops or touches the others. Progress goes to
-stderr; the end is one summary table (or, with ``--json``, one JSON list, one object per
-host). Exit code: 0 when every host succeeded, 2 when any host failed, else the largest
+A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
+never stops or touches the others. Progress goes to stderr; the end is one summary table
+(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Exit code: 0 when every host succeeded, 2 when any host failed, else the largest
 exit code (1: ``diff`` found changes or ``verify`` disagreements somewhere).
 """
 
@@ -89,10 +88,10 @@ def _run_inherited(host: str) -> HostResult:
     return _run_one(host, _COMMAND)
 
 
-def _pool(workers: int) -> tuple[Executor, Callable[[str], HostResult]]:
+def _pool(workers: int) -> Executor:
     if "fork" in multiprocessing.get_all_start_methods():
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")), _run_inherited
-    return ThreadPoolExecutor(workers, thread_name_prefix="host"), _run_inherited
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    return ThreadPoolExecutor(workers, thread_name_prefix="host")
 
 
 _COLORS = {"changed": "green", "unchanged": "dim", "ok": "green", "would-change": "yellow",
@@ -125,9 +124,9 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     results: dict[str, HostResult] = {}
     workers = min(jobs, len(hosts))
     _COMMAND = command
-    pool, work = _pool(workers)
+    pool = _pool(workers)
     try:
-        futures = {pool.submit(work, h): h for h in hosts}  # workers start here, before any progress thread
+        futures = {pool.submit(_run_inherited, h): h for h in hosts}  # workers start here, before any progress thread
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task(f"{len(hosts)} hosts, {workers} at a time", total=len(hosts))
