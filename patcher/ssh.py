@@ -171,7 +171,10 @@ def explain_ssh_failure(stderr: str, where: str, during: str) -> str:
     if "Timeout, server" in text or "Broken pipe" in text or "closed by" in text or "Connection reset" in text:
         return (f"{where}: connection dropped {during}. A commit that had started finishes or rolls back "
                 f"on the remote side by itself; run `speculators-patch status` on it to see which")
-    return f"{where}: ssh failed {during}: {_last_line(text) or 'no message'}"
+    if not text.strip():  # ssh says nothing when the remote command dies of a signal
+        return (f"{where}: the remote agent was killed {during}; a commit it had started is rolled back "
+                f"by the next speculators-patch command on that host")
+    return f"{where}: ssh failed {during}: {_last_line(text)}"
 
 
 class SshTransport(Transport):

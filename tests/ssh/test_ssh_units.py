@@ -69,6 +69,7 @@ def test_bootstrap_is_python_3_8_grammar():
                  id="dns"),
     pytest.param("Connection closed by 127.0.0.1 port 2222", "connection dropped while committing", id="dropped"),
     pytest.param("Timeout, server 10.0.0.5 not responding.", "connection dropped while committing", id="keepalive"),
+    pytest.param("", "the remote agent was killed while committing", id="killed-by-signal"),
     pytest.param("kex_exchange_identification: something new", "ssh failed while committing: kex_exchange_identification",
                  id="unknown-passes-through"),
 ])
