@@ -27,7 +27,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.agent import bindings, module_paths, referenced_names, speculators_vllm_imports
+from patcher.agent import bindings, module_paths, speculators_vllm_imports
 from patcher.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"

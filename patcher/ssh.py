@@ -248,43 +248,21 @@ class SshTransport(Transport):
         for chunk in iter(lambda: self._proc.stderr.read1(4096), b""):
             self._stderr.append(chunk)
 
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is None:
-            return
-        try:
-            self._proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        try:
-            self._proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+    EXIT_WAIT = 60  # a remote agent may still be finishing a commit
 
-    def request(self, op: str, **payload: object) -> dict:
-        """One exchange; ssh-level failures become one ``UserError`` line naming the host."""
-        assert self._proc is not None and self._proc.stdin and self._proc.stdout
-        self.exchanges += 1
-        try:
-            self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
-            self._proc.stdin.flush()
-            while not self._synced:  # skip what the remote shell's rc files printed
-                noise = self._proc.stdout.readline()
-                if not noise:
-                    break
-                self._synced = noise.rstrip(b"\r\n") == self._marker
-            line = self._proc.stdout.readline() if self._synced else b""
-        except BrokenPipeError:
-            line = b""
-        if not line:
-            raise UserError(self._failure(op))
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            raise UserError(f"{self._where}: unexpected output from the remote agent: {line[:200]!r}") from None
-        if "error" in answer:
-            raise UserError(answer["error"])
-        return answer["ok"]
+    def _read_answer_line(self) -> bytes:
+        while not self._synced:  # skip what the remote shell's rc files printed
+            noise = self._proc.stdout.readline()
+            if not noise:
+                return b""
+            self._synced = noise.rstrip(b"\r\n") == self._marker
+        return self._proc.stdout.readline()
+
+    def _no_answer(self, op: str) -> str:
+        return self._failure(op)
+
+    def _not_json(self, line: bytes) -> str:
+        return f"{self._where}: unexpected output from the remote agent: {line[:200]!r}"
 
     def _failure(self, op: str) -> str:
         assert self._proc is not None

@@ -36,6 +36,9 @@ class Transport:
         )
         return self
 
+    # Seconds to wait for the agent to exit once its stdin is closed, before killing it.
+    EXIT_WAIT = 10
+
     def __exit__(self, *exc: object) -> None:
         if self._proc is None:
             return
@@ -44,7 +47,7 @@ class Transport:
         except BrokenPipeError:  # the agent is already gone; its error was reported
             pass
         try:
-            self._proc.wait(timeout=10)
+            self._proc.wait(timeout=self.EXIT_WAIT)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
@@ -56,24 +59,32 @@ class Transport:
         try:
             self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
             self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
+            line = self._read_answer_line()
         except BrokenPipeError:
             line = b""
         if not line:
-            err = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
-            raise UserError(f"{self.label}: {self._argv()[0]} ended without answering the agent's request "
-                            f"({err[-1] if err else 'no output'}); is it a Python 3.8+ interpreter?")
+            raise UserError(self._no_answer(op))
         try:
             answer = json.loads(line)
         except ValueError:
             self._proc.kill()
-            raise UserError(
-                f"{self.label}: {self._argv()[0]} did not answer as a Python interpreter running the agent "
-                f"(it printed {line[:60].decode(errors='replace').strip()!r})"
-            ) from None
+            raise UserError(self._not_json(line)) from None
         if "error" in answer:
             raise UserError(answer["error"])
         return answer["ok"]
+
+    def _read_answer_line(self) -> bytes:
+        return self._proc.stdout.readline()
+
+    def _no_answer(self, op: str) -> str:
+        """The one-line message when the agent ended without answering ``op``."""
+        err = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
+        return (f"{self.label}: {self._argv()[0]} ended without answering the agent's request "
+                f"({err[-1] if err else 'no output'}); is it a Python 3.8+ interpreter?")
+
+    def _not_json(self, line: bytes) -> str:
+        return (f"{self.label}: {self._argv()[0]} did not answer as a Python interpreter running the agent "
+                f"(it printed {line[:60].decode(errors='replace').strip()!r})")
 
 
 class LocalTransport(Transport):
