@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from support import GENERATOR, WORKER  # noqa: F401  (also puts fixtures/ on sys.path)
-from support import CLI, ROOT, digest, run_cli, run_json, tree_digest  # noqa: F401
 from sandbox import make_sandbox, site_packages, wheel  # noqa: E402
 
 
