@@ -242,7 +242,7 @@ def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force
         elif result.written:
             console.print(f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
         else:
-            console.print("nothing to revert: no file is patched by speculators-patch")
+            console.print("nothing to revert: no file needed restoring")
 
     return Report(data, 0, render)
 
