@@ -61,3 +61,22 @@ def statements(code: str, leading_lines=None) -> cst.FlattenSentinel:
     if leading_lines is not None:
         body[0] = body[0].with_changes(leading_lines=[*leading_lines, *body[0].leading_lines])
     return cst.FlattenSentinel(body)
+
+
+def replace_statements(tree: cst.Module, replacements: dict[m.BaseMatcherNode, str]) -> cst.Module:
+    """Replace every statement matching a key with that key's template (see ``statements``),
+    keeping the replaced statement's blank lines above it."""
+    return tree.visit(_ReplaceStatements(replacements))
+
+
+class _ReplaceStatements(cst.CSTTransformer):
+    def __init__(self, replacements: dict[m.BaseMatcherNode, str]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original, updated):
+        if isinstance(updated, cst.BaseStatement):
+            for matcher, template in self.replacements.items():
+                if m.matches(updated, matcher):
+                    return statements(template, updated.leading_lines)
+        return updated

@@ -13,7 +13,7 @@ also right on single-phase releases.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to, statements
+from patcher.cst_helpers import calls_to, replace_statements
 from patcher.patch import Patch, PatchCodemod, VllmFact
 from patcher.probes import method_defined
 
@@ -36,14 +36,7 @@ class CallSampleTokens(PatchCodemod):
             self.already_satisfied("sample_tokens() already follows execute_model()")
         if not m.findall(tree, EXECUTE):
             self.refuse(None, "a statement self.executor.execute_model(scheduler_output)")
-        return tree.visit(_Rewrite())
-
-
-class _Rewrite(cst.CSTTransformer):
-    def leave_SimpleStatementLine(self, original, updated):
-        if not m.matches(updated, EXECUTE):
-            return updated
-        return statements(TWO_PHASE, updated.leading_lines)
+        return replace_statements(tree, {EXECUTE: TWO_PHASE})
 
 
 PATCH = Patch(

@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from patcher.cst_helpers import calls_to, statements
+from patcher.cst_helpers import calls_to, replace_statements
 from patcher.patch import Patch, PatchCodemod, VllmFact
 from patcher.probes import class_lacks_base
 
@@ -48,19 +48,7 @@ class LanguageModelLookup(PatchCodemod):
         if not (has_gate and has_base):
             self.refuse(None, "'if not supports_eagle3(model): raise ...' then 'base_model = model.model'")
         RemoveImportsVisitor.remove_unused_import(self.context, "vllm.model_executor.models.interfaces", "supports_eagle3")
-        return tree.visit(_Rewrite())
-
-
-class _Rewrite(cst.CSTTransformer):
-    def leave_If(self, original, updated):
-        if not m.matches(updated, GATE):
-            return updated
-        return statements(LOOKUP, updated.leading_lines)
-
-    def leave_SimpleStatementLine(self, original, updated):
-        if not m.matches(updated, BASE_MODEL):
-            return updated
-        return statements(CHECK, updated.leading_lines)
+        return replace_statements(tree, {GATE: LOOKUP, BASE_MODEL: CHECK})
 
 
 PATCH = Patch(

@@ -10,7 +10,7 @@ The smallest worker's figure bounds the cache, as in vLLM.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to, statements
+from patcher.cst_helpers import calls_to, replace_statements
 from patcher.patch import Patch, PatchCodemod, VllmFact
 from patcher.probes import method_defined
 
@@ -27,14 +27,7 @@ class PlatformMemoryQuery(PatchCodemod):
             self.already_satisfied("memory is queried through the executor")
         if not m.findall(tree, QUERY_LINE):
             self.refuse(None, "'free_memory, _ = torch.cuda.mem_get_info()'")
-        return tree.visit(_Rewrite())
-
-
-class _Rewrite(cst.CSTTransformer):
-    def leave_SimpleStatementLine(self, original, updated):
-        if m.matches(updated, QUERY_LINE):
-            return statements(NEUTRAL, updated.leading_lines)
-        return updated
+        return replace_statements(tree, {QUERY_LINE: NEUTRAL})
 
 
 PATCH = Patch(
