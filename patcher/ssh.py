@@ -21,7 +21,6 @@ import re
 import secrets
 import shlex
 import subprocess
-import threading
 
 from patcher.errors import UserError
 from patcher.transport import AGENT_SOURCE, Transport
@@ -199,8 +198,6 @@ class SshTransport(Transport):
         self.connections = 0
         self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
         self._synced = False
-        self._stderr: list[bytes] = []
-        self._drain: threading.Thread | None = None
 
     def _base(self) -> list[str]:
         argv = ["ssh"]
@@ -231,9 +228,6 @@ class SshTransport(Transport):
         super().__enter__()
         self.connections += 1
         assert self._proc is not None
-        # Drain stderr as it comes: a ControlPersist master may keep it open after ssh exits.
-        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
-        self._drain.start()
         header = json.dumps({"target": self.target, "agent": AGENT_SOURCE, "where": self.host,
                              "marker": self._marker.decode()}).encode()
         try:
@@ -242,11 +236,6 @@ class SshTransport(Transport):
         except BrokenPipeError:
             pass  # reported by the first request, with ssh's own message
         return self
-
-    def _read_stderr(self) -> None:
-        assert self._proc is not None and self._proc.stderr is not None
-        for chunk in iter(lambda: self._proc.stderr.read1(4096), b""):
-            self._stderr.append(chunk)
 
     EXIT_WAIT = 60  # a remote agent may still be finishing a commit
 
@@ -271,9 +260,7 @@ class SshTransport(Transport):
         except subprocess.TimeoutExpired:
             self._proc.kill()
             code = self._proc.wait()
-        if self._drain is not None:
-            self._drain.join(timeout=2)
-        stderr = b"".join(self._stderr).decode(errors="replace")
+        stderr = self.stderr_text()
         during = "while committing" if op == "commit" else "while reading"
         if code == 255 or code < 0:
             return explain_ssh_failure(stderr, self._where, during)

@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Callable
 
 from patcher.errors import UserError
 
@@ -23,9 +25,16 @@ class Transport:
 
     label = "local"
 
+    # Lines the agent's children write to stderr with this prefix are progress for the user
+    # (selftest); they are passed to ``on_progress`` as they arrive.
+    PROGRESS_PREFIX = b"[selftest] "
+
     def __init__(self) -> None:
         self.exchanges = 0
+        self.on_progress: Callable[[str], None] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: list[bytes] = []
+        self._drain: threading.Thread | None = None
 
     def _argv(self) -> list[str]:
         raise NotImplementedError
@@ -34,7 +43,25 @@ class Transport:
         self._proc = subprocess.Popen(
             self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        # Drain stderr as it comes: a long child (selftest) would otherwise block on a full
+        # pipe, and an SSH ControlPersist master may keep it open after ssh exits.
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
         return self
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        for line in iter(self._proc.stderr.readline, b""):
+            if self.on_progress is not None and line.startswith(self.PROGRESS_PREFIX):
+                self.on_progress(line[len(self.PROGRESS_PREFIX):].decode(errors="replace").rstrip())
+            else:
+                self._stderr.append(line)
+
+    def stderr_text(self) -> str:
+        """What the agent (and its children) wrote to stderr so far, progress lines excluded."""
+        if self._drain is not None and self._proc is not None and self._proc.poll() is not None:
+            self._drain.join(timeout=2)
+        return b"".join(self._stderr).decode(errors="replace")
 
     # Seconds to wait for the agent to exit once its stdin is closed, before killing it.
     EXIT_WAIT = 10
@@ -78,7 +105,11 @@ class Transport:
 
     def _no_answer(self, op: str) -> str:
         """The one-line message when the agent ended without answering ``op``."""
-        err = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
+        try:
+            self._proc.wait(timeout=self.EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            pass
+        err = self.stderr_text().strip().splitlines()
         return (f"{self.label}: {self._argv()[0]} ended without answering the agent's request "
                 f"({err[-1] if err else 'no output'}); is it a Python 3.8+ interpreter?")
 

