@@ -134,12 +134,19 @@ def from_config(config: dict) -> dict:
     return tiny
 
 
-def for_device(config: dict, device: str) -> dict:
-    """``config`` adapted to the device: DeepSeek attention keeps one head on CPU (see
-    ``DEEPSEEK_V3``) and gets four heads elsewhere, where MLA runs."""
-    if config["model_type"] == "deepseek_v3" and device != "cpu":
-        return {**config, "num_attention_heads": 4, "num_key_value_heads": 4}
-    return config
+def for_device(config: dict, device: str, tp: int = 1) -> dict:
+    """``config`` adapted to the device and tensor parallel size: every rank gets whole
+    heads. DeepSeek attention keeps one head per rank on CPU (see ``DEEPSEEK_V3``) and four
+    per rank elsewhere, where MLA runs; Llama keeps head_dim 64 (hidden = 64 x heads)."""
+    if config["model_type"] == "deepseek_v3":
+        heads = tp if device == "cpu" else 4 * tp
+        return {**config, "num_attention_heads": heads, "num_key_value_heads": heads}
+    heads = max(config["num_attention_heads"], tp)
+    if heads == config["num_attention_heads"] and heads % tp == 0:
+        return config
+    heads = -(-heads // tp) * tp
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    return {**config, "num_attention_heads": heads, "num_key_value_heads": heads, "hidden_size": head_dim * heads}
 
 
 def save_tokenizer(dest: Path, vocab_size: int = VOCAB_SIZE) -> None:
@@ -176,12 +183,12 @@ def random_state(config: dict, seed: int) -> dict:
     return state
 
 
-def build(arch: str, dest: Path, config: dict | None = None, device: str = "cpu") -> dict:
+def build(arch: str, dest: Path, config: dict | None = None, device: str = "cpu", tp: int = 1) -> dict:
     """Write a tiny checkpoint of ``arch`` into the new directory ``dest``; return the text
     config used. ``config`` overrides the default (e.g. ``from_config`` of a real model)."""
     from safetensors.torch import save_file
 
-    config = for_device(config or ARCHS[arch], device)
+    config = for_device(config or ARCHS[arch], device, tp)
     dest.mkdir(parents=True)
     save_tokenizer(dest, config["vocab_size"])
     if arch == "kimi_k25":

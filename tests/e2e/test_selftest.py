@@ -1,0 +1,148 @@
+"""``speculators-patch selftest`` on the real vLLM CPU engines: the harness users run is the
+one this tier trusts.
+
+Each fixture runs the real CLI once per session on a target venv (real speculators 0.3.0
+wheel, patched or not by the real CLI, with an engine env's packages) and keeps its JSON.
+What a user checks: exit code 0 only when every capture is within the bound; exit 1 with
+the figures when captures are silently wrong; exit 1 with the generator's own error (and
+the patch that fixes it) when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
+from targets import ROOT, cli, engine_environ, ensure_engine_env, make_target, speculators_wheel  # noqa: E402
+from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+
+CASES = ["order", "shared-prefix", "chunked", "over-max-seqs", "order-again"]
+SELFTEST_TIMEOUT = 1200  # s; three architectures take about 90 s on the 2-core machine
+
+
+def selftest(target: Path, *args: str, vllm: str = "0.16.0") -> tuple[int, dict, str]:
+    proc = cli("selftest", "--target", str(target), "--json", *args, env=engine_environ(vllm), timeout=SELFTEST_TIMEOUT)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def patched_target(tmp_path_factory, vllm: str, *apply_args: str) -> Path:
+    ensure_engine_env(vllm)
+    target = make_target(tmp_path_factory.mktemp(f"selftest-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
+    if apply_args != ("--none",):
+        proc = cli("apply", "--target", str(target), *apply_args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return target
+
+
+@pytest.fixture(scope="session")
+def target_016(tmp_path_factory) -> Path:
+    return patched_target(tmp_path_factory, "0.16.0")
+
+
+@pytest.fixture(scope="session")
+def all_archs_016(target_016):
+    return selftest(target_016, "--arch", "llama", "--arch", "deepseek_v3", "--arch", "kimi_k25")
+
+
+@pytest.fixture(scope="session")
+def all_archs_018(tmp_path_factory):
+    target = patched_target(tmp_path_factory, "0.18.1")
+    return selftest(target, "--arch", "llama", "--arch", "deepseek_v3", "--arch", "kimi_k25", vllm="0.18.1")
+
+
+def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]) -> None:
+    report = data["selftest"]
+    failed = {a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
+              for a in report["archs"] if not a["ok"]}
+    assert code == 0 and report["ok"], failed or stderr[-2000:]
+    assert [a["arch"] for a in report["archs"]] == archs
+    for arch in report["archs"]:
+        assert [c["case"] for c in arch["cases"]] == CASES
+        for case in arch["cases"]:
+            assert case["results"] == case["prompts"] and case["bad"] == []
+            for layer in case["layers"]:
+                assert layer["worst"] >= report["bound"], (arch["arch"], case["case"], layer)
+        steps = {c["case"]: c for c in arch["cases"]}
+        assert steps["chunked"]["steps"] >= 2 and steps["chunked"]["requests_split_across_steps"] >= 1
+        assert steps["over-max-seqs"]["steps"] >= 2  # 41 prompts > max_num_seqs 32
+        assert arch["repeat_max_abs_diff"] == 0.0
+        assert arch["layers"][0] == 0 and len(arch["layers"]) == 3
+
+
+def test_selftest_passes_on_patched_016(all_archs_016):
+    assert_all_within_bound(*all_archs_016, ["llama", "deepseek_v3", "kimi_k25"])
+
+
+def test_selftest_passes_on_patched_018(all_archs_018):
+    assert_all_within_bound(*all_archs_018, ["llama", "deepseek_v3", "kimi_k25"])
+
+
+def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
+    code, data, stderr = selftest(target_016, "--arch", "deepseek_v3", "--tp", "2")
+    assert_all_within_bound(code, data, stderr, ["deepseek_v3"])
+    assert data["selftest"]["archs"][0]["tp"] == 2
+    assert data["selftest"]["environment"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+
+
+def test_selftest_fails_with_figures_when_only_api_fixes_are_applied(tmp_path_factory):
+    """0.3.0's own capture logic on a chunked batch: runs, raises nothing, wrong data."""
+    target = patched_target(tmp_path_factory, "0.16.0", "--skip", "SP009", "--skip", "SP010", "--skip", "SP012")
+    code, data, _ = selftest(target)
+    report = data["selftest"]
+    assert code == 1 and not report["ok"]
+    llama = report["archs"][0]
+    assert "error" not in llama
+    chunked = next(c for c in llama["cases"] if c["case"] == "chunked")
+    assert chunked["bad"] and min(layer["worst"] for layer in chunked["layers"]) < 0.5
+    assert report["bad_captures"] == len(chunked["bad"]) + sum(
+        len(c["bad"]) for c in llama["cases"] if c["case"] != "chunked")
+
+
+def test_selftest_fails_with_the_real_error_when_unpatched(tmp_path_factory):
+    target = patched_target(tmp_path_factory, "0.16.0", "--none")
+    code, data, _ = selftest(target)
+    error = data["selftest"]["archs"][0]["error"]
+    assert code == 1
+    assert error["type"] == "ValidationError" and "is_encoder_decoder" in error["message"]
+    assert error["patch"] == "SP001"
+
+
+def test_selftest_over_ssh_gives_the_local_figures_and_leaves_nothing(target_016, all_archs_016, sshd, ssh_config):
+    before = set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*"))
+    proc = cli("selftest", "--host", "gpu-box", "--target", str(target_016), "--arch", "llama", "--json",
+               "--ssh-config", str(ssh_config), timeout=SELFTEST_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    remote = json.loads(proc.stdout)["selftest"]["archs"][0]
+    local = all_archs_016[1]["selftest"]["archs"][0]
+    assert [c["layers"] for c in remote["cases"]] == [c["layers"] for c in local["cases"]]
+    assert "llama: starting vLLM" in proc.stderr  # progress relayed as it happens
+    assert set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) == before
+
+
+def test_interrupted_selftest_removes_its_directory(target_016):
+    before = set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*"))
+    proc = subprocess.Popen([sys.executable, "-m", "patcher", "selftest", "--target", str(target_016)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 300
+    for line in iter(proc.stderr.readline, b""):
+        if b"starting vLLM" in line or time.monotonic() > deadline:
+            break
+    during = set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) - before
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    proc.wait(timeout=120)
+    assert during, "selftest did not create its temporary directory"
+    assert proc.returncode != 0
+    assert set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) == before
