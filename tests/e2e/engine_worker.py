@@ -47,21 +47,9 @@ MIXED = [1, 7, 33, 129, 300, 64]  # several lengths, one single-token prompt
 CHUNKED = list(range(300, 511, 9))[:24]
 
 CONFIGS = {
-    "llama-tp1": {
-        "model": "llama", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
-        "calls": [("mixed", 11, MIXED), ("chunked", 12, CHUNKED), ("mixed-again", 11, MIXED)],
-    },
     "llama-tp2": {
         "model": "llama", "tp": 2, "layers": [0, 3, 5], "reference": "hf",
         "calls": [("mixed", 21, MIXED), ("chunked", 22, CHUNKED)],
-    },
-    "deepseek-v3-tp1": {
-        "model": "deepseek_v3", "tp": 1, "layers": [0, 1, 3], "reference": "hf",
-        "calls": [("mixed", 31, MIXED), ("chunked", 32, CHUNKED)],
-    },
-    "deepseek-v3-tp2": {
-        "model": "deepseek_v3_2heads", "tp": 2, "layers": [0, 2, 3], "reference": "hf",
-        "calls": [("chunked", 72, CHUNKED)],
     },
     "deepseek-v3-l4s-tp1": {
         "model": "deepseek_v3_l4s", "tp": 1, "layers": [0, 3], "reference": "vllm",
@@ -73,14 +61,6 @@ CONFIGS = {
         "model": "llava", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
         "calls": [("mixed", 61, MIXED)],
     },
-    # Only the chunked batch, for installs patched without SP009/SP010/SP012.
-    "llama-chunked": {
-        "model": "llama", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
-        "calls": [("chunked", 12, CHUNKED)],
-    },
-    # No references: the error a user sees on an unpatched install.
-    "unpatched": {"model": "llama", "tp": 1, "layers": [0, 5], "reference": None,
-                  "calls": [("mixed", 11, MIXED)]},
     # A KV cache too small for the 480-token prompt (about 100 tokens of room): vLLM cannot
     # run that prompt whole, so the generator must raise rather than return short or
     # shifted rows. The 20-token prompt fits.

@@ -20,14 +20,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 # rows attributed to another request 0.10-0.35, llama_4_scaling dropped < 0 (see docs/e2e.md).
 COSINE_BOUND = 0.999
 
+# Llama and DeepSeek-V3 at TP 1 (and DeepSeek-V3 at TP 2), the chunked batch, repeated
+# generate(), the unpatched error and the API-fixes-only corruption are checked through
+# `speculators-patch selftest` itself (test_selftest.py). The configurations here are what
+# selftest does not build: TP 2 Llama, llama_4_scaling against vLLM's own forward, a LLaVA
+# wrapper, and a starved KV cache.
 CASES = {
     # configuration: (number of decoder layers, what it shows)
-    "llama-tp1": (6, "Llama; several lengths, chunked batch, repeated generate() on one generator"),
     "llama-tp2": (6, "Llama, tensor parallel 2"),
-    "deepseek-v3-tp1": (4, "DeepSeek-V3 MoE (Kimi-K2's text model), MLA disabled on CPU"),
-    "deepseek-v3-tp2": (4, "DeepSeek-V3 MoE, tensor parallel 2 (experts and heads sharded)"),
     "deepseek-v3-l4s-tp1": (4, "DeepSeek-V3 with llama_4_scaling; reference: vLLM's unmodified forward"),
-    "llava-tp1": (6, "vision-language wrapper, text model via get_language_model() (Kimi-K2.5's path)"),
+    "llava-tp1": (6, "vision-language wrapper, text model via get_language_model()"),
 }
 
 
@@ -37,14 +39,6 @@ def test_apply_runs_every_capture_patch(apply_output):
     for patch_id in ("SP001", "SP005", "SP008", "SP009", "SP010", "SP011", "SP012"):
         line = next(ln for ln in proc.stdout.splitlines() if patch_id in ln)
         assert "applied" in line, line
-
-
-def test_unpatched_install_fails_with_the_users_error(unpatched):
-    report = unpatched("unpatched")
-    error = report.get("error")
-    assert error is not None, "speculators 0.3.0 unpatched ran on vLLM 0.16"
-    assert error["type"] == "ValidationError"
-    assert "is_encoder_decoder" in error["message"] and "Field required" in error["message"]
 
 
 @pytest.mark.parametrize("config", CASES)
@@ -61,18 +55,11 @@ def test_hidden_states_match_the_reference(patched, config):
         assert worst >= COSINE_BOUND, f"{config}/{call['name']}: worst per-token cosine {worst:.6f}"
 
 
-@pytest.mark.parametrize("config", ["llama-tp1", "llama-tp2", "deepseek-v3-tp1", "deepseek-v3-tp2"])
-def test_batch_over_the_token_budget_is_chunked_across_steps(patched, config):
-    chunked = next(c for c in patched(config)["calls"] if c["name"] == "chunked")
+def test_batch_over_the_token_budget_is_chunked_across_steps_at_tp2(patched):
+    chunked = next(c for c in patched("llama-tp2")["calls"] if c["name"] == "chunked")
     assert chunked["tokens"] > 8192 and chunked["steps"] >= 2, chunked["step_tokens"]
     assert chunked["requests_split_across_steps"] >= 1
     assert chunked["min_cosine"] >= COSINE_BOUND
-
-
-def test_repeated_generate_on_one_generator_gives_identical_results(patched):
-    report = patched("llama-tp1")
-    assert [c["name"] for c in report["calls"]] == ["mixed", "chunked", "mixed-again"]
-    assert report["repeat_max_abs_diff"] == {"mixed-again": 0.0}
 
 
 def test_llama_4_scaling_reaches_the_layers(patched):
@@ -92,14 +79,6 @@ def test_kv_cache_too_small_raises_instead_of_returning_wrong_rows(patched):
 
 # The same cases with only the API fixes (SP009, SP010, SP012 skipped): the engine runs, no
 # error is raised, and the data is wrong. This is what the bound above must catch.
-
-
-def test_without_capture_patches_a_chunked_batch_is_silently_wrong(api_fixes_only):
-    report = api_fixes_only("llama-chunked")
-    assert "error" not in report, "expected silent corruption, got an error"
-    chunked = report["calls"][0]
-    wrong = [c for row in chunked["min_cosine_per_request_layer"] for c in row if not c >= COSINE_BOUND]
-    assert wrong and (not chunked["shapes_ok"] or chunked["min_cosine"] < 0.9), chunked["min_cosine"]
 
 
 def test_without_hook_capture_llama_4_scaling_is_dropped(api_fixes_only):
