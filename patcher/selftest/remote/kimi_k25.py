@@ -57,6 +57,26 @@ import pathlib
 # The image-processor module written into the checkpoint and the class auto_map names.
 PROCESSOR_MODULE = "kimi_k25_tiny_processor"
 PROCESSOR_CLASS = "KimiK25TinyImageProcessor"
+# transformers (< 5) has no kimi_k25 config: speculators 0.3.0's generator reads the model's
+# layer count with AutoConfig.from_pretrained(path, trust_remote_code=True), which follows
+# auto_map to this module, as it does for the real checkpoint's own configuration file. vLLM
+# ignores it: its own registry maps kimi_k25 first (transformers_utils/config.py:155).
+CONFIG_MODULE = "configuration_kimi_k25_tiny"
+CONFIG_SOURCE = '''from transformers import DeepseekV3Config, PretrainedConfig
+
+
+class KimiK25TinyConfig(PretrainedConfig):
+    """Kimi-K2.5 wrapper config for transformers: text_config is a DeepseekV3Config."""
+
+    model_type = "kimi_k25"
+
+    def __init__(self, text_config=None, vision_config=None, **kwargs):
+        if text_config is None or isinstance(text_config, dict):
+            text_config = DeepseekV3Config(**(text_config or {}))
+        self.text_config = text_config
+        self.vision_config = vision_config or {}
+        super().__init__(**kwargs)
+'''
 MEDIA_TOKEN = "<|media_pad|>"  # the dummy text of KimiK25DummyInputsBuilder.get_dummy_text
 
 # A tiny MoonViT the vLLM code accepts: patch 2 px, a 2 x 2 patch grid (= the position
@@ -303,7 +323,9 @@ def build(dest: pathlib.Path, text_config: dict, seed: int) -> None:
         "video_placeholder": "<|kimi_k25_video_placeholder|>",
         "tie_word_embeddings": bool(text.get("tie_word_embeddings", False)),
         "torch_dtype": "bfloat16",
+        "auto_map": {"AutoConfig": f"{CONFIG_MODULE}.KimiK25TinyConfig"},
     }
+    (dest / f"{CONFIG_MODULE}.py").write_text(CONFIG_SOURCE)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     (dest / f"{PROCESSOR_MODULE}.py").write_text(_PROCESSOR_SOURCE.format(cls=PROCESSOR_CLASS))
