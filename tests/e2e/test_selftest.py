@@ -146,3 +146,14 @@ def test_interrupted_selftest_removes_its_directory(target_016):
     assert during, "selftest did not create its temporary directory"
     assert proc.returncode != 0
     assert set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) == before
+
+
+def test_selftest_names_the_kimi_failure_verify_used_to_miss_on_018(tmp_path_factory):
+    """vLLM 0.18 gives the wrappers SupportsEagle3; without SP008's lookup the worker reaches
+    for ``model.model`` on KimiK25ForConditionalGeneration. selftest shows the real error."""
+    target = patched_target(tmp_path_factory, "0.18.1", "--skip", "SP008")
+    code, data, _ = selftest(target, "--arch", "kimi_k25", vllm="0.18.1")
+    error = data["selftest"]["archs"][0]["error"]
+    assert code == 1 and error["stage"] == "start"
+    assert "'KimiK25ForConditionalGeneration' object has no attribute 'model'" in error["message"]
+    assert error["patch"] == "SP008"
