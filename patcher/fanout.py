@@ -57,6 +57,12 @@ def classify(data: dict, exit_code: int) -> tuple[str, str]:
         return "unchanged", ""
     if "diff" in data:
         return ("would-change", "diff printed in --json") if data["changed"] else ("unchanged", "")
+    if "selftest" in data:
+        if data["ok"]:
+            return "ok", ""
+        st = data["selftest"]
+        failed = [a["arch"] for a in st["archs"] if not a["ok"]]
+        return "disagrees", f"selftest failed: {', '.join(failed)} ({st['bad_captures']} captures out of bound)"
     if "ok" in data:  # verify
         if data["ok"]:
             return "ok", ""
