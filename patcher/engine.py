@@ -269,13 +269,15 @@ class CommitResult:
     recovered: bool = False
 
 
-def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False) -> CommitResult:
+def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False,
+          plans: list[FilePlan] | None = None) -> CommitResult:
     """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
 
+    ``plans``: ``plan(snap, chosen)`` computed earlier (the Ansible collection's plan cache).
     Raises ``UserError`` on refusal, on a file modified after patching, or when the agent
     cannot write; in every such case no file changed.
     """
-    plans = plan(snap, chosen)
+    plans = plan(snap, chosen) if plans is None else plans
     refused = refusals(plans)
     if refused:
         raise UserError(refused[0])
