@@ -64,10 +64,11 @@ class Patch:
         speculators: the speculators versions the patch is written for (PEP 440 specifier);
             a speculators version no patch is written for is refused.
         order: position in the sequence applied to a file; lower runs first.
-        portable: the emitted code is right on every vLLM release 0.11-0.17 (e.g. it checks
-            ``hasattr`` at runtime), so it stays correct when vLLM is upgraded or downgraded
-            under it. A non-portable patch targets the installed API: ``verify`` reports it
-            stale once the installed vLLM no longer needs it.
+        portable: the emitted code is right on every vLLM release 0.11-0.32 and with
+            transformers 4 and 5 (e.g. it checks ``hasattr`` or a signature at runtime), so it
+            stays correct when vLLM is upgraded or downgraded under it. A non-portable patch
+            targets the installed API: ``verify`` reports it stale once the installed vLLM no
+            longer needs it.
         requires: ids of patches this one cannot work without (e.g. a generator change that
             calls an RPC a worker patch adds); ``--only``/``--skip`` must keep them together.
     """

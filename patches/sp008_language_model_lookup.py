@@ -1,14 +1,21 @@
-"""SP008: find the decoder layers without vLLM's supports_eagle3() gate.
+"""SP008: reach the text model's decoder layers through get_language_model(), on every release.
 
-vLLM's supports_eagle3() (vllm/model_executor/models/interfaces.py) is False for
-DeepseekV2ForCausalLM/DeepseekV3ForCausalLM (vllm/model_executor/models/deepseek_v2.py:
-no SupportsEagle3 base) and for KimiK25ForConditionalGeneration, a vision-language
-wrapper whose text model is reached through get_language_model() (0.15: the
-DeepseekV2Model itself; 0.16: a DeepseekV2ForCausalLM). speculators 0.3.0 refuses these
-models ("does not support hidden state extraction") although their decoder layers are
-captured like Llama's. The emitted code goes through get_language_model() when the model
-has it, takes its inner .model when there is one, and refuses only a model without
-decoder .layers.
+speculators 0.3.0's worker (custom_worker.py, _setup_hidden_states_capture) gates on vLLM's
+supports_eagle3() and then reads `model.model`. Both are wrong for some models, and which
+ones changes with the vLLM release, so the fix is needed on every release:
+- vLLM 0.11-0.17: supports_eagle3() is False for DeepseekV2ForCausalLM/DeepseekV3ForCausalLM
+  (vllm/model_executor/models/deepseek_v2.py, no SupportsEagle3 base) and for
+  KimiK25ForConditionalGeneration (from 0.15), whose decoder layers are captured like
+  Llama's: speculators refuses them ("does not support hidden state extraction").
+- vLLM 0.18 and later give DeepSeek and the vision-language wrappers SupportsEagle3, so the
+  gate passes, and `model.model` then fails on a multimodal wrapper
+  (AttributeError: 'KimiK25ForConditionalGeneration' object has no attribute 'model'),
+  whose text model is held behind SupportsMultiModal.get_language_model()
+  (vllm/model_executor/models/interfaces.py, present in every release since 0.11;
+  for Kimi-K2.5 the DeepseekV2Model in 0.15, a DeepseekV2ForCausalLM from 0.16).
+The fact shown by `verify` is that interface method. The emitted code goes through
+get_language_model() when the model has it, takes its inner .model when there is one, and
+refuses only a model without decoder .layers.
 """
 
 import libcst as cst
@@ -17,15 +24,16 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 
 from patcher.cst_helpers import calls_to, replace_statements
 from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import class_lacks_base
+from patcher.probes import method_defined
 
 GATE = m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Call(func=m.Name("supports_eagle3"))))
 BASE_MODEL = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Name("base_model"))], value=m.Attribute(m.Name("model"), m.Name("model")))]
 )
 LOOKUP = '''\
-# Not supports_eagle3(): vLLM says False for DeepSeek-V2/V3 and Kimi-K2.5, whose
-# decoder layers are captured the same way. Multimodal wrappers hold the text model.
+# Not supports_eagle3(): its answer for DeepSeek-V2/V3 and Kimi-K2.5 changes across vLLM
+# releases; their decoder layers are captured alike. Multimodal wrappers hold the text
+# model behind get_language_model() and have no .model.
 if hasattr(model, "get_language_model"):
     model = model.get_language_model()
 '''
@@ -54,17 +62,17 @@ class LanguageModelLookup(PatchCodemod):
 PATCH = Patch(
     id="SP008",
     name="language-model-lookup",
-    version=1,
-    title="Capture setup: reach DeepSeek-V2/V3 and Kimi-K2.5 decoder layers (not supports_eagle3)",
+    version=2,
+    title="Capture setup: reach the text model via get_language_model() (DeepSeek-V2/V3, Kimi-K2.5), not supports_eagle3",
     file="speculators/data_generation/custom_worker.py",
     codemod=LanguageModelLookup,
     facts=(
         VllmFact(
-            summary="DeepseekV2ForCausalLM does not implement SupportsEagle3",
-            modules=("vllm/model_executor/models/deepseek_v2.py",),
-            symbol="DeepseekV2ForCausalLM",
+            summary="multimodal wrappers hold the text model behind get_language_model(), not .model",
+            modules=("vllm/model_executor/models/interfaces.py",),
+            symbol="SupportsMultiModal.get_language_model",
             first_release="0.11.0",
-            probe=class_lacks_base("vllm/model_executor/models/deepseek_v2.py", "DeepseekV2ForCausalLM", "SupportsEagle3"),
+            probe=method_defined("vllm/model_executor/models/interfaces.py", "SupportsMultiModal.get_language_model"),
         ),
     ),
     order=80,

@@ -16,6 +16,13 @@ it raises when the number of forward passes and steps differ, or a step has fewe
 tokens scheduled. Called without the argument it returns what it always did, so this patch
 alone changes no result: SP012 makes the generator ask per request (and needs this patch).
 Works with 0.3.0's replacement forward and with SP009's hooks alike (same storage layout).
+
+Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, built by vllm/v1/worker/gpu_worker.py
+when VLLM_USE_V2_MODEL_RUNNER=1 from 0.13, and by default for some architectures from 0.22:
+VllmConfig.use_v2_model_runner in vllm/config/vllm.py) keeps no input_batch. The emitted
+code then stops at capture setup with one line naming the runner class and the variable,
+instead of an AttributeError at the first step. ``verify`` reports the condition
+(patcher/model_runner.py).
 """
 
 import libcst as cst
@@ -53,6 +60,13 @@ class HiddenStatesWorkerExtension:
         across steps (chunked prefill).
         """
         runner = self.model_runner  # type: ignore[attr-defined]
+        if not hasattr(runner, "input_batch"):
+            raise RuntimeError(
+                "speculators-patch: hidden-state capture needs vLLM's V1 GPU model runner "
+                f"(input_batch); {type(runner).__name__} has none: set "
+                "VLLM_USE_V2_MODEL_RUNNER=0 (Model Runner V2 is built when it is 1, and "
+                "by default for some models from vLLM 0.22)"
+            )
         execute_model = runner.execute_model
         if getattr(execute_model, "_records_batch_layout", False):
             return
@@ -164,7 +178,7 @@ class _Rewrite(cst.CSTTransformer):
 PATCH = Patch(
     id="SP010",
     name="per-request-capture",
-    version=1,
+    version=2,
     title="Worker: split captures per request by vLLM's batch order and chunked steps",
     file="speculators/data_generation/custom_worker.py",
     codemod=PerRequestCapture,

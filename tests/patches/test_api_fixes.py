@@ -86,8 +86,9 @@ REWRITES = [
 
         def setup(self):
             model = self.model_runner.model
-            # Not supports_eagle3(): vLLM says False for DeepSeek-V2/V3 and Kimi-K2.5, whose
-            # decoder layers are captured the same way. Multimodal wrappers hold the text model.
+            # Not supports_eagle3(): its answer for DeepSeek-V2/V3 and Kimi-K2.5 changes across vLLM
+            # releases; their decoder layers are captured alike. Multimodal wrappers hold the text
+            # model behind get_language_model() and have no .model.
             if hasattr(model, "get_language_model"):
                 model = model.get_language_model()
             base_model = getattr(model, "model", model)

@@ -186,3 +186,18 @@ def test_a_scheduled_request_missing_from_the_batch_raises():
     ext = emitted_extension({"a": 0})
     with pytest.raises(RuntimeError, match=r"Scheduled requests not in the batch: \['x'\]"):
         ext.model_runner.execute_model(Step({"a": 1, "x": 1}))
+
+
+def test_model_runner_v2_stops_capture_setup_with_one_line():
+    """A runner without input_batch (vLLM's GPUModelRunnerV2) is named at capture setup."""
+    namespace = {"torch": FakeTorch}
+    exec(compile(AFTER.replace("import torch\n", ""), "custom_worker.py", "exec"), namespace)
+    ext = namespace["HiddenStatesWorkerExtension"]()
+    ext.model_runner = type("GPUModelRunnerV2", (), {"execute_model": lambda self, s: None,
+                                                     "model": type("M", (), {"model": None})()})()
+    ext._register_capture_hooks = lambda base_model: None
+    with pytest.raises(RuntimeError) as raised:
+        ext._setup_hidden_states_capture([0])
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("speculators-patch: hidden-state capture needs")
+    assert "GPUModelRunnerV2 has none" in message and "VLLM_USE_V2_MODEL_RUNNER=0" in message
