@@ -596,6 +596,11 @@ def fetch(transport: Transport, site_packages: str | None = None) -> tuple[dict[
     """One ``sources`` exchange: (speculators files, vLLM files) for ``check``."""
     answer = transport.request("sources", site_packages=site_packages, speculators_dir=SPECULATORS_DIR,
                                symbols=[list(WORKER)])
+    return decode(answer)
+
+
+def decode(answer: dict) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+    """(speculators files, vLLM files) of a ``sources`` answer."""
 
     def unb64(files: dict) -> dict[str, bytes | None]:
         return {k: None if v is None else base64.b64decode(v) for k, v in files.items()}

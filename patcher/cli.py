@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import patcher
-from patcher import engine
+from patcher import engine, proven
 from patcher.engine import Snapshot
 from patcher.errors import UserError
 from patcher.registry import all_patches, select
@@ -174,7 +174,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
-    ok = all(c.verdict == "ok" for c in checks) and calls.ok
+    unproven = proven.beyond_proven(snap.vllm.version.split(", "))
+    ok = all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
     data = {
         **_describe(snap),
         "ok": ok,
@@ -185,6 +186,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
                     for c in checks],
         "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
                   "runtime": calls.runtime.as_dict() if calls.runtime else None},
+        "imports": calls.imports.as_dict() if calls.imports else None,
+        "model_runner": calls.runner.as_dict() if calls.runner else None,
+        "proven": {"newest": ".".join(map(str, proven.newest())), "beyond": unproven,
+                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date} for p in proven.PROVEN]},
     }
 
     def render(console: Console) -> None:
@@ -204,7 +209,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             table.add_row(c.patch.id, "yes" if c.needed else "no", c.state, f"[{color}]{c.verdict}[/]", c.hint)
         console.print(table)
         _render_calls(console, calls, snap)
-        console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column and the calls)")
+        _render_imports_and_runner(console, calls)
+        if unproven:
+            console.print(f"[red]{escape(unproven)}[/]")
+        console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column, the calls and the imports)")
 
     return Report(data, 0 if ok else 1, render)
 
@@ -229,6 +237,25 @@ def _render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
                          else f"[red]{len(rt.disagreements)} disagreement(s) with the static reading[/]"))
         for line in rt.disagreements:
             console.print(f"  {escape(line)}")
+
+
+def _render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
+    """What importing the generator runs (transformers, vLLM), and the model runner switch."""
+    imports = calls.imports
+    if imports is not None:
+        errors = sum(f.severity == "error" for f in imports.findings)
+        title = (f"imports on the generator's import path ({len(imports.modules)} speculators modules, "
+                 f"{imports.checked} imports resolved, static)")
+        console.print(f"{title}: " + ("every import resolves" if not imports.findings
+                                       else f"{errors} break(s), {len(imports.findings) - errors} note(s)"))
+        for f in imports.findings:
+            mark = "[red]break[/]" if f.severity == "error" else "[dim]note[/]"
+            console.print(f"  {mark} {escape(f'{f.where}: {f.statement}: {f.detail}')}")
+    runner = calls.runner
+    if runner is not None:
+        mark = {"error": "[red]break[/]", "warning": "[yellow]warning[/]"}.get(runner.severity, "[dim]note[/]")
+        console.print(f"model runner: {mark} {escape(runner.message)}")
+        console.print(f"        vLLM {escape(f'{runner.where}: {runner.found}')}")
 
 
 def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from patcher import callsite
+from patcher import callsite, import_path, model_runner
 from patcher.callsite import Checked, Finding
+from patcher.import_path import ImportPathCheck
+from patcher.model_runner import RunnerCheck
 from patcher.engine import FilePlan, Snapshot, plan
 from patcher.patch import Patch, VllmFact
 from patcher.registry import all_patches
@@ -80,11 +82,15 @@ def recorded_states(snap: Snapshot, plans: list[FilePlan]) -> dict[str, str]:
 @dataclass
 class CallsCheck:
     """The generic call-site check (``patcher.callsite``), and with ``--runtime`` the same
-    calls re-checked against the live vLLM objects (``patcher.runtime``)."""
+    calls re-checked against the live vLLM objects (``patcher.runtime``); the import path
+    of the generator (``patcher.import_path``) and which model runner vLLM's GPU worker
+    builds (``patcher.model_runner``), read in the same exchange."""
 
     findings: list[Finding]
     checked: list[Checked]
     runtime: object | None = None  # patcher.runtime.RuntimeReport
+    imports: ImportPathCheck | None = None
+    runner: RunnerCheck | None = None
 
     @property
     def ok(self) -> bool:
@@ -93,15 +99,31 @@ class CallsCheck:
             errors += [f for f in self.runtime.findings if f.severity == "error"] + self.runtime.disagreements
         return not errors
 
+    @property
+    def imports_ok(self) -> bool:
+        return self.imports is None or self.imports.ok
+
+    @property
+    def runner_ok(self) -> bool:
+        return self.runner is None or self.runner.severity != "error"
+
 
 def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
-    speculators' data-generation modules into vLLM, checked against the installed vLLM."""
-    speculators, vllm = callsite.fetch(transport, snap.site_packages)
+    speculators' data-generation modules into vLLM, checked against the installed vLLM;
+    the imports the generator's import runs; the model runner switch."""
+    answer = transport.request(
+        "sources", site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
+        symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
+        import_path=import_path.request(), env=[model_runner.VARIABLE])
+    speculators, vllm = callsite.decode(answer)
     checked: list[Checked] = []
     findings = callsite.check(speculators, vllm, checked)
+    imports = import_path.check(answer["import_path"])
+    runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE))
     if not runtime:
-        return CallsCheck(findings, checked)
+        return CallsCheck(findings, checked, None, imports, runner)
     from patcher.runtime import runtime_verify  # only verify --runtime needs it
 
-    return CallsCheck(findings, checked, runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER))
+    report = runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER)
+    return CallsCheck(findings, checked, report, imports, runner)

