@@ -1,0 +1,65 @@
+# -*- coding: utf-8 -*-
+# Copyright: speculators-patch contributors
+# Apache License 2.0 (see the repository's LICENSE)
+"""Controller half of ``speculators.patch.speculators_patch_info`` (docs: modules/).
+
+Reads the target through the agent (``inspect``; with ``verify`` also ``sources``), then
+computes what ``speculators-patch status --json`` and ``verify --json`` report, with the
+same functions. Never commits: the info module refuses every write request.
+"""
+
+from __future__ import annotations
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.speculators.patch.plugins.plugin_utils import controller
+from ansible_collections.speculators.patch.plugins.plugin_utils.controller import describe, run_task
+
+MODULE = "speculators.patch.speculators_patch_info"
+
+ARGUMENT_SPEC = dict(
+    target=dict(type="str"),
+    only=dict(type="list", elements="str", default=[]),
+    skip=dict(type="list", elements="str", default=[]),
+    verify=dict(type="bool", default=True),
+)
+
+# Keys of ``verify --json`` that describe the target (returned once, at the top level).
+_DESCRIBE = ("target", "python", "site_packages", "speculators", "speculators_root", "editable_source", "vllm")
+
+
+class ActionModule(ActionBase):
+    """Status and verify findings of one host, as data."""
+
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp=None, task_vars=None):
+        super().run(tmp, task_vars)
+        return run_task(self, task_vars or {}, MODULE, ARGUMENT_SPEC, self._work)
+
+    def _work(self, args: dict, transport) -> dict:
+        from patcher import engine
+        from patcher.cli import do_verify
+        from patcher.registry import select
+        from patcher.verify import recorded_states
+
+        chosen = select(tuple(args["only"]), tuple(args["skip"]))
+        snap = engine.read_snapshot(transport)
+        engine.check_supported(snap)
+        plans, cache = controller.PlanCache().plans(snap, chosen, transport.inspected)
+        moved = recorded_states(snap, plans)
+        patches = [{"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
+                    "state": moved.get(o.patch.id, o.state), "detail": o.detail}
+                   for p in plans for o in p.outcomes]
+        result = {**describe(snap), "changed": False, "plan_cache": cache,
+                  "status": {"files": {p.path: snap.file_state(p.path) for p in plans}, "patches": patches}}
+        if args["verify"]:
+            report = do_verify(transport, snap, chosen)
+            result["verify"] = {k: v for k, v in report.data.items() if k not in _DESCRIBE}
+        pending = sorted(r["id"] for r in patches if r["state"] == "pending")
+        ok = result.get("verify", {}).get("ok")
+        result["msg"] = (f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: "
+                         + (f"{len(pending)} patch(es) pending ({', '.join(pending)})" if pending else "every needed patch applied")
+                         + ("" if ok is None else "; verify: OK" if ok else "; verify: FAILED"))
+        return result
