@@ -1,4 +1,5 @@
-"""Declarative codemod bases for the most common fix: a keyword argument added or removed.
+"""Declarative codemod bases for the most common fixes: a keyword argument added or removed,
+a statement or an expression replaced.
 
 A patch that only needs one of these sets a few class attributes; see ``patches/sp001_*``.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import append_keyword, calls_to, keyword, remove_keyword
+from patcher.cst_helpers import append_keyword, calls_to, keyword, remove_keyword, replace_statements
 from patcher.patch import PatchCodemod
 
 
@@ -94,3 +95,40 @@ class RemoveKeyword(_KeywordCodemod):
 
     def satisfied_reason(self) -> str:
         return f"{self.CALLEE}(...) no longer passes {self.KEYWORD}="
+
+
+class Replace(PatchCodemod):
+    """Replace every statement or expression matching ``MATCH`` with ``REPLACEMENT``.
+
+    ``REPLACEMENT`` is Python source: statements (dedented; comments above the first are
+    kept) when ``MATCH`` matches a statement, else one expression. Already satisfied when
+    ``SATISFIED`` matches anywhere in the module; refused when ``MATCH`` matches nowhere
+    (``EXPECTED`` names the shape in the refusal).
+    """
+
+    MATCH: m.BaseMatcherNode
+    REPLACEMENT: str = ""
+    SATISFIED: m.BaseMatcherNode
+    SATISFIED_REASON: str = ""
+    EXPECTED: str = ""
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if m.findall(tree, self.SATISFIED):
+            self.already_satisfied(self.SATISFIED_REASON)
+        found = m.findall(tree, self.MATCH)
+        if not found:
+            self.refuse(None, self.EXPECTED)
+        if isinstance(found[0], cst.BaseStatement):
+            return replace_statements(tree, {self.MATCH: self.REPLACEMENT})
+        return tree.visit(_ReplaceExpressions(self.MATCH, cst.parse_expression(self.REPLACEMENT)))
+
+
+class _ReplaceExpressions(cst.CSTTransformer):
+    def __init__(self, matcher: m.BaseMatcherNode, replacement: cst.BaseExpression) -> None:
+        super().__init__()
+        self.matcher, self.replacement = matcher, replacement
+
+    def on_leave(self, original, updated):
+        if isinstance(updated, cst.BaseExpression) and m.matches(updated, self.matcher):
+            return self.replacement
+        return updated

@@ -117,18 +117,24 @@ def read_snapshot(transport: Transport, site_packages: str | None = None) -> Sna
     )
 
 
-def check_supported(snap: Snapshot) -> None:
-    """Raise ``UserError`` unless the target has a supported speculators and a vLLM."""
-    version = snap.speculators_version
-    written_for = sorted({p.speculators for p in all_patches()})
+def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
+    """The patches whose ``speculators`` specifier contains ``version`` (none for an
+    unparsable or missing version): each speculators release gets only its own codemods."""
     try:
-        ok = version is not None and any(Version(version) in SpecifierSet(s) for s in written_for)
+        parsed = Version(version) if version is not None else None
     except InvalidVersion:
-        ok = False
-    if not ok:
+        parsed = None
+    return tuple(p for p in patches if parsed is not None and parsed in SpecifierSet(p.speculators))
+
+
+def check_supported(snap: Snapshot) -> None:
+    """Raise ``UserError`` unless the target has a speculators some patch is written for, and a vLLM."""
+    version = snap.speculators_version
+    if not written_for(version, all_patches()):
+        specifiers = sorted({p.speculators for p in all_patches()})
         raise UserError(
-            f"speculators {version} is not supported (patches exist for {', '.join(written_for)}; "
-            f"0.4.0 and later support vLLM 0.12-0.16 without patches)"
+            f"speculators {version} is not supported: speculators-patch has no patches for it "
+            f"(patches exist for speculators {' and '.join(specifiers)}); nothing was changed"
         )
     if snap.vllm is None:
         raise UserError(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
@@ -239,12 +245,15 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
 
 
 def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
-    """Plan every file the chosen patches touch. Raises ``UserError`` for a missing file."""
+    """Plan every file the chosen patches written for the installed speculators touch.
+    Raises ``UserError`` for a missing file."""
     plans = []
+    chosen = written_for(snap.speculators_version, chosen)
     for path in sorted({p.file for p in chosen}):
         source = snap.files.get(path)
         if source is None:
-            raise UserError(f"{path} not found under {snap.speculators_root}: not a speculators 0.3.0 layout")
+            raise UserError(f"{path} not found under {snap.speculators_root}: "
+                            f"not a speculators {snap.speculators_version} layout")
         plans.append(plan_file(snap, path, source, chosen, snap.recorded(path)))
     return plans
 

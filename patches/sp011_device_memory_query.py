@@ -7,27 +7,24 @@ bytes), which is what vLLM's own engine core sizes the KV cache from, on every p
 The smallest worker's figure bounds the cache, as in vLLM.
 """
 
-import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to, replace_statements
-from patcher.patch import Patch, PatchCodemod, VllmFact
+from patcher.codemods import Replace
+from patcher.patch import Patch, VllmFact
 from patcher.probes import method_defined
 
 CUDA_QUERY = m.Call(func=m.Attribute(value=m.Attribute(m.Name("torch"), m.Name("cuda")), attr=m.Name("mem_get_info")))
-QUERY_LINE = m.SimpleStatementLine(body=[m.Assign(value=CUDA_QUERY)])
 NEUTRAL = "free_memory = min(self.executor.determine_available_memory())  # bytes, any platform\n"
+EXECUTOR_QUERY = m.Call(func=m.Attribute(attr=m.Name("determine_available_memory")))
 
 
-class PlatformMemoryQuery(PatchCodemod):
+class PlatformMemoryQuery(Replace):
     DESCRIPTION = "torch.cuda.mem_get_info() -> min(self.executor.determine_available_memory())"
-
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if calls_to(tree, "determine_available_memory"):
-            self.already_satisfied("memory is queried through the executor")
-        if not m.findall(tree, QUERY_LINE):
-            self.refuse(None, "'free_memory, _ = torch.cuda.mem_get_info()'")
-        return replace_statements(tree, {QUERY_LINE: NEUTRAL})
+    MATCH = m.SimpleStatementLine(body=[m.Assign(value=CUDA_QUERY)])
+    REPLACEMENT = NEUTRAL
+    SATISFIED = EXECUTOR_QUERY
+    SATISFIED_REASON = "memory is queried through the executor"
+    EXPECTED = "'free_memory, _ = torch.cuda.mem_get_info()'"
 
 
 PATCH = Patch(

@@ -1,14 +1,33 @@
-"""Generic checks over every registered patch, on the real speculators 0.3.0 sources."""
+"""Generic checks over every registered patch, on the real sources of the speculators
+release it is written for (0.3.0; 0.4.0.1, whose data_generation files 0.4.0 shares)."""
 
 from __future__ import annotations
+
+import zipfile
+from functools import lru_cache
 
 import pytest
 from packaging.version import Version
 
-from patcher.engine import run_codemod
+from patcher.engine import run_codemod, written_for
 from patcher.registry import all_patches
 
 PATCHES = all_patches()
+RELEASES = ("0.3.0", "0.4.0.1")
+BY_RELEASE = {release: written_for(release, PATCHES) for release in RELEASES}
+
+
+@lru_cache(maxsize=None)
+def release_sources(release: str) -> dict[str, bytes]:
+    """The files the patches written for ``release`` touch, read from its real wheel."""
+    from sandbox import wheel
+
+    with zipfile.ZipFile(wheel("speculators", release)) as z:
+        return {p.file: z.read(p.file) for p in BY_RELEASE[release]}
+
+
+def release_of(patch) -> str:
+    return next(r for r in RELEASES if patch in BY_RELEASE[r])
 
 
 def apply_in_order(sources: dict[str, bytes], patches) -> dict[str, bytes]:
@@ -31,33 +50,43 @@ def test_metadata_is_complete(patch):
         Version(fact.first_release)
 
 
+def test_every_patch_is_written_for_a_release_tested_here():
+    assert {p.id for p in PATCHES} == {p.id for r in RELEASES for p in BY_RELEASE[r]}
+    assert all(BY_RELEASE.values())
+
+
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
-def test_alone_on_pristine_changes_then_is_satisfied(patch, pristine_sources):
-    verdict, once, _ = run_codemod(patch, pristine_sources[patch.file])
+def test_alone_on_pristine_changes_then_is_satisfied(patch):
+    verdict, once, _ = run_codemod(patch, release_sources(release_of(patch))[patch.file])
     assert verdict == "changed"
     compile(once, patch.file, "exec")
     verdict, twice, detail = run_codemod(patch, once)
     assert verdict == "satisfied" and twice == once and detail.startswith("already satisfied")
 
 
-def test_all_in_order_compiles_and_is_a_fixed_point(pristine_sources):
-    once = apply_in_order(pristine_sources, PATCHES)
+@pytest.mark.parametrize("release", RELEASES)
+def test_all_in_order_compiles_and_is_a_fixed_point(release):
+    patches = BY_RELEASE[release]
+    once = apply_in_order(release_sources(release), patches)
     for path, data in once.items():
         compile(data, path, "exec")
-    for patch in PATCHES:
+    for patch in patches:
         assert run_codemod(patch, once[patch.file])[0] == "satisfied", patch.id
-    assert apply_in_order(once, PATCHES) == once
+    assert apply_in_order(once, patches) == once
 
 
-def test_order_is_explicit_and_unique_per_file():
-    for path in {p.file for p in PATCHES}:
-        orders = [p.order for p in PATCHES if p.file == path]
+@pytest.mark.parametrize("release", RELEASES)
+def test_order_is_explicit_and_unique_per_file(release):
+    patches = BY_RELEASE[release]
+    for path in {p.file for p in patches}:
+        orders = [p.order for p in patches if p.file == path]
         assert len(orders) == len(set(orders)), f"two patches share an order in {path}"
 
 
-def test_line_endings_and_comments_survive(pristine_sources):
-    crlf = {k: v.replace(b"\n", b"\r\n") for k, v in pristine_sources.items()}
-    patched = apply_in_order(crlf, PATCHES)
+@pytest.mark.parametrize("release", RELEASES)
+def test_line_endings_and_comments_survive(release):
+    crlf = {k: v.replace(b"\n", b"\r\n") for k, v in release_sources(release).items()}
+    patched = apply_in_order(crlf, BY_RELEASE[release])
     for path, data in patched.items():
         assert b"\n" not in data.replace(b"\r\n", b""), f"{path}: a bare LF was introduced"
     assert b"# Constants" in patched["speculators/data_generation/vllm_hidden_states_generator.py"]

@@ -1,0 +1,142 @@
+"""Before/after pairs for the speculators 0.4.x codemods (SP015-SP017): rewrite, no-op, refusal.
+
+The sources are the shapes of speculators 0.4.0.1's
+data_generation/vllm_hidden_states_generator.py (byte-identical in 0.4.0), cut down; the
+whole real file is covered by test_registry.py.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import zipfile
+
+import pytest
+
+from patcher.engine import run_codemod
+from patcher.registry import all_patches
+
+BY_ID = {p.id: p for p in all_patches()}
+GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+
+
+def run(patch_id: str, src: str) -> tuple[str, str, str]:
+    verdict, new, detail = run_codemod(BY_ID[patch_id], textwrap.dedent(src).encode())
+    return verdict, new.decode(), detail
+
+
+STEP_LOOP = """\
+    while (
+        scheduler_output := self.scheduler.schedule()
+    ).total_num_scheduled_tokens > 0 and not all_prefill_complete:
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request_num_computed[req_id] += num_tokens
+        model_output = self.executor.execute_model(scheduler_output)
+        self.executor.sample_tokens(model_output)
+
+    # Abort all requests (prefill complete, don't need decode)
+    self.scheduler.finish_requests(list(request_id_to_idx.keys()), RequestStatus.FINISHED_ABORTED)
+"""
+FINISHED_IN_LOOP = """\
+    while (
+        scheduler_output := self.scheduler.schedule()
+    ).total_num_scheduled_tokens > 0 and not all_prefill_complete:
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request_num_computed[req_id] += num_tokens
+        model_output = self.executor.execute_model(scheduler_output)
+        self.executor.sample_tokens(model_output)
+
+        # Finish the requests whose whole prompt has now run: they free their slot
+        # (max_num_seqs) and KV blocks for the prompts still waiting.
+        self.scheduler.finish_requests(
+            [
+                req_id
+                for req_id in scheduler_output.num_scheduled_tokens
+                if request_num_computed[req_id] >= request_id_to_prompt_len[req_id]
+            ],
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+    # Abort all requests (prefill complete, don't need decode)
+    self.scheduler.finish_requests(list(request_id_to_idx.keys()), RequestStatus.FINISHED_ABORTED)
+"""
+
+REWRITES = [
+    pytest.param("SP015", """\
+        free_memory, _ = mem_get_info()
+        cache_memory = int(free_memory * gpu_memory_utilization * CACHE_MEMORY_FRACTION)
+        """, """\
+        free_memory = min(self.executor.determine_available_memory())  # bytes, any platform
+        cache_memory = int(free_memory * gpu_memory_utilization * CACHE_MEMORY_FRACTION)
+        """, id="SP015 executor answers for every platform"),
+    pytest.param("SP016", """\
+        # Map results back to original input order
+        for req_id in sorted(request_id_to_idx.keys()):
+            i = request_id_to_idx[req_id]
+        """, """\
+        # Map results back to original input order
+        for req_id in sorted(request_id_to_idx, key=request_id_to_idx.get):
+            i = request_id_to_idx[req_id]
+        """, id="SP016 sorted by input index, comment kept"),
+    pytest.param("SP017", "def generate(self):\n" + STEP_LOOP, "def generate(self):\n" + FINISHED_IN_LOOP,
+                 id="SP017 finish completed prompts at the end of each step"),
+]
+
+NOOPS = [
+    pytest.param("SP015", "free_memory = min(self.executor.determine_available_memory())\n",
+                 id="SP015 already asks the executor"),
+    pytest.param("SP016", "for req_id in sorted(request_id_to_idx, key=request_id_to_idx.__getitem__):\n    pass\n",
+                 id="SP016 already keyed by input index"),
+    pytest.param("SP017", "def generate(self):\n" + FINISHED_IN_LOOP, id="SP017 loop already finishes requests"),
+]
+
+REFUSALS = [
+    pytest.param("SP015", "free_memory, _ = torch.cuda.mem_get_info()\n", "'free_memory, _ = mem_get_info()'",
+                 id="SP015 another query (0.3.0's is SP011's)"),
+    pytest.param("SP016", "for req_id in request_ids:\n    pass\n", "sorted(request_id_to_idx.keys())",
+                 id="SP016 results loop of another shape"),
+    pytest.param("SP017", "while True:\n    self.executor.execute_model(scheduler_output)\n",
+                 "self.scheduler.schedule()", id="SP017 no scheduler loop"),
+    pytest.param("SP017", "def generate(self):\n" + STEP_LOOP + "\ndef again(self):\n" + STEP_LOOP,
+                 "one 'while (scheduler_output", id="SP017 two step loops: which one?"),
+]
+
+
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_rewrite(patch_id, before, after):
+    verdict, new, _ = run(patch_id, before)
+    assert (verdict, new) == ("changed", textwrap.dedent(after))
+    assert run(patch_id, new)[0] == "satisfied"
+
+
+@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
+def test_noop(patch_id, src):
+    verdict, new, detail = run(patch_id, src)
+    assert (verdict, new) == ("satisfied", textwrap.dedent(src)) and detail.startswith("already satisfied")
+
+
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_refusal(patch_id, src, expected):
+    verdict, new, detail = run(patch_id, src)
+    assert verdict == "refused" and new == textwrap.dedent(src)
+    assert expected in detail and detail.startswith(GENERATOR)
+
+
+def test_both_releases_ship_the_same_data_generation_files():
+    """0.4.0 and 0.4.0.1 share their data_generation/ files byte for byte (so one set of
+    codemods, written against either, is right for both)."""
+    from sandbox import wheel
+
+    def files(version):
+        with zipfile.ZipFile(wheel("speculators", version)) as z:
+            return {n: z.read(n) for n in z.namelist() if n.startswith("speculators/data_generation/")}
+
+    assert files("0.4.0") == files("0.4.0.1") and GENERATOR in files("0.4.0")
+
+
+def test_each_release_gets_only_its_own_patches():
+    from patcher.engine import written_for
+
+    ids = {p.id for p in written_for("0.4.0.1", all_patches())}
+    assert {"SP015", "SP016", "SP017"} <= ids and "SP011" not in ids
+    assert not {"SP015", "SP016", "SP017"} & {p.id for p in written_for("0.3.0", all_patches())}
+    assert written_for("0.5.0", all_patches()) == written_for("0.2.0", all_patches()) == ()
