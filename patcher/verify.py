@@ -13,7 +13,7 @@ from patcher import callsite, import_path, model_runner
 from patcher.callsite import Checked, Finding
 from patcher.import_path import ImportPathCheck
 from patcher.model_runner import RunnerCheck
-from patcher.engine import FilePlan, Snapshot, plan
+from patcher.engine import FilePlan, Snapshot, plan, written_for
 from patcher.patch import Patch, VllmFact
 from patcher.registry import all_patches
 from patcher.transport import Transport
@@ -44,10 +44,12 @@ class PatchCheck:
 
 
 def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
-    """Check every registered patch against the snapshot (no writes, no imports)."""
-    facts = [FactCheck(p, f, snap.evidence[(p.id, f.symbol)]) for p in all_patches() for f in p.facts]
+    """Check every patch written for the installed speculators against the snapshot (no
+    writes, no imports)."""
+    patches = written_for(snap.speculators_version, all_patches())
+    facts = [FactCheck(p, f, snap.evidence[(p.id, f.symbol)]) for p in patches for f in p.facts]
     checks: list[PatchCheck] = []
-    plans: list[FilePlan] = plan(snap, all_patches())
+    plans: list[FilePlan] = plan(snap, patches)
     for file_plan in plans:
         recorded = snap.recorded(file_plan.path)
         for o in file_plan.outcomes:
