@@ -1,4 +1,4 @@
-"""Before/after pairs for the speculators 0.4.x codemods (SP015-SP017): rewrite, no-op, refusal.
+"""Before/after pairs for the speculators 0.4.x codemods (SP015-SP018): rewrite, no-op, refusal.
 
 The sources are the shapes of speculators 0.4.0.1's
 data_generation/vllm_hidden_states_generator.py (byte-identical in 0.4.0), cut down; the
@@ -79,6 +79,29 @@ REWRITES = [
         """, id="SP016 sorted by input index, comment kept"),
     pytest.param("SP017", "def generate(self):\n" + STEP_LOOP, "def generate(self):\n" + FINISHED_IN_LOOP,
                  id="SP017 finish completed prompts at the end of each step"),
+    pytest.param("SP018", """\
+        from vllm.v1.request import Request, RequestStatus
+
+        req = Request(
+            request_id=req_id,
+            pooling_params=None,
+            eos_token_id=self.tokenizer.eos_token_id,
+            arrival_time=INITIAL_ARRIVAL_TIME,
+        )
+        """, """\
+        from vllm.v1.request import Request, RequestStatus
+        import inspect
+
+        # vLLM <= 0.16 requires Request(eos_token_id=); 0.17 removed it. Read once, at import.
+        _REQUEST_TAKES_EOS_TOKEN_ID = "eos_token_id" in inspect.signature(Request.__init__).parameters
+
+        req = Request(
+            request_id=req_id,
+            pooling_params=None,
+            **({"eos_token_id": self.tokenizer.eos_token_id} if _REQUEST_TAKES_EOS_TOKEN_ID else {}),
+            arrival_time=INITIAL_ARRIVAL_TIME,
+        )
+        """, id="SP018 SP013's portable keyword on 0.4.x's call"),
 ]
 
 NOOPS = [
@@ -87,6 +110,7 @@ NOOPS = [
     pytest.param("SP016", "for req_id in sorted(request_id_to_idx, key=request_id_to_idx.__getitem__):\n    pass\n",
                  id="SP016 already keyed by input index"),
     pytest.param("SP017", "def generate(self):\n" + FINISHED_IN_LOOP, id="SP017 loop already finishes requests"),
+    pytest.param("SP018", "req = Request(request_id=r, arrival_time=t)\n", id="SP018 no eos_token_id passed"),
 ]
 
 REFUSALS = [
@@ -137,6 +161,6 @@ def test_each_release_gets_only_its_own_patches():
     from patcher.engine import written_for
 
     ids = {p.id for p in written_for("0.4.0.1", all_patches())}
-    assert {"SP015", "SP016", "SP017"} <= ids and "SP011" not in ids
-    assert not {"SP015", "SP016", "SP017"} & {p.id for p in written_for("0.3.0", all_patches())}
+    assert {"SP015", "SP016", "SP017", "SP018"} <= ids and not {"SP011", "SP013"} & ids
+    assert not {"SP015", "SP016", "SP017", "SP018"} & {p.id for p in written_for("0.3.0", all_patches())}
     assert written_for("0.5.0", all_patches()) == written_for("0.2.0", all_patches()) == ()
