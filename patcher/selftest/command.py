@@ -32,18 +32,19 @@ COSINE_BOUND = 0.999
 ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 
 # What a failing generator says -> the patch that fixes it (vLLM / speculators source named
-# in each patch module).
+# in each patch module); the first of the ids written for the installed speculators.
 SYMPTOMS = (
-    (r"is_encoder_decoder|max_model_len\s+Field required", "SP001"),
-    (r"kv_cache_specs", "SP002"),
-    (r"missing 1 required positional argument: 'block_size'|block_size", "SP003"),
-    (r"block_hashes", "SP004"),
-    (r"sample_tokens\(\) must be called", "SP005"),
-    (r"truth value of a Tensor|ambiguous", "SP006"),
-    (r"get_input_embeddings", "SP007"),
-    (r"does not support hidden state extraction|has no attribute 'model'", "SP008"),
-    (r"mem_get_info|Torch not compiled with CUDA", "SP011"),
-    (r"eos_token_id", "SP013"),
+    (r"is_encoder_decoder|max_model_len\s+Field required", ("SP001",)),
+    (r"kv_cache_specs", ("SP002",)),
+    (r"missing 1 required positional argument: 'block_size'|block_size", ("SP003",)),
+    (r"block_hashes", ("SP004",)),
+    (r"sample_tokens\(\) must be called", ("SP005",)),
+    (r"truth value of a Tensor|ambiguous", ("SP006",)),
+    (r"get_input_embeddings", ("SP007",)),
+    (r"does not support hidden state extraction|has no attribute 'model'", ("SP008",)),
+    (r"mem_get_info|Torch not compiled with CUDA", ("SP011", "SP015")),
+    (r"eos_token_id", ("SP013", "SP018")),
+    (r"not found in captured states", ("SP017",)),
 )
 
 
@@ -52,12 +53,17 @@ def modules() -> dict[str, str]:
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(REMOTE.glob("*.py")) if p.name != "launch.py"}
 
 
-def diagnose(error: dict) -> str | None:
-    """The patch id whose fix addresses a generator ``error`` ({"type", "message", ...})."""
+def diagnose(error: dict, speculators: str | None = None) -> str | None:
+    """The patch id whose fix addresses a generator ``error`` ({"type", "message", ...}) in
+    the installed ``speculators`` release (any release when it is unknown)."""
+    from patcher.engine import written_for
+    from patcher.registry import all_patches
+
     text = f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}"
-    for pattern, patch_id in SYMPTOMS:
+    fits = {p.id for p in written_for(speculators, all_patches())} if speculators else None
+    for pattern, patch_ids in SYMPTOMS:
         if re.search(pattern, text):
-            return patch_id
+            return next((i for i in patch_ids if fits is None or i in fits), None)
     return None
 
 
@@ -95,7 +101,7 @@ def summarize(report: dict) -> dict:
     captures = bad = 0
     for arch in report["archs"]:
         if "error" in arch:
-            arch["error"]["patch"] = diagnose(arch["error"])
+            arch["error"]["patch"] = diagnose(arch["error"], report.get("versions", {}).get("speculators"))
         for case in arch["cases"]:
             captures += case.get("prompts", 0) * len(arch["layers"])
             bad += len(case.get("bad", []))
