@@ -73,7 +73,8 @@ def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]
         for case in arch["cases"]:
             assert case["results"] == case["prompts"] and case["bad"] == []
             for layer in case["layers"]:
-                assert layer["worst"] >= report["bound"], (arch["arch"], case["case"], layer)
+                assert layer["worst"] >= layer["bound"] and layer["bad"] == 0, (arch["arch"], case["case"], layer)
+                assert layer["bound"] <= report["bound"]
         steps = {c["case"]: c for c in arch["cases"]}
         assert steps["chunked"]["steps"] >= 2 and steps["chunked"]["requests_split_across_steps"] >= 1
         assert steps["over-max-seqs"]["steps"] >= 2  # 41 prompts > max_num_seqs 32
@@ -157,3 +158,30 @@ def test_selftest_names_the_kimi_failure_verify_used_to_miss_on_018(tmp_path_fac
     assert code == 1 and error["stage"] == "start"
     assert "'KimiK25ForConditionalGeneration' object has no attribute 'model'" in error["message"]
     assert error["patch"] == "SP008"
+
+
+def test_selftest_model_config_keeps_yarn_and_routing(tmp_path, target_016):
+    """``--model`` with a Kimi-K2.5-shaped config.json (YaRN factor 32, llama_4_scaling,
+    noaux_tc routing, 61 layers of 7168): a tiny model of that architecture with those settings."""
+    text = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+            "num_hidden_layers": 61, "first_k_dense_replace": 1, "n_routed_experts": 384,
+            "topk_method": "noaux_tc", "scoring_func": "sigmoid", "routed_scaling_factor": 2.827,
+            "q_lora_rank": 1536, "kv_lora_rank": 512, "max_position_embeddings": 262144,
+            "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                             "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+            "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1}}
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}))
+    code, data, stderr = selftest(target_016, "--arch", "kimi_k25", "--model", str(tmp_path))
+    assert_all_within_bound(code, data, stderr, ["kimi_k25"])
+    model = data["selftest"]["archs"][0]["model"]
+    assert model["rope_scaling"]["factor"] == 32.0 and model["llama_4_scaling"]["beta"] == 0.1
+    assert model["hidden_size"] == 128 and model["kv_lora_rank"] == 64
+
+
+def test_selftest_model_with_unsupported_architecture_is_bad_input(tmp_path, target_016):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MixtralForCausalLM"]}))
+    proc = cli("selftest", "--target", str(target_016), "--model", str(tmp_path))
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "MixtralForCausalLM" in lines[0]

@@ -87,10 +87,10 @@ ARCHS = {"llama": LLAMA, "deepseek_v3": DEEPSEEK_V3, "kimi_k25": DEEPSEEK_V3}
 SEEDS = {"llama": 1234, "deepseek_v3": 4321, "kimi_k25": 4321}
 
 # Keys of a real config that change the hidden-state path and are kept by ``from_config``.
-_KEEP_DEEPSEEK = ("rope_scaling", "rope_theta", "llama_4_scaling", "topk_method", "scoring_func",
+_KEEP_DEEPSEEK = ("rope_scaling", "rope_theta", "max_position_embeddings", "llama_4_scaling", "topk_method", "scoring_func",
                   "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "n_shared_experts",
                   "moe_layer_freq", "attention_bias", "rms_norm_eps")
-_KEEP_LLAMA = ("rope_scaling", "rope_theta", "rms_norm_eps", "attention_bias", "mlp_bias", "hidden_act")
+_KEEP_LLAMA = ("rope_scaling", "rope_theta", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias", "hidden_act")
 ARCH_OF = {
     "LlamaForCausalLM": "llama",
     "DeepseekV3ForCausalLM": "deepseek_v3",
