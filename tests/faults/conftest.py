@@ -1,0 +1,33 @@
+"""Fault-injection tier: real requests captured once per session from a real sandbox."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from faultkit import capture  # noqa: E402
+
+FIGURES: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def reqs(tmp_path_factory):
+    from sandbox import make_sandbox
+
+    return capture(make_sandbox(tmp_path_factory.mktemp("faults") / "env"))
+
+
+@pytest.fixture(scope="session")
+def figures():
+    return FIGURES
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.write_sep("-", "fault-injection figures")
+        for key, value in FIGURES.items():
+            terminalreporter.write_line(f"{key}: {value}")

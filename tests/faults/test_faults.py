@@ -1,0 +1,233 @@
+"""A kill at every step of commit, revert and recovery; disk full at several fill levels;
+EACCES/EPERM at every step and a real immutable file. After the next command, every trial
+is fully pristine or fully patched with its backups intact, and no temporary file is left.
+
+Steps are the protocol's own writes, renames, unlinks and fsyncs, counted by the agent
+(``SPECULATORS_PATCH_FAULT=kill@N`` makes it SIGKILL itself at the N-th).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from faultkit import Tree
+
+
+def _kill_sweep(tree: Tree, which: str, start_patched: bool) -> tuple[int, dict[str, int], list[str]]:
+    tree.reset(patched=start_patched)
+    steps = tree.steps(tree.request(which))
+    outcomes: dict[str, int] = {}
+    bad = []
+    for k in range(1, len(steps) + 1):
+        tree.reset(patched=start_patched)
+        assert tree.run(tree.request(which), fault=f"kill@{k}") is None, f"step {k} did not kill"
+        answer = tree.next_command()
+        verdict = tree.verdict() if answer and answer.get("ok") and not answer["ok"]["state_problem"] else \
+            f"needs repair: {answer}"
+        outcomes[verdict.split(":")[0]] = outcomes.get(verdict.split(":")[0], 0) + 1
+        if verdict not in ("pristine", "patched"):
+            bad.append(f"kill at step {k} ({steps[k - 1]}): {verdict}")
+    return len(steps), outcomes, bad
+
+
+@pytest.mark.parametrize("which,start_patched", [("apply", False), ("revert", True)], ids=["commit", "revert"])
+def test_kill_at_every_step(reqs, tmp_path, figures, which, start_patched):
+    n, outcomes, bad = _kill_sweep(Tree(tmp_path, reqs), which, start_patched)
+    figures[f"kill points tried ({'commit' if which == 'apply' else 'revert'})"] = f"{n}: {outcomes}"
+    assert not bad, "\n".join(bad)
+    # both ends are reached: the sweep really crosses the commit point
+    assert set(outcomes) == {"pristine", "patched"}
+
+
+def test_kill_at_every_step_of_recovery(reqs, tmp_path, figures):
+    """A commit killed at each step that leaves a journal, then the recovery killed at each
+    of its steps: the command after that ends whole."""
+    tree = Tree(tmp_path / "t", reqs)
+    tree.reset()
+    commit_steps = tree.steps(tree.request("apply"))
+    tried, states, bad = 0, 0, []
+    # Every 4th commit kill point that leaves a record (the run time stays modest), and
+    # the last one; recovery is killed at each of its own steps from each of them.
+    for k in sorted(set(range(2, len(commit_steps) + 1, 4)) | {len(commit_steps)}):
+        tree.reset()
+        tree.run(tree.request("apply"), fault=f"kill@{k}")
+        if not (tree.state / "journal.json").exists() and not (tree.state / "cleanup.json").exists():
+            continue
+        snapshot = _save(tree, tmp_path / "saved")
+        states += 1
+        log = tmp_path / "recovery.log"
+        log.unlink(missing_ok=True)
+        tree.next_command(fault="log", log=log)
+        recovery_steps = log.read_text().splitlines()
+        for r in range(1, len(recovery_steps) + 1):
+            _restore(tree, snapshot)
+            tree.run({"op": "inspect", "site_packages": str(tree.site), "speculators_files": sorted(reqs.pristine)},
+                     fault=f"kill@{r}")
+            answer = tree.next_command()
+            tried += 1
+            verdict = tree.verdict() if answer["ok"]["state_problem"] is None else f"needs repair: {answer}"
+            if verdict not in ("pristine", "patched"):
+                bad.append(f"commit killed at {k}, recovery killed at {r} ({recovery_steps[r - 1]}): {verdict}")
+    figures["kill points tried (recovery)"] = f"{tried} (every recovery step, from {states} interrupted commits)"
+    assert tried > 0 and not bad, "\n".join(bad)
+
+
+def _save(tree: Tree, dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(tree.site, dest, symlinks=True)
+    return dest
+
+
+def _restore(tree: Tree, saved: Path) -> None:
+    shutil.rmtree(tree.site)
+    shutil.copytree(saved, tree.site, symlinks=True)  # hard links become copies: same bytes
+
+
+@pytest.mark.parametrize("kind", ["enospc", "eacces", "eperm"])
+def test_error_at_every_step_is_rolled_back_at_once(reqs, tmp_path, figures, kind):
+    """An OSError at any step before the commit point: the agent answers one error and the
+    tree is as it was; after it: the commit stands (clean-up is finished by the next command)."""
+    tree = Tree(tmp_path, reqs)
+    counts = {}
+    for which, start in (("apply", False), ("revert", True)):
+        tree.reset(patched=start)
+        steps = tree.steps(tree.request(which))
+        bad = []
+        for k in range(1, len(steps) + 1):
+            tree.reset(patched=start)
+            answer = tree.run(tree.request(which), fault=f"{kind}@{k}")
+            assert answer is not None
+            tree.next_command()
+            verdict = tree.verdict()
+            expected = ("pristine" if start is False else "patched") if "error" in answer else \
+                ("patched" if start is False else "pristine")
+            if verdict != expected:
+                bad.append(f"{which} {kind} at step {k} ({steps[k - 1]}): {verdict}; answer {answer}")
+        counts[which] = len(steps)
+        assert not bad, "\n".join(bad)
+    figures[f"{kind} injected at every step"] = counts
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+def _fill(where: Path, leave: int) -> None:
+    """Fill the file system of ``where`` until ``leave`` bytes are free."""
+    import os
+
+    filler = where / "filler"
+    with open(filler, "wb") as f:
+        chunk = b"\0" * 4096
+        while True:
+            st = os.statvfs(where)
+            free = st.f_bavail * st.f_frsize
+            if free <= leave:
+                break
+            try:
+                f.write(chunk[: max(1, min(4096, free - leave))])
+                f.flush()
+            except OSError:
+                break
+
+
+LEVELS_KIB = [0, 4, 16, 32, 48, 64, 96, 128, 160, 192, 256]
+
+
+@pytest.mark.parametrize("space_check", [True, False], ids=["preflight", "real-enospc"])
+def test_disk_full_at_several_levels(reqs, tmp_path, figures, space_check):
+    """A small tmpfs filled to each level. With the preflight the commit is refused before
+    the first write; without it (``SPECULATORS_PATCH_SKIP_SPACE_CHECK``) the real ENOSPC
+    mid-commit is rolled back with renames only. Then space is freed and the next command
+    and a new attempt succeed."""
+    mnt = tmp_path / "mnt"
+    if not _mount_tmpfs(mnt, "2m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    env = {} if space_check else {"SPECULATORS_PATCH_SKIP_SPACE_CHECK": "1"}
+    tried, results = 0, {}
+    try:
+        tree = Tree(mnt, reqs)
+        for which, start in (("apply", False), ("revert", True)):
+            for kib in LEVELS_KIB:
+                tree.reset(patched=start)
+                (mnt / "filler").unlink(missing_ok=True)
+                _fill(mnt, kib * 1024)
+                answer = tree.run(tree.request(which), env=env)
+                tried += 1
+                verdict = tree.verdict()
+                ok = "ok" in answer
+                expected = ("patched" if not start else "pristine") if ok else ("pristine" if not start else "patched")
+                assert verdict == expected, (which, kib, answer, verdict)
+                if not ok:
+                    assert "space" in answer["error"].lower(), answer
+                results[f"{which}@{kib}KiB"] = "done" if ok else "refused"
+                (mnt / "filler").unlink()
+                assert tree.next_command()["ok"]["state_problem"] is None
+                if not ok:  # with room again it goes through
+                    assert "ok" in tree.run(tree.request(which)), which
+                    assert tree.verdict() == ("patched" if not start else "pristine")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+    figures[f"disk-full trials ({'preflight' if space_check else 'real ENOSPC'})"] = \
+        f"{tried} ({len(LEVELS_KIB)} levels x apply, revert), 0 half-patched; " \
+        f"refused at {sorted(k for k, v in results.items() if v == 'refused')}"
+    assert "refused" in results.values() and "done" in results.values()
+
+
+def test_immutable_file_is_refused_before_the_first_write(reqs, tmp_path, figures):
+    """chattr +i on one target (a loop-mounted ext4, where it works): refused, nothing written;
+    and +i set while the commit is paused between two files: rolled back at once."""
+    image, mnt = tmp_path / "fs.img", tmp_path / "ext4"
+    mnt.mkdir()
+    subprocess.run(["truncate", "-s", "8M", str(image)], check=True)
+    if subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True).returncode != 0 or \
+            subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("no loop-mounted ext4 here (needs root and mkfs.ext4)")
+    try:
+        tree = Tree(mnt, reqs).reset()
+        last = sorted(reqs.pristine)[-1]
+        subprocess.run(["chattr", "+i", str(tree.site / last)], check=True)
+        answer = tree.run(tree.request("apply"))
+        assert "immutable" in answer["error"] and tree.verdict() == "pristine", answer
+        subprocess.run(["chattr", "-i", str(tree.site / last)], check=True)
+
+        tree.reset()
+        proc = subprocess.Popen([*_agent(tree)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env=_env("pause-mid-write"))
+        import json
+        import time
+
+        proc.stdin.write(json.dumps(tree.request("apply")).encode() + b"\n")
+        proc.stdin.flush()
+        time.sleep(1.0)  # the agent is paused after the first file
+        subprocess.run(["chattr", "+i", str(tree.site / last)], check=True)
+        out, _ = proc.communicate(timeout=30)
+        answer = json.loads(out)
+        subprocess.run(["chattr", "-i", str(tree.site / last)], check=True)
+        assert "error" in answer and "nothing changed" in answer["error"], answer
+        assert tree.verdict() == "pristine"
+        figures["immutable (chattr +i on ext4)"] = "refused before writing; flipped mid-commit: rolled back"
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(mnt)], capture_output=True)
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def _agent(tree: Tree) -> list[str]:
+    from faultkit import AGENT, PYTHON
+
+    return [PYTHON, "-I", "-S", "-c", AGENT]
+
+
+def _env(fault: str) -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_PATCH_")}
+    env.update({"SPECULATORS_PATCH_FAULT": fault, "SPECULATORS_PATCH_FAULT_SECONDS": "4"})
+    return env
