@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -71,12 +72,24 @@ def _notes(snap: Snapshot) -> list[str]:
     return notes
 
 
+def _text(source: bytes) -> str:
+    """Source bytes as text, in the encoding its coding cookie declares (PEP 263)."""
+    import io
+    import tokenize
+
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
+        return source.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeError):
+        return source.decode("utf-8", "replace")
+
+
 def _udiff(plans: list[engine.FilePlan], root: str) -> str:
     chunks = []
     for p in plans:
         if p.changed:
             chunks += difflib.unified_diff(
-                p.before.decode().splitlines(True), p.after.decode().splitlines(True),
+                _text(p.before).splitlines(True), _text(p.after).splitlines(True),
                 f"a/{p.path}", f"b/{p.path}",
             )
     return "".join(chunks)
@@ -107,9 +120,9 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
     return table
 
 
-def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool) -> Report:
+def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False) -> Report:
     engine.check_supported(snap)
-    result = engine.apply(transport, snap, chosen, dry_run=dry_run)
+    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
@@ -136,6 +149,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     refused = engine.refusals(plans)
     if refused:
         raise UserError(refused[0])
+    engine._guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = _udiff(plans, snap.speculators_root)
     data = {**_describe(snap), "changed": bool(text), "diff": text, "patches": _outcome_rows(plans)}
 
@@ -277,16 +291,19 @@ def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force
 def run_on_target(target, host, ssh_config, action: Callable[[Transport, Snapshot], Report], retry: bool = True) -> Report:
     """Connect, read a snapshot (one exchange), run ``action``; re-read once if a file
     changed between the read and the commit (e.g. another node applied meanwhile)."""
+    if ssh_config and host is None:
+        raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
     transport, site_packages = connect(target, host, ssh_config)
     with transport:
-        snap = read = engine.read_snapshot(transport, site_packages)
-        try:
-            report = action(transport, read)
-        except UserError as e:
-            if not (retry and str(e).startswith("changed-since-read")):
-                raise
-            snap = engine.read_snapshot(transport, site_packages)
-            report = action(transport, snap)
+        snap = engine.read_snapshot(transport, site_packages)
+        for attempt in range(1, 6):  # concurrent writers: each retry follows another's success
+            try:
+                report = action(transport, snap)
+                break
+            except UserError as e:
+                if not (retry and attempt < 5 and str(e).startswith("changed-since-read")):
+                    raise
+                snap = engine.read_snapshot(transport, site_packages)
         report.notes = _notes(snap)
         report.data["exchanges"] = transport.exchanges
         return report
@@ -328,6 +345,10 @@ def _read_hosts_file(path: str) -> list[str]:
             lines = f.read().splitlines()
     except OSError as e:
         raise UserError(f"cannot read hosts file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"hosts file {path} is not UTF-8 text") from None
+    if any("\0" in line for line in lines):
+        raise UserError(f"hosts file {path} is not text (it has NUL bytes)")
     return [h for h in (line.split("#", 1)[0].strip() for line in lines) if h]
 
 
@@ -346,16 +367,41 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
             sys.exit(run_many(all_hosts, command, as_json))
         report = command(all_hosts[0] if all_hosts else None)
     except UserError as e:
+        message = str(e).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever the input
         if as_json:
-            click.echo(json.dumps({"error": str(e), "exit_code": 2}))
+            click.echo(json.dumps({"error": message, "exit_code": 2}))
         else:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {message}", err=True)
         sys.exit(2)
     _emit(report, as_json)
     sys.exit(report.exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Usage errors as one ``error:`` line (exit 2), like every other refusal; and a closed
+    standard output is refused before anything is read or written."""
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        try:
+            os.fstat(1)
+        except OSError:
+            click.echo("error: standard output is closed; nothing was done", err=True)
+            sys.exit(2)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
+            click.echo(f"error: {e.format_message()}{hint}".replace("\n", " "), err=True)
+            sys.exit(2)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}".replace("\n", " "), err=True)
+            sys.exit(2)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(patcher.__version__, prog_name="speculators-patch")
 def main() -> None:
     """Make an installed speculators 0.3.0 work with the installed vLLM, reversibly."""
@@ -364,10 +410,38 @@ def main() -> None:
 @main.command()
 @target_options
 @click.option("--dry-run", is_flag=True, help="Show what would be applied; write nothing.")
-def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run):
+@click.option("--adopt", is_flag=True, help="A file changed since patching (updated upstream) becomes the new "
+              "pristine copy and is patched; revert then gives that newer file back.")
+def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, adopt):
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_apply(t, s, select(only, skip), dry_run)), as_json)
+                                lambda t, s: do_apply(t, s, select(only, skip), dry_run, adopt)), as_json)
+
+
+@main.command()
+@connection_options
+def repair(target, hosts, hosts_file, ssh_config, as_json):
+    """Rebuild a damaged or lost record from the files and the verified pristine copies."""
+
+    def command(host):
+        if ssh_config and host is None:
+            raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
+        transport, site_packages = connect(target, host, ssh_config)
+        with transport:
+            snap, lines = engine.repair(transport, site_packages)
+            data = {**_describe(snap), "was": snap.state_problem, "files": lines, "exchanges": transport.exchanges}
+
+        def render(console: Console) -> None:
+            if snap.state_problem:
+                console.print(f"was: {escape(snap.state_problem)}", soft_wrap=True)
+            for line in lines:
+                console.print(f"  {escape(line)}")
+            console.print("repaired: the record matches the files" if snap.state_problem
+                          else "nothing to repair: the record already matched the files; checked again")
+
+        return Report(data, 0, render)
+
+    _main(hosts, hosts_file, command, as_json)
 
 
 @main.command()

@@ -57,6 +57,11 @@ class Snapshot:
     pristine: dict[str, bytes | None]
     journal_pending: bool
     recovered: bool = False
+    manifest_sha256: str | None = None
+    state_problem: str | None = None
+    backups: dict[str, list[bytes]] = field(default_factory=dict)
+    record: dict[str, str] = field(default_factory=dict)
+    dist_info: str | None = None
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
@@ -66,14 +71,14 @@ class Snapshot:
 
     def file_state(self, path: str) -> str:
         """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``."""
-        entry = (self.manifest or {}).get("files", {}).get(path)
+        entry = ((self.manifest or {}).get("files") or {}).get(path)
         current = self.files.get(path)
-        if entry is None or current is None:
+        if not isinstance(entry, dict) or current is None:
             return "pristine"
         digest = sha256(current)
-        if digest == entry["patched_sha256"]:
+        if digest == entry.get("patched_sha256"):
             return "patched"
-        if digest == entry["pristine_sha256"]:
+        if digest == entry.get("pristine_sha256"):
             return "reinstalled"
         return "modified"
 
@@ -84,8 +89,10 @@ class Snapshot:
         return dict(self.manifest["files"][path]["patches"])
 
 
-def read_snapshot(transport: Transport, site_packages: str | None = None) -> Snapshot:
-    """One ``inspect`` exchange. Raises ``UserError`` when the target has no speculators."""
+def read_snapshot(transport: Transport, site_packages: str | None = None, tolerate_damage: bool = False) -> Snapshot:
+    """One ``inspect`` exchange. Raises ``UserError`` when the target has no speculators, or
+    (unless ``tolerate_damage``: ``repair``) when its state is inconsistent: one line naming
+    the file at fault and the way out."""
     patches = all_patches()
     answer = transport.request(
         "inspect",
@@ -98,7 +105,7 @@ def read_snapshot(transport: Transport, site_packages: str | None = None) -> Sna
     if vllm is not None:
         files = {k: _unb64(v) for k, v in vllm["files"].items()}
         vllm_source = VllmSource(files, ", ".join(vllm["versions"]) or "unknown")
-    return Snapshot(
+    snap = Snapshot(
         label=transport.label,
         python=answer["python"],
         python_version=answer["python_version"],
@@ -114,7 +121,15 @@ def read_snapshot(transport: Transport, site_packages: str | None = None) -> Sna
         pristine={k: _unb64(v) for k, v in answer["pristine"].items()},
         journal_pending=answer["journal_pending"],
         recovered=answer.get("recovered", False),
+        manifest_sha256=answer.get("manifest_sha256"),
+        state_problem=answer.get("state_problem"),
+        backups={k: [_unb64(d) for d in v] for k, v in answer.get("backups", {}).items()},
+        record=spec.get("record") or {},
+        dist_info=spec.get("dist_info"),
     )
+    if snap.state_problem and not tolerate_damage:
+        raise UserError(snap.state_problem)
+    return snap
 
 
 def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
@@ -130,6 +145,10 @@ def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch,
 def check_supported(snap: Snapshot) -> None:
     """Raise ``UserError`` unless the target has a speculators some patch is written for, and a vLLM."""
     version = snap.speculators_version
+    if version is None:
+        where = f"{snap.dist_info}/METADATA" if snap.dist_info else f"{snap.speculators_root} (no dist-info found)"
+        raise UserError(f"cannot tell which speculators is installed: {where} has no version; "
+                        f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)")
     if not written_for(version, all_patches()):
         specifiers = sorted({p.speculators for p in all_patches()})
         raise UserError(
@@ -178,6 +197,8 @@ def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
     """Parse with the target interpreter's grammar. Raises ``UserError`` on a syntax error."""
     try:
         return cst.parse_module(source, config=_parser_config(python_version))
+    except (UnicodeError, LookupError, ValueError) as e:  # undecodable bytes, an unknown coding cookie, NUL
+        raise UserError(f"{path}: cannot be read as Python source ({type(e).__name__}: {e}); reinstall speculators") from None
     except cst.ParserSyntaxError as e:
         line = e.raw_line
         try:  # CPython names the offending line more precisely than libcst's parser
@@ -267,7 +288,8 @@ def _guard_modified(snap: Snapshot, paths: list[str]) -> None:
         if snap.file_state(path) == "modified":
             raise UserError(
                 f"{path} was modified after patching (sha256 matches neither the pristine nor the "
-                f"patched file); run `speculators-patch revert --force` or reinstall speculators, then apply"
+                f"patched file; updated upstream?); `speculators-patch apply --adopt` keeps it as the new "
+                f"pristine copy and patches it"
             )
 
 
@@ -279,19 +301,22 @@ class CommitResult:
 
 
 def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False,
-          plans: list[FilePlan] | None = None) -> CommitResult:
+          plans: list[FilePlan] | None = None, adopt: bool = False) -> CommitResult:
     """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
 
     ``plans``: ``plan(snap, chosen)`` computed earlier (the Ansible collection's plan cache).
-    Raises ``UserError`` on refusal, on a file modified after patching, or when the agent
-    cannot write; in every such case no file changed.
+    ``adopt``: a file modified after patching (updated upstream) becomes the new pristine
+    copy and is patched afresh, so ``revert`` gives the newer source back.
+    Raises ``UserError`` on refusal, on a file modified after patching (unless ``adopt``),
+    or when the agent cannot write; in every such case no file changed.
     """
     plans = plan(snap, chosen) if plans is None else plans
     refused = refusals(plans)
     if refused:
         raise UserError(refused[0])
     changed = [p for p in plans if p.changed]
-    _guard_modified(snap, [p.path for p in changed])
+    if not adopt:
+        _guard_modified(snap, [p.path for p in changed])
     if dry_run or not changed:
         return CommitResult([], plans)
     files = dict((snap.manifest or {}).get("files", {}))
@@ -304,13 +329,23 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
         pristine[p.path] = base64.b64encode(original).decode()
         keep.update({o.patch.id: o.patch.version for o in p.outcomes if o.state == "pending"})
         files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
+    return _commit(transport, snap, changed, pristine, _manifest(snap, files), plans)
+
+
+def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], pristine: dict[str, str],
+            manifest: dict | None, plans: list[FilePlan], **extra: object) -> CommitResult:
+    """One ``commit`` exchange: the agent checks that each file and the manifest are still
+    what ``snap`` read (else ``changed-since-read``), so concurrent runs never lose an update."""
     answer = transport.request(
         "commit",
         state_dir=snap.state_dir,
         root=snap.speculators_root,
-        writes={p.path: {"expect_sha256": sha256(p.before), "data": base64.b64encode(p.after).decode()} for p in changed},
+        writes={p.path: {"expect_sha256": sha256(p.before), "sha256": sha256(p.after),
+                         "data": base64.b64encode(p.after).decode()} for p in changed},
         pristine=pristine,
-        manifest=_manifest(snap, files),
+        manifest=manifest,
+        manifest_expect_sha256=snap.manifest_sha256,
+        **extra,
     )
     return CommitResult(answer["written"], plans, answer["recovered"])
 
@@ -346,8 +381,9 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         if state == "modified" and not force:
             _guard_modified(snap, [path])
         original = snap.pristine.get(path)
-        if original is None:
-            raise UserError(f"{snap.state_dir}: pristine copy of {path} is missing; cannot revert")
+        if original is None or sha256(original) != entries[path]["pristine_sha256"]:
+            raise UserError(f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
+                            f"recorded sha256; nothing was restored; run `speculators-patch repair`")
         keep = {pid: v for pid, v in entries[path]["patches"].items()} if partial else {}
         for patch in chosen:
             keep.pop(patch.id, None)
@@ -367,12 +403,79 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         k: v["patches"] for k, v in entries.items() if snap.file_state(k) == "patched"}
     if dry_run or (not changed and same_record):
         return CommitResult([], plans)
-    answer = transport.request(
-        "commit",
-        state_dir=snap.state_dir,
-        root=snap.speculators_root,
-        writes={p.path: {"expect_sha256": sha256(p.before), "data": base64.b64encode(p.after).decode()} for p in changed},
-        pristine={},
-        manifest=manifest,
-    )
-    return CommitResult(answer["written"], plans, answer["recovered"])
+    return _commit(transport, snap, changed, {}, manifest, plans)
+
+
+def repair(transport: Transport, site_packages: str | None) -> tuple[Snapshot, list[str]]:
+    """Rebuild a consistent state from what is on disk, changing no speculators file except
+    to finish rolling back an interrupted commit where the files allow it.
+
+    Per file: the installed bytes equal to a verified pristine copy (or to pip's RECORD) ->
+    no record; equal to a verified copy with a set of patches replayed -> that record;
+    otherwise, with a verified copy, a record under which ``status`` says ``modified``.
+    Copies nothing references are deleted. Returns the snapshot read before and one line
+    per file describing what was done.
+    Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
+    reinstall speculators, then ``repair`` again), or when the state cannot be written.
+    """
+    first = read_snapshot(transport, site_packages, tolerate_damage=True)
+    transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
+    snap = read_snapshot(transport, site_packages, tolerate_damage=True)
+    entries = (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
+    files, lines = {}, []
+    paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))
+    kept_for = (snap.manifest or {}).get("speculators_version") if isinstance(snap.manifest, dict) else None
+    if kept_for not in (None, snap.speculators_version):  # a reinstall of another version replaced the files
+        lines.append(f"the record of speculators {kept_for} is dropped: {snap.speculators_version} is installed")
+        paths = []
+    for path in paths:
+        current = snap.files.get(path)
+        if current is None:
+            continue
+        copies = list(snap.backups.get(path, []))
+        record = snap.record.get(path)
+        if record is not None:  # pip's RECORD vouches for the copy (the manifest may be gone)
+            copies = [c for c in copies if sha256(c) == record] or copies
+        digest = sha256(current)
+        if digest == record or any(digest == sha256(c) for c in copies):
+            lines.append(f"{path}: pristine")
+            continue
+        found = None
+        for copy in copies:
+            for only_needed in (True, False):
+                try:
+                    replay = plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed) \
+                        if snap.vllm is not None or not only_needed else None
+                except UserError:
+                    replay = None
+                if replay is not None and replay.after == current:
+                    found = (copy, {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"})
+                    break
+            if found:
+                break
+        if found:
+            files[path] = {"pristine_sha256": sha256(found[0]), "patched_sha256": digest, "patches": found[1]}
+            lines.append(f"{path}: patched ({', '.join(sorted(found[1]))})")
+        elif copies:
+            entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
+            kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
+            files[path] = {"pristine_sha256": sha256(kept), "patched_sha256": entry.get("patched_sha256") or sha256(kept),
+                           "patches": dict(entry.get("patches") or {})}
+            if not all(isinstance(v, int) for v in files[path]["patches"].values()):
+                files[path]["patches"] = {}
+            if files[path]["patched_sha256"] == digest:
+                files[path]["patched_sha256"] = sha256(kept)
+            lines.append(f"{path}: modified after patching (revert --force restores the kept pristine copy)")
+        elif path in entries:
+            raise UserError(f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
+                            f"reinstall speculators (pip install --force-reinstall --no-deps "
+                            f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again")
+    pristine = {p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
+                for p, e in files.items()}
+    manifest = None
+    if files:
+        manifest = {"tool": f"speculators-patch {patcher.__version__}", "speculators_version": snap.speculators_version,
+                    "vllm_versions": snap.vllm.version if snap.vllm else None, "files": files}
+    transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,
+                      manifest=manifest, manifest_expect_sha256=snap.manifest_sha256, repair=True)
+    return first, lines

@@ -65,7 +65,12 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
             f"unknown patch id {', '.join(unknown)} (known: {', '.join(p.id for p in patches)})"
         )
     chosen = [p for p in patches if not only or p.id in only or p.name in only]
+    both = [p.id for p in chosen if only and (p.id in skip or p.name in skip)]
+    if both:
+        raise UserError(f"{', '.join(both)} is both in --only and in --skip: choose one")
     chosen = [p for p in chosen if p.id not in skip and p.name not in skip]
+    if not chosen:
+        raise UserError("--skip leaves no patch selected")
     ids = {p.id for p in chosen}
     for patch in chosen:
         missing = [r for r in patch.requires if r not in ids]

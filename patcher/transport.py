@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -39,9 +40,12 @@ class Transport:
     def _argv(self) -> list[str]:
         raise NotImplementedError
 
+    def _env(self) -> dict[str, str] | None:
+        return None
+
     def __enter__(self) -> "Transport":
         self._proc = subprocess.Popen(
-            self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._env()
         )
         # Drain stderr as it comes: a long child (selftest) would otherwise block on a full
         # pipe, and an SSH ControlPersist master may keep it open after ssh exits.
@@ -110,8 +114,11 @@ class Transport:
         except subprocess.TimeoutExpired:
             pass
         err = self.stderr_text().strip().splitlines()
+        # The interpreter hint only where the failure looks like one (no output, or Python
+        # 2 / a shell choking on the agent's source), not after e.g. a full disk.
+        hint = not err or any(w in err[-1] for w in ("SyntaxError", "not found", "command", "invalid syntax"))
         return (f"{self.label}: {self._argv()[0]} ended without answering the agent's request "
-                f"({err[-1] if err else 'no output'}); is it a Python 3.8+ interpreter?")
+                f"({err[-1] if err else 'no output'})" + ("; is it a Python 3.8+ interpreter?" if hint else ""))
 
     def _not_json(self, line: bytes) -> str:
         return (f"{self.label}: {self._argv()[0]} did not answer as a Python interpreter running the agent "
@@ -136,6 +143,11 @@ class LocalTransport(Transport):
         flags = ["-I", "-S"] if self.site_packages else []
         return [self.python, *flags, "-c", AGENT_SOURCE]
 
+    def _env(self) -> dict[str, str]:
+        # The caller's PYTHONPATH must not decide which tree is patched (the state would go
+        # to the target's site-packages while another tree is rewritten).
+        return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
 
 def _is_site_packages(path: Path) -> bool:
     return path.name in ("site-packages", "dist-packages") or any(path.glob("*.dist-info"))
@@ -148,6 +160,8 @@ def local_transport(target: str | None) -> tuple[LocalTransport, str | None]:
     else this interpreter), a venv or conda prefix, a site-packages directory, or a Python
     interpreter. Raises ``UserError`` for anything else.
     """
+    if target is not None and (not target.strip() or "\0" in target):
+        raise UserError("--target is empty" if not target.strip() else "--target contains a NUL byte")
     if target is None:
         for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
             prefix = os.environ.get(variable)
@@ -158,17 +172,23 @@ def local_transport(target: str | None) -> tuple[LocalTransport, str | None]:
                 return LocalTransport(str(python)), None
         return LocalTransport(sys.executable), None
     path = Path(target).expanduser()
-    if not path.exists():
-        raise UserError(f"target does not exist: {target}")
-    if path.is_file():
-        if not os.access(path, os.X_OK):
-            raise UserError(f"target is a file but not an executable Python interpreter: {target}")
-        return LocalTransport(str(path)), None
-    for candidate in (path / "bin" / "python", path / "bin" / "python3"):
-        if candidate.exists():
-            return LocalTransport(str(candidate)), None
-    if _is_site_packages(path):
-        return LocalTransport(sys.executable, str(path.resolve())), str(path.resolve())
+    try:
+        if not path.exists():
+            raise UserError(f"target does not exist: {target}")
+        if path.is_file():
+            # Nothing is sent to a program before we know it is Python (not bash, not a script).
+            names = {path.name, Path(os.path.realpath(path)).name}
+            if not os.access(path, os.X_OK) or not any(re.match(r"(python|pypy)[0-9.]*$", n) for n in names):
+                raise UserError(f"target is a file but not a Python interpreter (python3, python3.X): {target}")
+            return LocalTransport(str(path)), None
+        os.listdir(path)  # a directory this user cannot read or traverse fails here, in one line
+        for candidate in (path / "bin" / "python", path / "bin" / "python3"):
+            if candidate.exists():
+                return LocalTransport(str(candidate)), None
+        if _is_site_packages(path):
+            return LocalTransport(sys.executable, str(path.resolve())), str(path.resolve())
+    except OSError as e:
+        raise UserError(f"cannot read target {target}: {e.strerror}") from None
     raise UserError(
         f"target is not a Python environment (no bin/python), site-packages directory or interpreter: {target}"
     )

@@ -11,6 +11,8 @@ import ast
 from dataclasses import dataclass
 from typing import Mapping
 
+from patcher.errors import UserError
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -52,7 +54,12 @@ class VllmSource:
             raise KeyError(f"{path} was not fetched; declare it in the fact's modules")
         if path not in self._trees:
             data = self._files[path]
-            self._trees[path] = None if data is None else ast.parse(data, filename=path)
+            try:
+                self._trees[path] = None if data is None else ast.parse(data, filename=path)
+            except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
+                line = getattr(e, "lineno", None)
+                raise UserError(f"vLLM's {path}{f':{line}' if line else ''} cannot be read as Python "
+                                f"({getattr(e, 'msg', None) or e}); reinstall vLLM") from None
         return self._trees[path]
 
     def find_class(self, path: str, name: str) -> ast.ClassDef | None:
