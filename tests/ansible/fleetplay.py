@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +53,7 @@ class Fleet:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.plan_cache = self.dir / "plan-cache"
+        self.seconds: list[float] = []  # wall time of each run
         lines = ["[fleet]"]
         for h in hosts:
             extra = " ".join(f"{k}={v}" for k, v in (host_vars or {}).get(h, {}).items())
@@ -82,8 +84,11 @@ class Fleet:
 
     def run(self, playbook: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
         """``ansible-playbook playbook args...`` with this fleet's config."""
-        return subprocess.run([str(BIN / "ansible-playbook"), str(playbook), *args], capture_output=True,
+        start = time.monotonic()
+        done = subprocess.run([str(BIN / "ansible-playbook"), str(playbook), *args], capture_output=True,
                               text=True, env={**self.env(), **(env or {})}, cwd=self.dir, timeout=timeout)
+        self.seconds.append(time.monotonic() - start)
+        return done
 
 
 _RECAP = re.compile(r"^(\S+)\s*:\s*((?:\w+=\d+\s*)+)$")
