@@ -93,7 +93,7 @@ def test_revert_restores_original_bytes(sandbox, site):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     assert tree_digest(site / "speculators") != before
     code, report = run_json("revert", "--target", str(sandbox))
-    assert code == 0 and len(report["written"]) == 2
+    assert code == 0 and len(report["written"]) == 3  # generator, worker, eagle.py (SP014)
     assert tree_digest(site / "speculators") == before
     _, status = run_json("status", "--target", str(sandbox))
     assert set(status["files"].values()) == {"pristine"}
@@ -159,7 +159,7 @@ def test_reinstall_is_detected_and_apply_works_again(sandbox, site):
     assert set(status["files"].values()) == {"reinstalled"}
     assert states(status) == {"pending"}
     code, report = run_json("apply", "--target", str(sandbox))
-    assert code == 0 and len(report["written"]) == 2
+    assert code == 0 and len(report["written"]) == 3
     assert run_json("verify", "--target", str(sandbox))[0] == 0
 
 
