@@ -874,8 +874,7 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         else:
             _replace(_write_tmp(mpath, m_new, env=env), mpath)
         _fsync_dir(state)
-        _replace(jpath, cpath)  # the commit point
-        _fsync_dir(state)
+        _replace(jpath, cpath)  # the commit point: from here on the next command rolls forward
     except BaseException as e:
         try:
             if os.path.exists(jpath):
@@ -890,6 +889,7 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
             raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror))
         raise
     try:
+        _fsync_dir(state)
         _finish(state, journal, cpath)
     except OSError:
         pass  # committed; what is left is deleted by the next command

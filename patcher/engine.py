@@ -197,7 +197,7 @@ def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
     """Parse with the target interpreter's grammar. Raises ``UserError`` on a syntax error."""
     try:
         return cst.parse_module(source, config=_parser_config(python_version))
-    except (UnicodeError, LookupError, ValueError) as e:  # undecodable bytes, an unknown coding cookie, NUL
+    except (UnicodeError, LookupError, ValueError, SyntaxError) as e:  # undecodable bytes, a bad coding cookie, NUL
         raise UserError(f"{path}: cannot be read as Python source ({type(e).__name__}: {e}); reinstall speculators") from None
     except cst.ParserSyntaxError as e:
         line = e.raw_line
@@ -269,7 +269,12 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
     """Plan every file the chosen patches written for the installed speculators touch.
     Raises ``UserError`` for a missing file."""
     plans = []
-    chosen = written_for(snap.speculators_version, chosen)
+    fitting = written_for(snap.speculators_version, chosen)
+    if chosen and not fitting:
+        raise UserError(f"{', '.join(p.id for p in chosen)}: written for speculators "
+                        f"{' and '.join(sorted({p.speculators for p in chosen}))}, not {snap.speculators_version}; "
+                        f"nothing was changed")
+    chosen = fitting
     for path in sorted({p.file for p in chosen}):
         source = snap.files.get(path)
         if source is None:

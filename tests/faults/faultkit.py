@@ -105,7 +105,7 @@ class Tree:
         return req
 
     def run(self, request: dict, fault: str | None = None, log: Path | None = None,
-            env: dict | None = None, argv_prefix: tuple[str, ...] = ()) -> dict | None:
+            env: dict | None = None, argv_prefix: tuple[str, ...] = (), python: str = PYTHON) -> dict | None:
         """One agent process, one request. Returns its answer, None when it died."""
         full = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_PATCH_")}
         if fault:
@@ -113,7 +113,7 @@ class Tree:
         if log:
             full["SPECULATORS_PATCH_FAULT_LOG"] = str(log)
         full.update(env or {})
-        done = subprocess.run([*argv_prefix, PYTHON, "-I", "-S", "-c", AGENT], input=json.dumps(request).encode() + b"\n",
+        done = subprocess.run([*argv_prefix, python, "-I", "-S", "-c", AGENT], input=json.dumps(request).encode() + b"\n",
                               capture_output=True, env=full, timeout=60)
         out = done.stdout.decode().strip()
         return json.loads(out) if out else None
