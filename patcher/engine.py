@@ -384,7 +384,9 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         if state in ("pristine", "reinstalled") or current is None:
             continue
         if state == "modified" and not force:
-            _guard_modified(snap, [path])
+            raise UserError(f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
+                            f"file); `revert --force` restores the copy kept before patching and discards that edit; "
+                            f"`apply --adopt` keeps it as the new pristine copy instead")
         original = snap.pristine.get(path)
         if original is None or sha256(original) != entries[path]["pristine_sha256"]:
             raise UserError(f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
