@@ -1,0 +1,76 @@
+"""diff, apply, verify, status and revert on real speculators 0.4.0 / 0.4.0.1 sandboxes, across
+the vLLM releases speculators 0.4.x runs on (0.12-0.16, which it claims) and 0.17 (which
+removed ``Request(eos_token_id=)``), from the real wheels. vLLM 0.11 lacks APIs 0.4.x
+calls (``Executor.sample_tokens`` among them): patches apply and revert there too, and
+``verify`` names the breaks instead of saying OK.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support import GENERATOR, run_cli, run_json, tree_digest
+
+PATCHES_04 = ["SP015", "SP016", "SP017", "SP018"]
+COMBINATIONS = [("0.4.0.1", v) for v in ("0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")] + [
+    ("0.4.0", "0.16.0"), ("0.4.0", "0.17.1")]
+
+
+@pytest.mark.parametrize(("speculators", "vllm"), COMBINATIONS, ids=lambda v: v)
+def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
+    from sandbox import make_sandbox, site_packages
+
+    env = make_sandbox(tmp_path / "env", speculators=speculators, vllm=vllm)
+    site = site_packages(env)
+    before = tree_digest(site / "speculators")
+
+    code, diff = run_json("diff", "--target", str(env))
+    assert code == 1 and diff["changed"] and f"+++ b/{GENERATOR}" in diff["diff"]
+    assert sorted(p["id"] for p in diff["patches"]) == PATCHES_04  # no 0.3.0 patch is offered
+    assert tree_digest(site / "speculators") == before
+
+    code, applied = run_json("apply", "--target", str(env))
+    assert code == 0 and applied["written"] == [GENERATOR]
+    assert sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
+    compile((site / GENERATOR).read_bytes(), GENERATOR, "exec")
+    code, again = run_json("apply", "--target", str(env))
+    assert code == 0 and again["written"] == [] and {p["state"] for p in again["patches"]} == {"applied"}
+
+    code, verified = run_json("verify", "--target", str(env))
+    assert code == 0 and verified["ok"], verified["calls"]["findings"]
+    assert {c["id"] for c in verified["patches"]} == set(PATCHES_04)
+    assert all(c["verdict"] == "ok" for c in verified["patches"])
+    assert {f["patch"] for f in verified["facts"]} == {"SP015"}  # executors answer available memory
+
+    code, status = run_json("status", "--target", str(env))
+    assert code == 0 and status["files"] == {GENERATOR: "patched"}
+
+    code, _ = run_json("revert", "--target", str(env))
+    assert code == 0 and tree_digest(site / "speculators") == before  # byte for byte
+
+
+def test_0_3_0_patches_are_refused_by_name_on_0_4(tmp_path):
+    from sandbox import make_sandbox, site_packages
+
+    env = make_sandbox(tmp_path / "env", speculators="0.4.0.1", vllm="0.16.0")
+    before = tree_digest(site_packages(env))
+    proc = run_cli("apply", "--target", str(env), "--only", "SP011")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: SP011: written for speculators ==0.3.0, not 0.4.0.1; nothing was changed"
+    assert tree_digest(site_packages(env)) == before
+
+
+def test_vllm_0_11_apply_and_revert_work_and_verify_names_the_breaks(tmp_path):
+    from sandbox import make_sandbox, site_packages
+
+    env = make_sandbox(tmp_path / "env", speculators="0.4.0.1", vllm="0.11.0")
+    site = site_packages(env)
+    before = tree_digest(site / "speculators")
+    code, applied = run_json("apply", "--target", str(env))
+    assert code == 0 and sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
+    code, verified = run_json("verify", "--target", str(env))
+    breaks = [f["call"] for f in verified["calls"]["findings"] if f["severity"] == "error"]
+    assert code == 1 and not verified["ok"] and "self.executor.sample_tokens(...)" in breaks
+    assert all(c["verdict"] == "ok" for c in verified["patches"])
+    assert run_json("revert", "--target", str(env))[0] == 0
+    assert tree_digest(site / "speculators") == before
