@@ -227,8 +227,14 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         if unproven:
             console.print(f"[red]{escape(unproven)}[/]")
         console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column, the calls and the imports)")
+        console.print(f"[dim]{SELFTEST_HINT}[/]")
 
     return Report(data, 0 if ok else 1, render)
+
+
+# verify reads source; what it cannot see, selftest runs (printed under every verdict).
+SELFTEST_HINT = ("verify reads source only: this box's device, attention backend and parallel layout are "
+                 "not in it; 'speculators-patch selftest' runs the extraction here and compares it with transformers")
 
 
 def _render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
