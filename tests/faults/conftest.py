@@ -28,6 +28,9 @@ def figures():
 
 def pytest_terminal_summary(terminalreporter):
     if FIGURES:
-        terminalreporter.write_sep("-", "fault-injection figures")
+        from faultkit import FULL_SWEEP
+
+        terminalreporter.write_sep("-", "fault-injection figures (" + ("full sweep" if FULL_SWEEP else
+                                   "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step") + ")")
         for key, value in FIGURES.items():
             terminalreporter.write_line(f"{key}: {value}")

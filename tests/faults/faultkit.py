@@ -26,6 +26,37 @@ PYTHON = os.path.realpath(sys.executable)  # not a shim: every trial starts an i
 STATE = ".speculators-patch"
 
 
+# The full sweep: every step for every kind of fault, recovery killed from every interrupted
+# commit. Without it the tier tries a deterministic subset (``kill_points``, ``error_points``,
+# ``recovery_starts``) that keeps every distinct on-disk state a kill can leave.
+FULL_SWEEP = os.environ.get("SPECULATORS_PATCH_FULL_SWEEP") == "1"
+
+
+def kill_points(steps: list[str]) -> list[int]:
+    """The kill points to try (1-based). A kill right after an fsync leaves exactly what a
+    kill right before it leaves (an fsync changes nothing a later command can see; only a
+    power loss could), so the sampled sweep skips those duplicates; the full one does not."""
+    if FULL_SWEEP:
+        return list(range(1, len(steps) + 1))
+    return [k for k in range(1, len(steps) + 1) if k == 1 or steps[k - 2].split(" ", 2)[1] not in ("fsync", "fsync-dir")]
+
+
+def error_points(steps: list[str], kind: str) -> list[int]:
+    """The steps to fail with ``kind``. ENOSPC: every step. EACCES/EPERM come from the
+    calls that create, rename or remove names (open, link, rename, unlink, mkdir, rmdir),
+    never from an fsync, so the sampled sweep fails only those; the full one, every step."""
+    if FULL_SWEEP or kind == "enospc":
+        return list(range(1, len(steps) + 1))
+    return [k for k in range(1, len(steps) + 1) if steps[k - 1].split(" ", 2)[1] not in ("fsync", "fsync-dir")]
+
+
+def recovery_starts(commit_steps: list[str]) -> list[int]:
+    """Commit kill points to start a recovery sweep from: every one (full), else every 4th
+    from the second and the last."""
+    n = len(commit_steps)
+    return list(range(1, n + 1)) if FULL_SWEEP else sorted(set(range(2, n + 1, 4)) | {n})
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -39,6 +70,7 @@ class Requests:
     apply: dict
     revert: dict
     manifest_after_apply: bytes
+    patched_tree: dict | None = None  # site-relative path -> bytes (None: a directory) after a clean apply
 
 
 def capture(sandbox: Path) -> Requests:
@@ -95,8 +127,17 @@ class Tree:
             (self.site / path).parent.mkdir(parents=True, exist_ok=True)
             (self.site / path).write_bytes(data)
         if patched:
-            answer = self.run(self.request("apply"))
-            assert "ok" in answer, answer
+            if self.reqs.patched_tree is None:  # one real apply; later resets replay its result
+                answer = self.run(self.request("apply"))
+                assert "ok" in answer, answer
+                self.reqs.patched_tree = {str(p.relative_to(self.site)): None if p.is_dir() else p.read_bytes()
+                                          for p in sorted(self.site.rglob("*"))}
+            else:
+                for rel, data in self.reqs.patched_tree.items():
+                    if data is None:
+                        (self.site / rel).mkdir(exist_ok=True)
+                    else:
+                        (self.site / rel).write_bytes(data)
         return self
 
     def request(self, which: str) -> dict:

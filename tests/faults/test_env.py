@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from faultkit import Tree
+from faultkit import FULL_SWEEP, Tree
 from support import GENERATOR, ROOT, WORKER, run_cli
 
 OWNER, OTHER, GROUP = 23456, 23457, 23450
@@ -66,7 +66,7 @@ def test_enolck_is_one_clear_line_and_leaves_no_state_dir(reqs, tmp_path, figure
 
 def test_concurrent_applies_with_different_patch_sets_keep_both(sandbox, site, figures):
     """Issue 10 item 1: `apply --only SP004` and `apply --only SP007` at the same moment."""
-    runs = 3
+    runs = 10 if FULL_SWEEP else 3
     for _ in range(runs):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs = [subprocess.Popen([sys.executable, "-m", "patcher", "apply", "--target", str(sandbox), "--only", pid],

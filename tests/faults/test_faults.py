@@ -3,7 +3,10 @@ EACCES/EPERM at every step and a real immutable file. After the next command, ev
 is fully pristine or fully patched with its backups intact, and no temporary file is left.
 
 Steps are the protocol's own writes, renames, unlinks and fsyncs, counted by the agent
-(``SPECULATORS_PATCH_FAULT=kill@N`` makes it SIGKILL itself at the N-th).
+(``SPECULATORS_PATCH_FAULT=kill@N`` makes it SIGKILL itself at the N-th). By default the
+tier tries a deterministic subset that keeps every distinct on-disk state (see
+``faultkit.kill_points``); ``SPECULATORS_PATCH_FULL_SWEEP=1`` tries every step. The figures
+(tried, of how many, and the outcomes) are printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -14,33 +17,40 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import Tree
+from faultkit import FULL_SWEEP, Tree, error_points, kill_points, recovery_starts
 
 
-def _kill_sweep(tree: Tree, which: str, start_patched: bool) -> tuple[int, dict[str, int], list[str]]:
+def _kill_sweep(tree: Tree, which: str, start_patched: bool) -> tuple[list[str], list[int], dict[str, int], list[str]]:
     tree.reset(patched=start_patched)
     steps = tree.steps(tree.request(which))
-    outcomes: dict[str, int] = {}
+    points = kill_points(steps)
+    outcomes: dict[str, int] = {"pristine": 0, "patched": 0, "corrupt": 0, "litter": 0, "needs repair": 0}
     bad = []
-    for k in range(1, len(steps) + 1):
+    for k in points:
         tree.reset(patched=start_patched)
         assert tree.run(tree.request(which), fault=f"kill@{k}") is None, f"step {k} did not kill"
         answer = tree.next_command()
         verdict = tree.verdict() if answer and answer.get("ok") and not answer["ok"]["state_problem"] else \
             f"needs repair: {answer}"
-        outcomes[verdict.split(":")[0]] = outcomes.get(verdict.split(":")[0], 0) + 1
+        outcomes[verdict.split(":")[0]] += 1
         if verdict not in ("pristine", "patched"):
             bad.append(f"kill at step {k} ({steps[k - 1]}): {verdict}")
-    return len(steps), outcomes, bad
+    return steps, points, outcomes, bad
+
+
+def _tried(points: list, of: int) -> str:
+    return f"{len(points)} of {of} steps" + ("" if len(points) == of else " (sampled)")
 
 
 @pytest.mark.parametrize("which,start_patched", [("apply", False), ("revert", True)], ids=["commit", "revert"])
 def test_kill_at_every_step(reqs, tmp_path, figures, which, start_patched):
-    n, outcomes, bad = _kill_sweep(Tree(tmp_path, reqs), which, start_patched)
-    figures[f"kill points tried ({'commit' if which == 'apply' else 'revert'})"] = f"{n}: {outcomes}"
+    steps, points, outcomes, bad = _kill_sweep(Tree(tmp_path, reqs), which, start_patched)
+    figures[f"kill points tried ({'commit' if which == 'apply' else 'revert'})"] = \
+        f"{_tried(points, len(steps))}: {outcomes['pristine']} pristine, {outcomes['patched']} patched, " \
+        f"{outcomes['corrupt'] + outcomes['litter']} corrupt, {outcomes['needs repair']} needing repair"
     assert not bad, "\n".join(bad)
     # both ends are reached: the sweep really crosses the commit point
-    assert set(outcomes) == {"pristine", "patched"}
+    assert outcomes["pristine"] and outcomes["patched"]
 
 
 def test_kill_at_every_step_of_recovery(reqs, tmp_path, figures):
@@ -50,9 +60,10 @@ def test_kill_at_every_step_of_recovery(reqs, tmp_path, figures):
     tree.reset()
     commit_steps = tree.steps(tree.request("apply"))
     tried, states, bad = 0, 0, []
-    # Every 4th commit kill point that leaves a record (the run time stays modest), and
-    # the last one; recovery is killed at each of its own steps from each of them.
-    for k in sorted(set(range(2, len(commit_steps) + 1, 4)) | {len(commit_steps)}):
+    # Recovery is killed at each of its own steps, from commits killed at the points
+    # ``recovery_starts`` gives (every one in the full sweep) that leave a record.
+    starts = recovery_starts(commit_steps)
+    for k in starts:
         tree.reset()
         tree.run(tree.request("apply"), fault=f"kill@{k}")
         if not (tree.state / "journal.json").exists() and not (tree.state / "cleanup.json").exists():
@@ -72,7 +83,9 @@ def test_kill_at_every_step_of_recovery(reqs, tmp_path, figures):
             verdict = tree.verdict() if answer["ok"]["state_problem"] is None else f"needs repair: {answer}"
             if verdict not in ("pristine", "patched"):
                 bad.append(f"commit killed at {k}, recovery killed at {r} ({recovery_steps[r - 1]}): {verdict}")
-    figures["kill points tried (recovery)"] = f"{tried} (every recovery step, from {states} interrupted commits)"
+    figures["kill points tried (recovery)"] = \
+        f"{tried} (every recovery step, from {states} interrupted commits: commit killed at {len(starts)} of " \
+        f"{len(commit_steps)} steps{'' if FULL_SWEEP else ', sampled'}), {len(bad)} corrupt or needing repair"
     assert tried > 0 and not bad, "\n".join(bad)
 
 
@@ -97,8 +110,9 @@ def test_error_at_every_step_is_rolled_back_at_once(reqs, tmp_path, figures, kin
     for which, start in (("apply", False), ("revert", True)):
         tree.reset(patched=start)
         steps = tree.steps(tree.request(which))
+        points = error_points(steps, kind)
         bad = []
-        for k in range(1, len(steps) + 1):
+        for k in points:
             tree.reset(patched=start)
             answer = tree.run(tree.request(which), fault=f"{kind}@{k}")
             assert answer is not None
@@ -108,9 +122,10 @@ def test_error_at_every_step_is_rolled_back_at_once(reqs, tmp_path, figures, kin
                 ("patched" if start is False else "pristine")
             if verdict != expected:
                 bad.append(f"{which} {kind} at step {k} ({steps[k - 1]}): {verdict}; answer {answer}")
-        counts[which] = len(steps)
+        counts[which] = _tried(points, len(steps))
         assert not bad, "\n".join(bad)
-    figures[f"{kind} injected at every step"] = counts
+    figures[f"{kind} injected"] = f"apply {counts['apply']}, revert {counts['revert']}; 0 half-done (each rolled back " \
+        "at once before the commit point, standing after it)"
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
@@ -176,8 +191,9 @@ def test_disk_full_at_several_levels(reqs, tmp_path, figures, space_check):
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
     figures[f"disk-full trials ({'preflight' if space_check else 'real ENOSPC'})"] = \
-        f"{tried} ({len(LEVELS_KIB)} levels x apply, revert), 0 half-patched; " \
-        f"refused at {sorted(k for k, v in results.items() if v == 'refused')}"
+        f"{tried} ({len(LEVELS_KIB)} levels x apply, revert), 0 half-patched; " + "; ".join(
+            f"{op} refused at {[k for k in LEVELS_KIB if results[f'{op}@{k}KiB'] == 'refused']} KiB free, done above"
+            for op in ("apply", "revert"))
     assert "refused" in results.values() and "done" in results.values()
 
 
