@@ -26,7 +26,9 @@ from patcher.registry import all_patches, select
 from patcher.transport import Transport, local_transport
 from patcher.verify import STALE_FIX, CallsCheck, recorded_states, verify, verify_calls
 
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+# sys.stdout is None when the tool is started with standard output closed (``>&-``); that
+# is refused in one line by ``_Group.main``, so building the console must not fail first.
+out = Console(highlight=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 120)
 
 
 @dataclass

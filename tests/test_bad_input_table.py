@@ -216,8 +216,12 @@ DAMAGE = [
     ("backup replaced by garbage, revert --only", True, _write(lambda s: _backup(s, GENERATOR), b"\x00garbage"),
      ("revert --only SP004",)),
     ("backup deleted", True, _delete(lambda s: _backup(s, GENERATOR)), ("revert", "apply")),
-    ("file modified after patching (diff previews apply's refusal)", True, _append(GEN, b"# local edit\n"),
-     ("diff", "apply")),
+    # Updated upstream after patching (the pristine file plus a line, as `git pull` in an
+    # editable install): apply would have to rewrite a modified file, so it refuses
+    # (naming --adopt) and diff previews that refusal. (A comment appended to the patched
+    # file is `modified` too, but then nothing needs rewriting: both say there is nothing to do.)
+    ("file updated upstream after patching (diff previews apply's refusal)", True,
+     lambda s: GEN(s).write_bytes(_backup(s, GENERATOR).read_bytes() + b"\nUPSTREAM_ADDED = 1\n"), ("diff", "apply")),
 ]
 
 
