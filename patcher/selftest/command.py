@@ -43,7 +43,8 @@ SYMPTOMS = (
     (r"truth value of a Tensor|ambiguous", ("SP006",)),
     (r"get_input_embeddings", ("SP007",)),
     (r"does not support hidden state extraction|has no attribute 'model'", ("SP008",)),
-    (r"mem_get_info|Torch not compiled with CUDA", ("SP011", "SP015")),
+    (r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver", ("SP011", "SP015")),
+    (r"modeling_attn_mask_utils", ("SP014",)),
     (r"eos_token_id", ("SP013", "SP018")),
     (r"not found in captured states", ("SP017",)),
 )

@@ -271,8 +271,11 @@ def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int
         if "order" in outputs and "order-again" in outputs:
             report["repeat_max_abs_diff"] = repeat_difference(outputs["order"][1], outputs["order-again"][1])
     report["seconds"]["total"] = round(time.time() - t0, 1)
+    # The repeated batch is judged like every case, against the reference; its bit-identity
+    # with the first call is reported, not required (GPU kernels with atomics, e.g. fused MoE,
+    # need not reproduce bits; the CPU engine does, and the e2e tier asserts it there).
     report["ok"] = "error" not in report and all(c.get("ok") for c in report["cases"]) and \
-        len(report["cases"]) == len(case_defs.CASES) and report.get("repeat_max_abs_diff") == 0.0
+        len(report["cases"]) == len(case_defs.CASES)
     progress(f"{arch}: {'ok' if report['ok'] else 'FAILED'} in {report['seconds']['total']:.0f} s")
     return report
 
