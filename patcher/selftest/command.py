@@ -134,7 +134,8 @@ def render(report: dict, console: Console) -> None:
         if arch["cases"]:
             console.print(table)
         s = arch["seconds"]
-        console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
+        if s.get("total") is not None:
+            console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
                                              if k in s))
         if "repeat_max_abs_diff" in arch:
             console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
@@ -145,7 +146,8 @@ def render(report: dict, console: Console) -> None:
         if "error" in arch:
             e = arch["error"]
             fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
-            console.print(f"  [red]generator failed[/red] at {e['stage']}{fix}:", highlight=False)
+            what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
+            console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
             lines = f"{e['type']}: {e['message']}".splitlines()
             for line in lines[:6] + (["…"] if len(lines) > 6 else []):
                 console.print(f"    {line}", markup=False, highlight=False)

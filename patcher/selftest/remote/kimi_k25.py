@@ -207,6 +207,9 @@ def _language_state(hf_config, text_config: dict, seed: int) -> dict:
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(hf_config)  # float32 init, then rounded to bf16
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    from .tiny_models import refuse_fused_experts
+
+    refuse_fused_experts(state, "kimi_k25")
     gen = torch.Generator().manual_seed(seed + 1)
     for key in sorted(state):
         if key.endswith(".mlp.gate.e_score_correction_bias"):

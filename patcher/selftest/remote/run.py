@@ -253,7 +253,12 @@ def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int
     report: dict = {"arch": arch, "tp": tp, "device": device, "cases": [], "seconds": {}}
     t0 = time.time()
     model_dir = workdir / arch
-    text_config = tiny_models.build(arch, model_dir, config, device, tp)
+    try:
+        text_config = tiny_models.build(arch, model_dir, config, device, tp)
+    except tiny_models.UnsupportedModel as exc:
+        report.update(error=_error("build", exc), layers=[], ok=False)
+        progress(f"{arch}: cannot build: {exc}")
+        return report
     layers = case_defs.layer_ids(text_config["num_hidden_layers"])
     report.update(layers=layers, model={k: text_config.get(k) for k in (
         "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "rope_scaling", "llama_4_scaling",
