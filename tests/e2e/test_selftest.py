@@ -121,32 +121,32 @@ def test_selftest_fails_with_the_real_error_when_unpatched(tmp_path_factory):
 
 
 def test_selftest_over_ssh_gives_the_local_figures_and_leaves_nothing(target_016, all_archs_016, sshd, ssh_config):
-    before = set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*"))
     proc = cli("selftest", "--host", "gpu-box", "--target", str(target_016), "--arch", "llama", "--json",
                "--ssh-config", str(ssh_config), timeout=SELFTEST_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    remote = json.loads(proc.stdout)["selftest"]["archs"][0]
-    local = all_archs_016[1]["selftest"]["archs"][0]
+    report = json.loads(proc.stdout)["selftest"]
+    remote, local = report["archs"][0], all_archs_016[1]["selftest"]["archs"][0]
     assert [c["layers"] for c in remote["cases"]] == [c["layers"] for c in local["cases"]]
     assert "llama: starting vLLM" in proc.stderr  # progress relayed as it happens
-    assert set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) == before
+    assert report["workdir"].startswith(tempfile.gettempdir()) and not Path(report["workdir"]).exists()
 
 
-def test_interrupted_selftest_removes_its_directory(target_016):
-    before = set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*"))
+def test_interrupted_selftest_removes_its_directory(target_016, tmp_path):
+    # The target's temp dir is this test's own (TMPDIR reaches the target's interpreter), so
+    # other selftests running on the machine cannot blur the check.
     proc = subprocess.Popen([sys.executable, "-m", "patcher", "selftest", "--target", str(target_016)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
     deadline = time.monotonic() + 300
     for line in iter(proc.stderr.readline, b""):
         if b"starting vLLM" in line or time.monotonic() > deadline:
             break
-    during = set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) - before
+    during = list(tmp_path.glob("speculators-patch-selftest-*"))
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
     proc.wait(timeout=120)
     assert during, "selftest did not create its temporary directory"
     assert proc.returncode != 0
-    assert set(Path(tempfile.gettempdir()).glob("speculators-patch-selftest-*")) == before
+    assert list(tmp_path.glob("speculators-patch-selftest-*")) == []
 
 
 def test_selftest_names_the_kimi_failure_verify_used_to_miss_on_018(tmp_path_factory):
