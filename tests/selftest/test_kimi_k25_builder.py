@@ -27,9 +27,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerFast
 from PIL import Image
 
-spec = importlib.util.spec_from_file_location("kimi_k25", sys.argv[1])
-kimi = importlib.util.module_from_spec(spec); spec.loader.exec_module(kimi)
 sys.path.insert(0, sys.argv[2])
+from patcher.selftest.remote import kimi_k25 as kimi  # as selftest ships it: inside its package
 from fixtures.models import DEEPSEEK_V3
 dest = Path(sys.argv[3])
 vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", "<pad>"])}
