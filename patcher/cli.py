@@ -24,6 +24,7 @@ from patcher.engine import Snapshot
 from patcher.errors import UserError
 from patcher.registry import all_patches, select
 from patcher.transport import Transport, local_transport
+from patcher.selftest.command import ARCHS as SELFTEST_ARCHS
 from patcher.verify import STALE_FIX, CallsCheck, recorded_states, verify, verify_calls
 
 # sys.stdout is None when the tool is started with standard output closed (``>&-``); that
@@ -489,7 +490,7 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
 
 @main.command()
 @connection_options
-@click.option("--arch", "archs", multiple=True, type=click.Choice(["llama", "deepseek_v3", "kimi_k25"]),
+@click.option("--arch", "archs", multiple=True, type=click.Choice(SELFTEST_ARCHS),
               help="Architecture to build and check; repeatable (default: llama, plus --model's).")
 @click.option("--model", metavar="PATH", help="A real model's directory or config.json on the target: "
               "a tiny model of its architecture is checked too.")

@@ -19,11 +19,12 @@ from rich.table import Table
 
 from patcher.engine import Snapshot
 from patcher.errors import UserError
+from patcher.selftest.remote import tiny_models
 from patcher.transport import Transport
 
 REMOTE = Path(__file__).parent / "remote"
 MARKER = "@@speculators-patch-selftest@@"
-ARCHS = ("llama", "deepseek_v3", "kimi_k25")
+ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build
 # Per-token cosine similarity to transformers bf16, every (prompt, layer, token), must reach
 # min(COSINE_FLOOR, 1 - 4 x (1 - c)) where c is transformers' own bf16-vs-fp32 cosine for that
 # prompt and layer (remote/run.py bound_for). Correct captures of the default tiny models
