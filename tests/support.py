@@ -18,6 +18,10 @@ sys.path.insert(0, str(ROOT / "fixtures"))
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"
+EAGLE = "speculators/models/eagle.py"  # SP014
+PYDANTIC_UTILS = "speculators/utils/pydantic_utils.py"  # SP019
+# What a full apply rewrites in speculators 0.3.0, whatever the vLLM release.
+PATCHED_FILES = sorted([GENERATOR, WORKER, EAGLE, PYDANTIC_UTILS])
 CLI = [sys.executable, "-m", "patcher"]
 
 
