@@ -1023,12 +1023,72 @@ def speculators_vllm_imports(tree):
     return found
 
 
-def collect_sources(read, seeds, package="vllm"):
+def attribute_types(cls, follow):
+    """The types ``cls`` declares for the attributes named in ``follow``, as written.
+
+    Annotations of ``self.a: T = ...`` and class-level ``a: T``, constructors of
+    ``self.a = T(...)``, and return annotations of methods ``a``. Returns
+    [(dotted name, method it is written in or None)]: a method's own imports bind first.
+    """
+    found = []
+
+    def names_in(expr, where):
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            try:
+                expr = ast.parse(expr.value, mode="eval").body
+            except SyntaxError:
+                return
+        for node in ast.walk(expr):
+            parts = []
+            while isinstance(node, ast.Attribute):
+                parts.insert(0, node.attr)
+                node = node.value
+            if isinstance(node, ast.Name):
+                found.append((".".join([node.id] + parts), where))
+
+    for item in cls.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id in follow:
+            names_in(item.annotation, None)
+        if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if item.name in follow and item.returns is not None:
+            names_in(item.returns, item)
+        for node in ast.walk(item):
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                    and target.value.id == "self" and target.attr in follow):
+                continue
+            if isinstance(node, ast.AnnAssign):
+                names_in(node.annotation, item)
+            elif isinstance(node.value, ast.Call):
+                names_in(node.value.func, item)
+    return found
+
+
+def local_import(fn, name, module, is_pkg):
+    """(module, name) that ``from ... import`` inside function ``fn`` binds to ``name``, or None."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _absolute(module, is_pkg, node.level, node.module or ""), alias.name
+    return None
+
+
+def attributes_read(trees):
+    """Every attribute name read in the given modules (``x.name`` anywhere)."""
+    return {n.attr for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def collect_sources(read, seeds, package="vllm", follow=frozenset()):
     """Every file of ``package`` needed to resolve ``seeds`` to their definitions.
 
     seeds: [(module, name or None)]; read(path) -> bytes or None. Follows re-exports, star
-    imports and submodules, and for a class its bases and decorators, recursively.
-    Returns {path: bytes or None} (None: the file does not exist).
+    imports and submodules, and for a class its bases and decorators, recursively; with
+    ``follow`` (attribute names), also the declared types of those attributes of each class
+    (``attribute_types``), so that reads like ``runner.input_batch.req_id_to_index`` can be
+    checked class by class. Returns {path: bytes or None} (None: the file does not exist).
     """
     files, trees = {}, {}
 
@@ -1064,10 +1124,15 @@ def collect_sources(read, seeds, package="vllm"):
         elif hit[0] == "module":
             queue.append((hit[1], None))
         elif isinstance(hit[1], ast.ClassDef):
-            for dotted in referenced_names(hit[1]):
+            named = [(d, None, True) for d in referenced_names(hit[1])]
+            named += [(d, fn, False) for d, fn in (attribute_types(hit[1], follow) if follow else [])]
+            for dotted, fn, is_base in named:
                 head, _, rest = dotted.partition(".")
+                local = local_import(fn, head, module, parsed[1]) if fn is not None else None
                 bound = names.get(head)
-                if not rest:
+                if local is not None and not rest:
+                    queue.append(local)
+                elif not rest and (is_base or bound):  # a type: only names the module binds
                     queue.append((module, head))
                 elif bound and bound[0] == "module":
                     target, _, last = (bound[1] + "." + rest).rpartition(".")
@@ -1082,7 +1147,9 @@ def sources(request):
               root (e.g. speculators/data_generation), "symbols": [[module, name]] to resolve
               besides the ones those modules import from vLLM,
               "import_path": optional {"start": module, "packages": [name]} (see import_path),
-              "env": optional [variable names] whose values in this process are returned}
+              "env": optional [variable names] whose values in this process are returned,
+              "follow_attributes": optional bool: also the vLLM classes of the attributes
+              speculators reads (see collect_sources)}
     Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}} plus
     "import_path" and "env" when asked.
     """
@@ -1096,14 +1163,18 @@ def sources(request):
         if entry.endswith(".py"):
             spec[request["speculators_dir"] + "/" + entry] = _read(os.path.join(spec_dir, entry))
     seeds = [tuple(s) for s in request.get("symbols", [])]
+    trees = []
     for data in spec.values():
         try:
-            seeds += speculators_vllm_imports(ast.parse(data))
+            trees.append(ast.parse(data))
         except (SyntaxError, ValueError):
             pass
+    for tree in trees:
+        seeds += speculators_vllm_imports(tree)
     found = {}
     if vllm_root is not None:
-        found = collect_sources(lambda p: _read(os.path.join(vllm_root, p)), seeds)
+        follow = attributes_read(trees) if request.get("follow_attributes") else frozenset()
+        found = collect_sources(lambda p: _read(os.path.join(vllm_root, p)), seeds, follow=follow)
     answer = {"speculators": {p: _b64(d) for p, d in spec.items()},
               "vllm": {p: _b64(d) for p, d in found.items()}}
     if request.get("import_path"):

@@ -595,7 +595,7 @@ def _defines(cls: ast.ClassDef, name: str) -> bool:
 def fetch(transport: Transport, site_packages: str | None = None) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
     """One ``sources`` exchange: (speculators files, vLLM files) for ``check``."""
     answer = transport.request("sources", site_packages=site_packages, speculators_dir=SPECULATORS_DIR,
-                               symbols=[list(WORKER)])
+                               symbols=[list(WORKER)], follow_attributes=True)
     return decode(answer)
 
 
@@ -612,7 +612,7 @@ def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, byte
     """What ``fetch`` returns, read directly from two directories (tests, benchmarks)."""
     import os
 
-    from patcher.agent import collect_sources
+    from patcher.agent import attributes_read, collect_sources
 
     def read(root: str, path: str) -> bytes | None:
         try:
@@ -623,5 +623,6 @@ def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, byte
 
     spec_dir = os.path.join(speculators_root, SPECULATORS_DIR)
     spec = {f"{SPECULATORS_DIR}/{n}": read(spec_dir, n) for n in sorted(os.listdir(spec_dir)) if n.endswith(".py")}
-    seeds = [WORKER] + [s for d in spec.values() if d for s in speculators_vllm_imports(ast.parse(d))]
-    return spec, collect_sources(lambda p: read(vllm_root, p), seeds)
+    trees = [ast.parse(d) for d in spec.values() if d]
+    seeds = [WORKER] + [s for tree in trees for s in speculators_vllm_imports(tree)]
+    return spec, collect_sources(lambda p: read(vllm_root, p), seeds, follow=attributes_read(trees))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from patcher import callsite, import_path, model_runner
+from patcher import attribute_reads, callsite, import_path, model_runner
 from patcher.callsite import Checked, Finding
 from patcher.import_path import ImportPathCheck
 from patcher.model_runner import RunnerCheck
@@ -117,10 +117,10 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     answer = transport.request(
         "sources", site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
         symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
-        import_path=import_path.request(), env=[model_runner.VARIABLE])
+        import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
     speculators, vllm = callsite.decode(answer)
     checked: list[Checked] = []
-    findings = callsite.check(speculators, vllm, checked)
+    findings = callsite.check(speculators, vllm, checked) + attribute_reads.check(speculators, vllm)
     imports = import_path.check(answer["import_path"])
     runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE))
     if not runtime:
