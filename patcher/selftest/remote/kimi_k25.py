@@ -206,10 +206,9 @@ def _language_state(hf_config, text_config: dict, seed: int) -> dict:
 
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(hf_config)  # float32 init, then rounded to bf16
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    from .tiny_models import refuse_fused_experts
+    from .tiny_models import unfuse_experts
 
-    refuse_fused_experts(state, "kimi_k25")
+    state = unfuse_experts({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()})
     gen = torch.Generator().manual_seed(seed + 1)
     for key in sorted(state):
         if key.endswith(".mlp.gate.e_score_correction_bias"):
@@ -361,16 +360,15 @@ def load_reference(dest: pathlib.Path, dtype, device: str = "cpu"):
     from safetensors.torch import load_file
     from transformers import DeepseekV3ForCausalLM
 
+    from .tiny_models import load_exactly
+
     dest = pathlib.Path(dest)
     text_config = json.loads((dest / "config.json").read_text())["text_config"]
     hf_config = _text_hf_config(text_config)
     prefix = "language_model."
     state = {k[len(prefix):]: v for k, v in load_file(str(dest / "model.safetensors")).items() if k.startswith(prefix)}
     model = DeepseekV3ForCausalLM(hf_config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{dest}: language_model tensors do not match DeepseekV3ForCausalLM "
-                         f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    load_exactly(model, state, dest)
     model = model.to(device=device, dtype=dtype).eval()
     # The router bias is a buffer, so .to(dtype) cast it; vLLM keeps it fp32. Its values are
     # bf16-exact (see _language_state), so only a dtype coarser than bf16 could change them.

@@ -164,15 +164,50 @@ def save_tokenizer(dest: Path, vocab_size: int = VOCAB_SIZE) -> None:
                             pad_token="<pad>").save_pretrained(dest)
 
 
-def refuse_fused_experts(state: dict, model_type: str) -> None:
-    """Raise ``UnsupportedModel`` when transformers holds a MoE layer's experts as one fused
-    tensor (transformers 5): checkpoints, and vLLM's loader, name each expert (measured on
-    vLLM 0.24.0: ``KeyError: 'layers.1.mlp.experts.down_proj'``). Not converted yet, so say
-    so rather than fail inside vLLM's workers."""
-    fused = [k for k in state if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
-    if fused:
-        raise UnsupportedModel(f"selftest cannot build a tiny {model_type} checkpoint with this transformers "
-                               f"(fused expert weights, e.g. {fused[0]}); use --arch llama")
+FUSED_GATE_UP, FUSED_DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"
+
+
+def unfuse_experts(state: dict) -> dict:
+    """The state with each MoE layer's experts named one by one, as checkpoints (and vLLM's
+    loader) name them: ``…mlp.experts.{e}.gate_proj.weight`` / ``up_proj.weight`` [I, H] and
+    ``down_proj.weight`` [H, I]. transformers 5 holds them fused: ``…mlp.experts.gate_up_proj``
+    [E, 2I, H] (gate rows first; ``DeepseekV3NaiveMoe.forward`` chunks ``linear(x, w[e])`` in
+    two) and ``…mlp.experts.down_proj`` [E, H, I]. Other keys, and transformers 4 states
+    (already per expert), are returned unchanged."""
+    out = {}
+    for key, value in state.items():
+        if key.endswith(FUSED_GATE_UP):
+            stem = key[: -len("gate_up_proj")]
+            gate, up = value.chunk(2, dim=1)
+            for e in range(value.shape[0]):
+                out[f"{stem}{e}.gate_proj.weight"] = gate[e].contiguous()
+                out[f"{stem}{e}.up_proj.weight"] = up[e].contiguous()
+        elif key.endswith(FUSED_DOWN):
+            stem = key[: -len("down_proj")]
+            for e in range(value.shape[0]):
+                out[f"{stem}{e}.down_proj.weight"] = value[e].contiguous()
+        else:
+            out[key] = value
+    return out
+
+
+def fuse_experts(state: dict, wanted: set) -> dict:
+    """The inverse of ``unfuse_experts`` for the fused keys a model has (``wanted``: its
+    ``state_dict()`` keys); per-expert keys are stacked back in expert order."""
+    import torch
+
+    out = dict(state)
+    for key in wanted:
+        if key.endswith(FUSED_GATE_UP):
+            stem = key[: -len("gate_up_proj")]
+            n = sum(1 for k in state if k.startswith(stem) and k.endswith(".gate_proj.weight"))
+            out[key] = torch.stack([torch.cat([out.pop(f"{stem}{e}.gate_proj.weight"),
+                                               out.pop(f"{stem}{e}.up_proj.weight")]) for e in range(n)])
+        elif key.endswith(FUSED_DOWN):
+            stem = key[: -len("down_proj")]
+            n = sum(1 for k in state if k.startswith(stem) and k.endswith(".down_proj.weight"))
+            out[key] = torch.stack([out.pop(f"{stem}{e}.down_proj.weight") for e in range(n)])
+    return out
 
 
 def random_state(config: dict, seed: int) -> dict:
@@ -185,8 +220,7 @@ def random_state(config: dict, seed: int) -> dict:
     hf_config = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    refuse_fused_experts(state, config["model_type"])
+    state = unfuse_experts({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()})
     if config["model_type"] == "deepseek_v3":
         gen = torch.Generator().manual_seed(seed + 1)
         for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
@@ -220,7 +254,29 @@ def load_reference(arch: str, model_dir: Path, dtype, device: str):
         from . import kimi_k25
 
         return kimi_k25.load_reference(model_dir, dtype, device)
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    return model.to(device).eval()
+    # Built and loaded by hand rather than from_pretrained: every tensor must come from the
+    # checkpoint (no silent random init), with transformers 5's fused experts re-stacked.
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), torch_dtype=dtype)
+    state = load_file(str(Path(model_dir) / "model.safetensors"))
+    load_exactly(model, state, model_dir)
+    model = model.to(device=device, dtype=dtype).eval()
+    # vLLM keeps DeepSeek's router bias (a buffer, cast by .to) in fp32: so does the reference.
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias") and name in state:
+            buf.data = state[name].to(device=device, dtype=state[name].dtype)
+    return model
+
+
+def load_exactly(model, state: dict, where) -> None:
+    """Load checkpoint-format ``state`` into ``model`` (fusing experts where the model wants
+    them fused). Raises ``ValueError`` naming the first differing keys unless every tensor
+    matches one of the model's (tied ``lm_head.weight`` may be absent)."""
+    wanted = set(model.state_dict())
+    missing, unexpected = model.load_state_dict(fuse_experts(state, wanted), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise ValueError(f"{where}: checkpoint tensors do not match {type(model).__name__} "
+                         f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
