@@ -35,7 +35,7 @@ GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12",
                "SP005": "0.12", "SP006": "0.12", "SP007": "0.12"}
 # Fixes of speculators' own logic, platform use and portable forms, needed on every release.
-EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019"}
+EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021"}
 
 def version_key(release: str) -> tuple[int, ...]:
     return tuple(int(x) for x in release.split(".")[:2])

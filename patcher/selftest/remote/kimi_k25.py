@@ -338,6 +338,18 @@ def build(dest: pathlib.Path, text_config: dict, seed: int) -> None:
         "grid_size": [VISION_CONFIG["init_pos_emb_height"], VISION_CONFIG["init_pos_emb_width"]],
         "merge_kernel_size": VISION_CONFIG["merge_kernel_size"],
         "num_frames_per_chunk": FRAMES_PER_CHUNK,
+        # vLLM >= 0.32 processes media itself (transformers_utils/processors/
+        # kimi_k25_vision_fused.py, KimiK25FusedVisionProcessor) from the checkpoint's
+        # media_proc_cfg, as the real Kimi-K2.5 ships it: the same tiny geometry here.
+        "media_proc_cfg": {
+            "patch_size": ps, "merge_kernel_size": VISION_CONFIG["merge_kernel_size"][0],
+            "in_patch_limit": VISION_CONFIG["init_pos_emb_height"] * VISION_CONFIG["init_pos_emb_width"],
+            "patch_limit_on_one_side": max(VISION_CONFIG["init_pos_emb_height"], VISION_CONFIG["init_pos_emb_width"]),
+            "in_patch_limit_each_frame": VISION_CONFIG["init_pos_emb_height"] * VISION_CONFIG["init_pos_emb_width"],
+            "in_patch_limit_video": VISION_CONFIG["init_pos_emb_height"] * VISION_CONFIG["init_pos_emb_width"],
+            "fixed_output_tokens": None, "temporal_merge_kernel_size": FRAMES_PER_CHUNK,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        },
     }
     (dest / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2, sort_keys=True) + "\n")
 
