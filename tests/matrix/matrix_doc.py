@@ -74,7 +74,7 @@ def row(env: Path, release: str) -> str:
     if runner and runner["severity"] == "warning":
         verdict += " (warning: picks Model Runner V2 by itself unless VLLM_USE_V2_MODEL_RUNNER=0)"
     proofs = proven.proofs_for(release)
-    shown = "; ".join(f"{', '.join(p.archs)} ({p.date})" for p in proofs) or "static only"
+    shown = "; ".join(f"{', '.join(p.archs)} ({p.date}, {p.by})" for p in proofs) or "static only"
     left = findings(after)
     return (f"| {release} | {TRANSFORMERS[release]} | {ranges(picked)} | {findings(before)} | "
             f"{'nothing found' if left == 'none' else left} | {verdict} | {shown} |\n")

@@ -228,3 +228,19 @@ def test_partial_revert_after_downgrade_keeps_the_other_patches(envs, tmp_path):
     manifest = json.loads((site / ".speculators-patch/manifest.json").read_text())
     recorded = set(manifest["files"][GEN]["patches"])
     assert "SP002" not in recorded and {"SP001", "SP004", "SP005"} <= recorded
+
+
+def test_vllm_033_source_is_not_vouched_for_and_each_break_is_named(tmp_path):
+    """vLLM 0.33.0 is published as a CUDA wheel only (torch 2.14; nothing here runs it): after
+    `apply` the static checks name what no shipped patch covers, and verify exits 1."""
+    env = make_sandbox(tmp_path / "env", "0.3.0", "0.33.0", "5.19.0", link=True, vllm_dist="vllm")
+    assert cli("apply", "--target", str(env))[0] == 0
+    code, report = cli("verify", "--target", str(env))
+    assert code == 1 and "newer than the newest release proven" in report["proven"]["beyond"]
+    found = {(f["kind"], f["subject"]) for f in report["calls"]["findings"] if f["severity"] == "error"}
+    # speculators imports KV cache helpers 0.33 removed; SP020's layout broadcast lacks a new
+    # required parameter (the hasattr guard covers the method, not its signature).
+    assert found == {("missing-import", "_get_kv_cache_groups_uniform_spec"),
+                     ("missing-import", "get_kv_cache_config_from_groups"),
+                     ("missing-import", "unify_hybrid_kv_cache_specs"),
+                     ("missing-argument", "cp_kv_cache_interleave_size")}
