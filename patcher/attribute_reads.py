@@ -36,10 +36,12 @@ from patcher.callsite import WORKER, Finding, Index, Symbol, _dotted, _extension
 KIND = "missing-attribute"
 
 
-def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None]) -> list[Finding]:
+def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None],
+          index: Index | None = None) -> list[Finding]:
     """Every read of an attribute a vLLM class does not have, in ``speculators`` modules
-    (path -> source). Files that do not parse are skipped (the patch check reports them)."""
-    index = Index(vllm)
+    (path -> source). Files that do not parse are skipped (the patch check reports them).
+    ``index``: an ``Index`` of ``vllm`` shared with the call-site check (parsed once)."""
+    index = index if index is not None else Index(vllm)
     extensions = [cls for _, cls in _extensions(speculators)]
     worker = index.resolve(*WORKER)
     findings: list[Finding] = []
@@ -73,6 +75,7 @@ class _Class:
                     if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
                         self.own.setdefault(target.attr, []).append((value, fn))
         self._busy: set[int] = set()
+        self._locals: dict[int, dict[str, list[ast.expr]]] = {}  # id(fn) -> name -> assigned values
 
     # -- types --------------------------------------------------------------------------
 
@@ -155,8 +158,7 @@ class _Class:
         if isinstance(expr, ast.Name):
             if expr.id == "self":
                 return "self"
-            values = [v for node in ast.walk(fn) for t, v in _assignments(node)
-                      if isinstance(t, ast.Name) and t.id == expr.id]
+            values = self._assigned(fn).get(expr.id, [])
             types = {self.type_of(v, fn) for v in values} if values else {None}
             found = types.pop() if len(types) == 1 else None
             return found if isinstance(found, Symbol) else None
@@ -184,6 +186,16 @@ class _Class:
                 return self.declared(self.worker, expr.attr) if self.worker is not None else None
             return self.declared(owner, expr.attr) if isinstance(owner, Symbol) else None
         return None
+
+    def _assigned(self, fn: ast.AST) -> dict[str, list[ast.expr]]:
+        if id(fn) not in self._locals:
+            found: dict[str, list[ast.expr]] = {}
+            for node in ast.walk(fn):
+                for target, value in _assignments(node):
+                    if isinstance(target, ast.Name) and value is not None:
+                        found.setdefault(target.id, []).append(value)
+            self._locals[id(fn)] = found
+        return self._locals[id(fn)]
 
     # -- the check ----------------------------------------------------------------------
 

@@ -376,11 +376,12 @@ class _Module:
 
 
 def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None],
-          record: list[Checked] | None = None) -> list[Finding]:
+          record: list[Checked] | None = None, index: Index | None = None) -> list[Finding]:
     """Every call from ``speculators`` modules (path -> source) into vLLM (path -> source)
     that does not fit. Files that do not parse are skipped (the patch check reports them).
-    ``record``, when given, receives every call evaluated (for ``patcher.runtime``)."""
-    index = Index(vllm)
+    ``record``, when given, receives every call evaluated (for ``patcher.runtime``);
+    ``index``, an ``Index`` of ``vllm`` to share parsed modules with another check."""
+    index = index if index is not None else Index(vllm)
     modules = []
     for path, data in sorted(speculators.items()):
         if data is None:

@@ -120,7 +120,8 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
         import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
     speculators, vllm = callsite.decode(answer)
     checked: list[Checked] = []
-    findings = callsite.check(speculators, vllm, checked) + attribute_reads.check(speculators, vllm)
+    index = callsite.Index(vllm)  # each vLLM module parsed once for both checks
+    findings = callsite.check(speculators, vllm, checked, index) + attribute_reads.check(speculators, vllm, index)
     imports = import_path.check(answer["import_path"])
     runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE))
     if not runtime:
