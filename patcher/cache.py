@@ -10,10 +10,12 @@ how the tests compare the fast answers with the full ones.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 NO_FAST_PATH = "SPECULATORS_PATCH_NO_FAST_PATH"
 
@@ -58,3 +60,29 @@ def store(kind: str, digest: str, document: object) -> None:
             tmp.unlink()
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def locked(kind: str, digest: str) -> Iterator[None]:
+    """Hold an exclusive POSIX record lock for ``kind/digest`` (one of 256 lock files per
+    kind, chosen by the digest's first two hex digits), so that of several processes wanting
+    the same entry the first computes it and the others wait, then read it. Without a
+    writable cache, or with the fast paths off, nothing is locked."""
+    import fcntl
+
+    handle = None
+    if enabled():
+        try:
+            folder = directory() / kind / "locks"
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = open(folder / f"{digest[:2]}.lock", "a")
+            fcntl.lockf(handle, fcntl.LOCK_EX)
+        except OSError:
+            if handle is not None:
+                handle.close()
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # closing the file releases the lock

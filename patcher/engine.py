@@ -17,7 +17,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 import patcher
-from patcher import fast_path
+from patcher import fast_path, plan_cache
 from patcher.errors import UserError
 from patcher.patch import Patch, PatchRefused
 from patcher.registry import all_patches
@@ -296,7 +296,7 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
                             f"not a speculators {snap.speculators_version} layout")
         recorded = snap.recorded(path)
         known = fast_path.outcomes(snap, path, source, chosen, recorded)
-        plans.append(plan_file(snap, path, source, chosen, recorded) if known is None
+        plans.append(plan_cache.plan_file(snap, path, source, chosen, recorded) if known is None
                      else FilePlan(path, source, source, known))
     return plans
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from patcher.patch import Patch
 
 EVIDENCE = "vllm-evidence"
+CHECKED = "checked"
 
 
 @lru_cache(maxsize=1)
@@ -44,19 +45,35 @@ def tool() -> str | None:
 def record(path: str, after: bytes, patches: tuple[Patch, ...], python_version: str) -> dict | None:
     """What each of ``patches`` written for ``path`` says about ``after`` (each codemod run
     on it alone): ``{"tool", "python", "satisfied": {id: [version, detail]}}``. Patches that
-    would change it or refuse are left out. None when the tool digest is unknown."""
-    from patcher.engine import parse, transform
-
+    would change it or refuse are left out. None when the tool digest is unknown. Kept in
+    the controller cache too (kind ``checked``), so hosts writing the same bytes run the
+    codemods once."""
     digest = tool()
     if digest is None:
         return None
+    mine = [p for p in patches if p.file == path]
+    key = cache.key({"tool": digest, "python": python_version, "path": path,
+                     "after": hashlib.sha256(after).hexdigest(), "patches": [[p.id, p.version] for p in mine]})
+    with cache.locked(CHECKED, key):
+        stored = cache.load(CHECKED, key)
+        if isinstance(stored, dict) and stored.get("tool") == digest:
+            return stored
+        found = _run_alone(path, after, mine, python_version)
+        made = {"tool": digest, "python": python_version, "satisfied": found}
+        cache.store(CHECKED, key, made)
+        return made
+
+
+def _run_alone(path: str, after: bytes, patches: list[Patch], python_version: str) -> dict[str, list]:
+    from patcher.engine import parse, transform
+
     module = parse(path, after, python_version)
     satisfied = {}
-    for patch in (p for p in patches if p.file == path):
+    for patch in patches:
         verdict, _, detail = transform(patch, module)
         if verdict == "satisfied":
             satisfied[patch.id] = [patch.version, detail]
-    return {"tool": digest, "python": python_version, "satisfied": satisfied}
+    return satisfied
 
 
 def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
@@ -95,13 +112,14 @@ def evidence(files: dict[str, bytes | None], compute) -> dict:
         return compute()
     key = cache.key({"tool": digest, "files": {p: None if d is None else hashlib.sha256(d).hexdigest()
                                                for p, d in sorted(files.items())}})
-    stored = cache.load(EVIDENCE, key)
-    if isinstance(stored, list):
-        try:
-            return {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
-        except TypeError:
-            pass
-    found = compute()
-    cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found]]
-                                for (pid, symbol), e in found.items()])
-    return found
+    with cache.locked(EVIDENCE, key):
+        stored = cache.load(EVIDENCE, key)
+        if isinstance(stored, list):
+            try:
+                return {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
+            except TypeError:
+                pass
+        found = compute()
+        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found]]
+                                    for (pid, symbol), e in found.items()])
+        return found
