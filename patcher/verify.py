@@ -8,16 +8,18 @@ speculators has it. Nothing is imported and nothing is written.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
-from patcher.callsite import Checked, Finding
-from patcher.import_path import ImportPathCheck
-from patcher.model_runner import RunnerCheck
 from patcher.engine import FilePlan, Snapshot, plan, written_for
 from patcher.patch import Patch, VllmFact
 from patcher.registry import all_patches
-from patcher.transport import Transport
 from patcher.vllm_source import Evidence
+
+if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
+    from patcher.callsite import Checked, Finding
+    from patcher.import_path import ImportPathCheck
+    from patcher.model_runner import RunnerCheck
+    from patcher.transport import Transport
 
 
 STALE_FIX = "speculators-patch revert && speculators-patch apply"
@@ -117,6 +119,8 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
     agent confirms that nothing they were computed from changed (``patcher.calls_cache``)."""
+    from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
+
     request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
                    symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
                    import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
