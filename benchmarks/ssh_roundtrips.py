@@ -66,7 +66,8 @@ def _child_cpu() -> float:
 def run(*args: str, cache: Path) -> tuple[float, float, dict]:
     """One CLI run with --json: (wall seconds, local CPU seconds, parsed output). The CPU
     time is the CLI's and its children's (workers, ssh clients), not the remote agent's."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECULATORS_PATCH_CACHE": str(cache)}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},  # bytecode as after pip install
+           "PYTHONPATH": str(ROOT), "SPECULATORS_PATCH_CACHE": str(cache)}
     cpu, start = _child_cpu(), time.perf_counter()
     proc = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True, cwd=ROOT, env=env)
     seconds, cpu = time.perf_counter() - start, _child_cpu() - cpu

