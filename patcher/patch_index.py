@@ -48,10 +48,18 @@ def tool_digest(package: str) -> str | None:
 
 class LazyCodemod:
     """Stands for a patch's codemod class until it is used: calling it or reading any of its
-    attributes imports the patch module (and libcst) and answers with the real class."""
+    attributes (``__module__``, ``__name__``, ``__qualname__`` and ``__doc__`` included)
+    imports the patch module (and libcst) and answers with the real class."""
+
+    FORWARDED = frozenset({"__module__", "__name__", "__qualname__", "__doc__"})
 
     def __init__(self, module: str) -> None:
         self.module = module
+
+    def __getattribute__(self, name: str):
+        if name in LazyCodemod.FORWARDED:
+            return getattr(object.__getattribute__(self, "resolve")(), name)
+        return object.__getattribute__(self, name)
 
     def resolve(self) -> type:
         return importlib.import_module(self.module).PATCH.codemod
