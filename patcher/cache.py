@@ -26,6 +26,7 @@ def enabled() -> bool:
 
 
 def directory() -> Path:
+    """``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``); may not exist yet."""
     base = os.environ.get("SPECULATORS_PATCH_CACHE") or Path.home() / ".cache" / "speculators-patch"
     return Path(base) / "fast"
 

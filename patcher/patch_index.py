@@ -62,6 +62,7 @@ class LazyCodemod:
         return object.__getattribute__(self, name)
 
     def resolve(self) -> type:
+        """The real codemod class (imports the patch module, and libcst, on first use)."""
         return importlib.import_module(self.module).PATCH.codemod
 
     def __call__(self, *args, **kwargs):
@@ -117,6 +118,7 @@ def load(digest: str | None) -> tuple[Patch, ...] | None:
 
 
 def save(digest: str | None, patches: tuple[Patch, ...], modules: dict[str, str]) -> None:
+    """Store ``patches`` under ``digest`` (nothing when either cannot be stored)."""
     rows = dump(patches, modules)
     if digest is not None and rows is not None:
         cache.store(KIND, digest, rows)
