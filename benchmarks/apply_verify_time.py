@@ -58,7 +58,7 @@ def main(n: int) -> None:
         times: dict[str, list[float]] = {}
         for i in range(n):
             env = str(make_sandbox(Path(tmp) / f"env{i}", transformers=TRANSFORMERS))
-            for name, argv in (("apply (3 files written)", [*CLI, "apply", "--target", env]),
+            for name, argv in (("apply (fresh copy)", [*CLI, "apply", "--target", env]),
                                ("apply again (no-op)", [*CLI, "apply", "--target", env]),
                                ("verify (first on target)", [*CLI, "verify", "--target", env]),
                                ("verify", [*CLI, "verify", "--target", env]),
