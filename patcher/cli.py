@@ -11,9 +11,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import click
 
