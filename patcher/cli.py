@@ -11,25 +11,49 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 import patcher
-from patcher import engine, proven
-from patcher.engine import Snapshot
 from patcher.errors import UserError
-from patcher.registry import all_patches, select
-from patcher.transport import Transport, local_transport
-from patcher.selftest.command import ARCHS as SELFTEST_ARCHS
-from patcher.verify import STALE_FIX, CallsCheck, recorded_states, verify, verify_calls
+from patcher.selftest.remote.tiny_models import ARCHS as _TINY_ARCHS
 
-# sys.stdout is None when the tool is started with standard output closed (``>&-``); that
-# is refused in one line by ``_Group.main``, so building the console must not fail first.
-out = Console(highlight=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 120)
+# Imported where used, not here: ``--version`` imports none of these, read-only commands
+# on a patched install never import libcst, and rich is imported only to render
+# (docs/speed.md).
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from patcher import engine
+    from patcher.engine import Snapshot
+    from patcher.transport import Transport
+    from patcher.verify import CallsCheck
+
+SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.selftest.command.ARCHS)
+
+
+def _console() -> Console:
+    """The console for standard output. sys.stdout is None when the tool is started with
+    standard output closed (``>&-``); that is refused in one line by ``_Group.main``."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 120)
+
+
+def select(only: tuple[str, ...], skip: tuple[str, ...]):
+    """``patcher.registry.select``, imported on first use."""
+    from patcher.registry import select as chosen
+
+    return chosen(only, skip)
+
+
+def escape(text: str) -> str:
+    """rich markup escaped (``rich.markup.escape``, imported on first use)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 @dataclass
@@ -48,6 +72,8 @@ def connect(target: str | None, host: str | None = None, ssh_config: str | None 
         from patcher.ssh import ssh_transport
 
         return ssh_transport(host, target, ssh_config)
+    from patcher.transport import local_transport
+
     return local_transport(target)
 
 
@@ -111,6 +137,10 @@ DRY_RUN_WORDS = {"pending": "would apply", "applied": "applied earlier", "satisf
 
 
 def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = None) -> Table:
+    from rich.table import Table
+
+    from patcher.registry import all_patches
+
     table = Table(title=title, title_justify="left")
     for col in ("patch", "state", "title"):
         table.add_column(col)
@@ -124,6 +154,8 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
 
 
 def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False) -> Report:
+    from patcher import engine
+
     engine.check_supported(snap)
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
@@ -147,6 +179,8 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
 
 
 def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
+    from patcher import engine
+
     engine.check_supported(snap)
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
@@ -164,6 +198,9 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
 
 
 def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
+    from patcher import engine
+    from patcher.verify import STALE_FIX, recorded_states
+
     engine.check_supported(snap)
     plans = engine.plan(snap, chosen)
     rows = _outcome_rows(plans)
@@ -186,6 +223,9 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
 
 
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
+    from patcher import engine, proven
+    from patcher.verify import verify, verify_calls
+
     engine.check_supported(snap)
     facts, checks = verify(snap)
     ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
@@ -211,6 +251,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     }
 
     def render(console: Console) -> None:
+        from rich.table import Table
+
         table = Table(title=f"vLLM {snap.vllm.version} facts (static read of {snap.vllm_root})", title_justify="left")
         for col in ("patch", "vLLM symbol", "holds", "evidence", "found"):
             table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
@@ -283,6 +325,8 @@ def _render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
 
 
 def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:
+    from patcher import engine
+
     result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
     changed = [p.path for p in result.plans if p.changed]
     data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "would_change": changed}
@@ -303,6 +347,8 @@ def run_on_target(target, host, ssh_config, action: Callable[[Transport, Snapsho
     changed between the read and the commit (e.g. another node applied meanwhile)."""
     if ssh_config and host is None:
         raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
+    from patcher import engine
+
     transport, site_packages = connect(target, host, ssh_config)
     with transport:
         snap = engine.read_snapshot(transport, site_packages)
@@ -323,9 +369,12 @@ def _emit(report: Report, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({**report.data, "notes": report.notes, "exit_code": report.exit_code}, indent=1))
     else:
-        for note in report.notes:
-            Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}")
-        report.render(out)
+        if report.notes:
+            from rich.console import Console
+
+            for note in report.notes:
+                Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}")
+        report.render(_console())
 
 
 def target_options(f):
@@ -434,6 +483,8 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
     """Rebuild a damaged or lost record from the files and the verified pristine copies."""
 
     def command(host):
+        from patcher import engine
+
         if ssh_config and host is None:
             raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
         transport, site_packages = connect(target, host, ssh_config)
@@ -507,6 +558,8 @@ def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, devic
 
 
 def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float, host: str | None) -> Report:
+    from rich.console import Console
+
     from patcher.selftest.command import render, run_remote, summarize
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -522,6 +575,10 @@ def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(as_json):
     """List every patch with the vLLM fact it depends on."""
+    from rich.table import Table
+
+    from patcher.registry import all_patches
+
     rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
              "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
                         "first_release": f.first_release} for f in p.facts]}
@@ -535,4 +592,4 @@ def list_command(as_json):
     for r in rows:
         deps = "; ".join(f"{f['symbol']} ({', '.join(f['modules'])}, >= {f['first_release']})" for f in r["facts"])
         table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or "speculators' own logic")
-    out.print(table)
+    _console().print(table)

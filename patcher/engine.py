@@ -11,19 +11,21 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import libcst as cst
-from libcst.codemod import CodemodContext, SkipFile
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 import patcher
+from patcher import fast_path, plan_cache
 from patcher.errors import UserError
 from patcher.patch import Patch, PatchRefused
 from patcher.registry import all_patches
 from patcher.transport import Transport
 from patcher.vllm_source import Evidence, VllmSource
 
+if TYPE_CHECKING:  # libcst is imported only where a codemod must really run (docs/speed.md)
+    import libcst as cst
 
 
 def sha256(data: bytes) -> str:
@@ -65,9 +67,12 @@ class Snapshot:
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
-        """Evidence per (patch id, fact symbol), each probe run once."""
+        """Evidence per (patch id, fact symbol), each probe run once (or read from the cache
+        of evidence for these very vLLM files: ``fast_path.evidence``)."""
         assert self.vllm is not None
-        return {(p.id, f.symbol): f.probe(self.vllm) for p in all_patches() for f in p.facts}
+        vllm = self.vllm
+        return fast_path.evidence(vllm.files, lambda: {(p.id, f.symbol): f.probe(vllm)
+                                                       for p in all_patches() for f in p.facts})
 
     def file_state(self, path: str) -> str:
         """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``."""
@@ -188,6 +193,8 @@ class FilePlan:
 
 
 def _parser_config(python_version: str) -> cst.PartialParserConfig:
+    import libcst as cst
+
     known = cst.KNOWN_PYTHON_VERSION_STRINGS
     version = python_version if python_version in known else max(known, key=lambda v: tuple(map(int, v.split("."))))
     return cst.PartialParserConfig(python_version=version)
@@ -195,6 +202,8 @@ def _parser_config(python_version: str) -> cst.PartialParserConfig:
 
 def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
     """Parse with the target interpreter's grammar. Raises ``UserError`` on a syntax error."""
+    import libcst as cst
+
     try:
         return cst.parse_module(source, config=_parser_config(python_version))
     except (UnicodeError, LookupError, ValueError, SyntaxError) as e:  # undecodable bytes, a bad coding cookie, NUL
@@ -214,6 +223,8 @@ def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
     Returns ``(verdict, module, detail)`` with verdict ``changed``, ``satisfied`` or
     ``refused`` (``detail`` then names file:line and the expected shape).
     """
+    from libcst.codemod import CodemodContext, SkipFile
+
     try:
         new = patch.codemod(CodemodContext(filename=patch.file)).transform_module(module)
     except SkipFile as e:
@@ -240,6 +251,9 @@ def needed(snap: Snapshot, patch: Patch) -> bool:
     return all(snap.evidence[(patch.id, f.symbol)].holds for f in patch.facts)
 
 
+NOT_NEEDED = "the installed vLLM does not need it"
+
+
 def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
               recorded: dict[str, int], only_needed: bool = True) -> FilePlan:
     """Run the chosen patches for ``path`` in order on ``source`` (deterministic).
@@ -251,7 +265,7 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
     module = parse(path, source, snap.python_version)
     for patch in (p for p in chosen if p.file == path):
         if only_needed and not needed(snap, patch):
-            plan.outcomes.append(Outcome(patch, "not-needed", "the installed vLLM does not need it"))
+            plan.outcomes.append(Outcome(patch, "not-needed", NOT_NEEDED))
             continue
         verdict, module, detail = transform(patch, module)
         if verdict == "changed":
@@ -280,7 +294,10 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
         if source is None:
             raise UserError(f"{path} not found under {snap.speculators_root}: "
                             f"not a speculators {snap.speculators_version} layout")
-        plans.append(plan_file(snap, path, source, chosen, snap.recorded(path)))
+        recorded = snap.recorded(path)
+        known = fast_path.outcomes(snap, path, source, chosen, recorded)
+        plans.append(plan_cache.plan_file(snap, path, source, chosen, recorded) if known is None
+                     else FilePlan(path, source, source, known))
     return plans
 
 
@@ -334,6 +351,10 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
         pristine[p.path] = base64.b64encode(original).decode()
         keep.update({o.patch.id: o.patch.version for o in p.outcomes if o.state == "pending"})
         files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
+        checked = fast_path.record(p.path, p.after, written_for(snap.speculators_version, all_patches()),
+                                   snap.python_version)
+        if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
+            files[p.path]["checked"] = checked
     return _commit(transport, snap, changed, pristine, _manifest(snap, files), plans)
 
 

@@ -118,6 +118,24 @@ def _jobs() -> int:
     return int((ctx.meta.get("speculators_patch.jobs") if ctx else None) or DEFAULT_JOBS)
 
 
+def _warm() -> None:
+    """Import, in the parent, what every host's command needs (the engine, the checks, the
+    patch list, the tool digest), so the forked workers share it instead of each importing
+    and reading it again. A failure here is left for each host to report as its own."""
+    import importlib
+
+    try:
+        for name in ("patcher.engine", "patcher.verify", "patcher.calls_cache", "patcher.attribute_reads", "patcher.ssh"):
+            importlib.import_module(name)
+        from patcher import fast_path
+        from patcher.registry import all_patches
+
+        all_patches()
+        fast_path.tool()
+    except Exception:  # the same failure is raised again, per host, by the command itself
+        pass
+
+
 def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, jobs: int | None = None) -> int:
     """Run ``command`` on every host, at most ``jobs`` at once; print progress and a summary.
 
@@ -130,6 +148,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     results: dict[str, HostResult] = {}
     workers = min(jobs, len(hosts))
     _COMMAND = command
+    _warm()
     pool = _pool(workers)
     try:
         futures = {pool.submit(_run_inherited, h): h for h in hosts}  # workers start here, before any progress thread

@@ -9,11 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import libcst as cst
-from libcst.codemod import SkipFile, VisitorBasedCodemodCommand
-from libcst.metadata import PositionProvider
-
 if TYPE_CHECKING:
+    from patcher.codemod_base import PatchCodemod
     from patcher.vllm_source import Evidence, VllmSource
 
 
@@ -86,38 +83,11 @@ class Patch:
     requires: tuple[str, ...] = ()
 
 
-class PatchCodemod(VisitorBasedCodemodCommand):
-    """Base class for our codemods: libcst's visitor codemod plus two verdicts.
+def __getattr__(name: str):
+    """``PatchCodemod`` on first use: it subclasses libcst's codemod command, and importing
+    libcst (0.3-0.5 s) is left to the commands that really run a codemod (docs/speed.md)."""
+    if name == "PatchCodemod":
+        from patcher.codemod_base import PatchCodemod
 
-    Subclasses use matchers in ``leave_*``/``visit_*`` and call ``self.already_satisfied``
-    or ``self.refuse`` from ``transform_module_impl`` checks. Positions are available
-    through ``PositionProvider`` for refusal messages.
-    """
-
-    # Positions cost a full pass per codemod, so they are only resolved to word a refusal:
-    # the engine re-runs a refusing codemod with ``with_positions()``.
-    METADATA_DEPENDENCIES: tuple = ()
-
-    @classmethod
-    def with_positions(cls) -> type[PatchCodemod]:
-        # libcst caches inherited dependencies in a class attribute; a subclass would
-        # inherit the parent's cached (empty) set, so set the cache explicitly.
-        deps = (PositionProvider,)
-        return type(cls.__name__, (cls,), {
-            "METADATA_DEPENDENCIES": deps,
-            "_INHERITED_METADATA_DEPENDENCIES_CACHE": frozenset(deps),
-        })
-
-    def already_satisfied(self, why: str) -> None:
-        """Stop: the code already has the fix. Raises ``libcst.codemod.SkipFile``."""
-        raise SkipFile(f"already satisfied: {why}")
-
-    def refuse(self, node: cst.CSTNode | None, expected: str) -> None:
-        """Stop without changing anything. Raises ``PatchRefused`` naming file:line."""
-        where = self.context.filename or "<source>"
-        if node is not None:
-            try:
-                where += f":{self.get_metadata(PositionProvider, node).start.line}"
-            except KeyError:  # positions not resolved on this run
-                pass
-        raise PatchRefused(f"{where}: unrecognised code, expected {expected}")
+        return PatchCodemod
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

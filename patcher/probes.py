@@ -7,6 +7,7 @@ Every probe reads the static source only and reports the line and the code it fo
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Callable
 
 from patcher.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
@@ -14,10 +15,25 @@ from patcher.vllm_source import Evidence, VllmSource, parameter_names, required_
 Probe = Callable[[VllmSource], Evidence]
 
 
+def _recorded(builder: Callable[..., Probe]) -> Callable[..., Probe]:
+    """Each probe remembers how it was built (``probe.recipe = (builder name, args,
+    kwargs)``), so the patch list can be kept as data and its probes rebuilt without
+    importing the codemods (``patcher.patch_index``)."""
+
+    @functools.wraps(builder)
+    def build(*args, **kwargs) -> Probe:
+        probe = builder(*args, **kwargs)
+        probe.recipe = (builder.__name__, list(args), dict(kwargs))
+        return probe
+
+    return build
+
+
 def _missing(path: str, what: str) -> Evidence:
     return Evidence(False, path, None, f"{what} not found")
 
 
+@_recorded
 def init_field_required(path: str, cls: str, name: str) -> Probe:
     """Holds when dataclass ``cls`` declares ``name: InitVar[...]`` without a default."""
 
@@ -32,6 +48,7 @@ def init_field_required(path: str, cls: str, name: str) -> Probe:
     return probe
 
 
+@_recorded
 def field_default(path: str, cls: str, name: str, value: str) -> Probe:
     """Holds when ``cls.name`` defaults to ``value`` (source text, e.g. ``True``)."""
 
@@ -45,6 +62,7 @@ def field_default(path: str, cls: str, name: str, value: str) -> Probe:
     return probe
 
 
+@_recorded
 def parameter_absent(path: str, qualname: str, param: str) -> Probe:
     """Holds when function ``qualname`` exists and no longer takes ``param``."""
 
@@ -57,6 +75,7 @@ def parameter_absent(path: str, qualname: str, param: str) -> Probe:
     return probe
 
 
+@_recorded
 def parameter_required(path: str, qualname: str, param: str) -> Probe:
     """Holds when function ``qualname`` takes ``param`` without a default."""
 
@@ -69,6 +88,7 @@ def parameter_required(path: str, qualname: str, param: str) -> Probe:
     return probe
 
 
+@_recorded
 def method_defined(path: str, qualname: str, param: str | None = None) -> Probe:
     """Holds when ``qualname`` is defined (and, if given, takes ``param``)."""
 
@@ -82,6 +102,7 @@ def method_defined(path: str, qualname: str, param: str | None = None) -> Probe:
     return probe
 
 
+@_recorded
 def returns_not_list(path: str, qualname: str) -> Probe:
     """Holds when ``qualname``'s return annotation is not ``list[...]`` (a single value)."""
 
@@ -95,6 +116,7 @@ def returns_not_list(path: str, qualname: str) -> Probe:
     return probe
 
 
+@_recorded
 def class_lacks_base(path: str, cls: str, base: str) -> Probe:
     """Holds when class ``cls`` exists and does not list ``base`` among its bases."""
 

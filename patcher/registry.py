@@ -1,7 +1,9 @@
 """The patch registry: every ``PATCH`` defined in ``patches/``, validated and ordered.
 
 ``patches/`` ships as the package ``speculators_patch_codemods`` (see pyproject.toml);
-dropping a module there registers it.
+dropping a module there registers it. Once the modules have been imported and checked, their
+metadata is kept in the patch index (``patcher.patch_index``), so later runs that run no
+codemod do not import libcst.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from functools import lru_cache
 
 from packaging.specifiers import SpecifierSet
 
+from patcher import cache, patch_index
 from patcher.errors import UserError
-from patcher.patch import Patch, PatchCodemod
+from patcher.patch import Patch
 
 PACKAGE = "speculators_patch_codemods"
 _ID = re.compile(r"^SP\d{3}$")
@@ -22,14 +25,32 @@ _ID = re.compile(r"^SP\d{3}$")
 
 @lru_cache(maxsize=1)
 def all_patches() -> tuple[Patch, ...]:
-    """Every registered patch, ordered by (file, order). Raises ``RuntimeError`` on bad metadata."""
+    """Every registered patch, ordered by (file, order). Raises ``RuntimeError`` on bad metadata.
+
+    From the patch index when it holds this exact code (codemods imported on first use),
+    else by importing every module (and then the index is written)."""
+    digest = patch_index.tool_digest(PACKAGE) if cache.enabled() else None
+    indexed = patch_index.load(digest)
+    if indexed is not None:
+        return indexed
+    patches, modules = _import_all()
+    patch_index.save(digest, patches, modules)
+    return patches
+
+
+def _import_all() -> tuple[tuple[Patch, ...], dict[str, str]]:
+    """Import and check every patch module: (patches ordered, {id: module name})."""
+    from patcher.codemod_base import PatchCodemod
+
     package = importlib.import_module(PACKAGE)
     found: list[Patch] = []
+    modules: dict[str, str] = {}
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"{PACKAGE}.{info.name}")
         patch = getattr(module, "PATCH", None)
         if patch is None:
             continue
+        modules[patch.id] = module.__name__
         problems = []
         if not _ID.match(patch.id):
             problems.append(f"id {patch.id!r} is not SPnnn")
@@ -50,7 +71,7 @@ def all_patches() -> tuple[Patch, ...]:
         dupes = {v for v in values if values.count(v) > 1}
         if dupes:
             raise RuntimeError(f"duplicate patch {key}s: {sorted(dupes)}")
-    return tuple(sorted(found, key=lambda p: (p.file, p.order, p.id)))
+    return tuple(sorted(found, key=lambda p: (p.file, p.order, p.id))), modules
 
 
 def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:

@@ -8,16 +8,18 @@ speculators has it. Nothing is imported and nothing is written.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from patcher import attribute_reads, callsite, import_path, model_runner
-from patcher.callsite import Checked, Finding
-from patcher.import_path import ImportPathCheck
-from patcher.model_runner import RunnerCheck
 from patcher.engine import FilePlan, Snapshot, plan, written_for
 from patcher.patch import Patch, VllmFact
 from patcher.registry import all_patches
-from patcher.transport import Transport
 from patcher.vllm_source import Evidence
+
+if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
+    from patcher.callsite import Checked, Finding
+    from patcher.import_path import ImportPathCheck
+    from patcher.model_runner import RunnerCheck
+    from patcher.transport import Transport
 
 
 STALE_FIX = "speculators-patch revert && speculators-patch apply"
@@ -113,11 +115,23 @@ class CallsCheck:
 def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
-    the imports the generator's import runs; the model runner switch."""
-    answer = transport.request(
-        "sources", site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
-        symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
-        import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
+    the imports the generator's import runs; the model runner switch.
+
+    Without ``runtime`` the findings of an earlier run on this target are reused when the
+    agent confirms that nothing they were computed from changed (``patcher.calls_cache``)."""
+    from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
+
+    request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
+                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
+                   import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
+    earlier = None if runtime else calls_cache.lookup(snap, request)
+    answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
+    stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
+    if stored is not None:
+        findings, checked, imports, vllm = stored
+        return CallsCheck(findings, checked, None, imports, model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE)))
+    if answer.get("unchanged"):  # an entry that cannot be read back: read in full
+        answer = transport.request("sources", **request)
     speculators, vllm = callsite.decode(answer)
     checked: list[Checked] = []
     index = callsite.Index(vllm)  # each vLLM module parsed once for both checks
@@ -125,6 +139,7 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     imports = import_path.check(answer["import_path"])
     runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE))
     if not runtime:
+        calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
         return CallsCheck(findings, checked, None, imports, runner)
     from patcher.runtime import runtime_verify  # only verify --runtime needs it
 

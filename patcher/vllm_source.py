@@ -41,6 +41,11 @@ class VllmSource:
         self._trees: dict[str, ast.Module | None] = {}
         self.version = version
 
+    @property
+    def files(self) -> dict[str, bytes | None]:
+        """The fetched files (path -> bytes, ``None`` where the install lacks the file)."""
+        return dict(self._files)
+
     def has(self, path: str) -> bool:
         return self._files.get(path) is not None
 

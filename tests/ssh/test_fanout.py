@@ -39,6 +39,25 @@ def test_eight_hosts_in_parallel_from_a_hosts_file(tmp_path, fleet, fleet_envs):
     assert {h["outcome"] for h in again["hosts"]} == {"unchanged"}
 
 
+def test_identical_hosts_cost_one_plan(tmp_path, fleet, fleet_envs):
+    """Eight hosts with the same files, patches and vLLM facts: each file is planned (and
+    its written bytes checked) once, whichever host asked first; every host gets the same
+    result as a single apply here."""
+    _, config = fleet
+    cache = tmp_path / "cache"
+    hosts = [a for i in range(1, FLEET + 1) for a in ("--host", f"node{i}")]
+    r = remote(config, "apply", *hosts, "--target", "~/ml-env", "--json", env={"SPECULATORS_PATCH_CACHE": str(cache)})
+    assert r.returncode == 0, r.stderr
+    assert {h["outcome"] for h in json.loads(r.stdout)["hosts"]} == {"changed"}
+    files = {p["file"] for p in json.loads(r.stdout)["hosts"][0]["report"]["patches"]}
+    assert len(list((cache / "fast" / "plans").glob("*.json"))) == len(files)  # not one per host
+    assert len(list((cache / "fast" / "checked").glob("*.json"))) == len(files)
+    here = make_sandbox(tmp_path / "here")
+    run_cli("apply", "--target", str(here), env={"SPECULATORS_PATCH_NO_FAST_PATH": "1"})
+    for env in fleet_envs:
+        assert tree_digest(site_packages(env)) == tree_digest(site_packages(here))
+
+
 def test_one_host_failing_does_not_stop_or_touch_the_others(tmp_path, fleet, fleet_envs):
     _, config = fleet
     node3 = tree_digest(fleet_envs[2])

@@ -1,0 +1,89 @@
+"""The controller's own cache: small JSON documents named by the digest of what they were
+computed from, so an entry can never answer for other inputs (docs/speed.md).
+
+Location: ``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``).
+Every failure to read or write it is silent: the cache only ever saves time, the command
+then computes the answer itself. ``SPECULATORS_PATCH_NO_FAST_PATH=1`` turns off every fast
+path (this cache, the patch index and the manifest's record of checked patches), which is
+how the tests compare the fast answers with the full ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+NO_FAST_PATH = "SPECULATORS_PATCH_NO_FAST_PATH"
+
+
+def enabled() -> bool:
+    """False when ``$SPECULATORS_PATCH_NO_FAST_PATH`` is set to anything but ``""``/``0``."""
+    return os.environ.get(NO_FAST_PATH, "") in ("", "0")
+
+
+def directory() -> Path:
+    """``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``); may not exist yet."""
+    base = os.environ.get("SPECULATORS_PATCH_CACHE") or Path.home() / ".cache" / "speculators-patch"
+    return Path(base) / "fast"
+
+
+def key(document: object) -> str:
+    """sha256 (hex) of a JSON-able document, keys sorted."""
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def load(kind: str, digest: str) -> object | None:
+    """The document stored under ``kind/digest``, or None (absent, unreadable, disabled)."""
+    if not enabled():
+        return None
+    try:
+        return json.loads((directory() / kind / f"{digest}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def store(kind: str, digest: str, document: object) -> None:
+    """Write ``document`` under ``kind/digest`` atomically (temporary file + rename); never raises."""
+    if not enabled():
+        return
+    folder = directory() / kind
+    tmp = folder / f"{digest}.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document), encoding="utf-8")
+        os.replace(tmp, folder / f"{digest}.json")
+    except (OSError, TypeError, ValueError):
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def locked(kind: str, digest: str) -> Iterator[None]:
+    """Hold an exclusive POSIX record lock for ``kind/digest`` (one of 256 lock files per
+    kind, chosen by the digest's first two hex digits), so that of several processes wanting
+    the same entry the first computes it and the others wait, then read it. Without a
+    writable cache, or with the fast paths off, nothing is locked."""
+    import fcntl
+
+    handle = None
+    if enabled():
+        try:
+            folder = directory() / kind / "locks"
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = open(folder / f"{digest[:2]}.lock", "a")
+            fcntl.lockf(handle, fcntl.LOCK_EX)
+        except OSError:
+            if handle is not None:
+                handle.close()
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # closing the file releases the lock

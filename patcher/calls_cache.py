@@ -1,0 +1,84 @@
+"""``verify``'s call-site and import-path findings, kept for the next run on the same target.
+
+Those checks read some 600 files of speculators, vLLM and transformers (about 3 MB): the
+agent parses them to follow imports, sends them, and the controller parses them again,
+about 1.5 s on this 2-core machine. Their findings depend on nothing but those files, the
+package roots and two directory listings, which the agent reports with its answer
+(``reads``: every path with its sha256). The next ``verify`` on the same target sends that
+record back as ``expect``; the agent re-reads and re-hashes the files (tens of ms) and, when
+every digest and listing is the same, answers ``unchanged`` and the findings stored here
+stand. Any difference, and the agent answers in full as before. ``verify --runtime``
+always reads in full (it needs the parsed calls).
+
+The cache entry is named by the target (its label, interpreter, site-packages and roots),
+the request and the digest of the checking code; it lives in ``patcher.cache``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from patcher import cache, model_runner
+from patcher.callsite import Checked, Finding
+from patcher.import_path import ImportFinding, ImportPathCheck
+
+if TYPE_CHECKING:
+    from patcher.engine import Snapshot
+
+KIND = "verify-calls"
+CODE = ("agent.py", "callsite.py", "attribute_reads.py", "import_path.py", "model_runner.py", "calls_cache.py", "verify.py")
+
+
+@lru_cache(maxsize=1)
+def _code_digest() -> str:
+    h = hashlib.sha256()
+    for name in CODE:
+        h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _key(snap: Snapshot, request: dict) -> str:
+    return cache.key({"code": _code_digest(), "request": request,
+                      "target": [snap.label, snap.python, snap.site_packages, snap.speculators_root, snap.vllm_root]})
+
+
+def lookup(snap: Snapshot, request: dict) -> dict | None:
+    """The stored entry for this target and request ({"reads", ...}), or None."""
+    entry = cache.load(KIND, _key(snap, request))
+    return entry if isinstance(entry, dict) and isinstance(entry.get("reads"), dict) else None
+
+
+def save(snap: Snapshot, request: dict, reads: dict | None, findings: list[Finding], checked: list[Checked],
+         imports: ImportPathCheck, vllm: dict[str, bytes | None]) -> None:
+    """Store what was found, with the ``reads`` it was computed from (none: nothing stored)."""
+    if not reads:
+        return
+    runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode()
+                    for p in (model_runner.WORKER, model_runner.CONFIG)}
+    cache.store(KIND, _key(snap, request), {
+        "reads": reads,
+        "findings": [f.__dict__ for f in findings],
+        "checked": [[c.file, c.line, c.label, list(c.target)] for c in checked],
+        "imports": {"findings": [f.__dict__ for f in imports.findings], "modules": imports.modules,
+                    "checked": imports.checked},
+        "runner_files": runner_files,
+    })
+
+
+def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck, dict[str, bytes | None]] | None:
+    """(findings, checked calls, import-path check, the model-runner files) of an entry, or
+    None when it is not of the shape ``save`` writes. The checked calls carry no parsed call
+    or signature (only ``verify --runtime`` needs them, and it never reads this cache)."""
+    try:
+        findings = [Finding(**f) for f in entry["findings"]]
+        checked = [Checked(file, line, label, tuple(target), None) for file, line, label, target in entry["checked"]]
+        imports = ImportPathCheck([ImportFinding(**f) for f in entry["imports"]["findings"]],
+                                  list(entry["imports"]["modules"]), int(entry["imports"]["checked"]))
+        vllm = {p: None if d is None else base64.b64decode(d) for p, d in entry["runner_files"].items()}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return findings, checked, imports, vllm

@@ -1,0 +1,125 @@
+"""Answers the read-only paths can give without running a codemod (docs/speed.md).
+
+``apply`` records in the manifest, for each file it writes, what every codemod written for
+that file says about the bytes it wrote (``checked``: the tool that ran them, the target's
+grammar version, and per patch id its version and the "already satisfied" detail). A later
+``status``, ``verify``, ``diff`` or ``apply`` on a file whose sha256 is still that patched
+digest, with the same tool and grammar, then knows each needed patch's outcome without
+parsing: every recorded patch leaves the file as it is, so each codemod would have run on
+the very bytes it was recorded on, whichever others were selected. Whether a patch is needed
+is always decided from the installed vLLM's facts read in this run, as on the full path.
+A needed patch with no record, another version, a changed file or another tool: the full
+codemod path, which gives these answers by construction (``tests/test_fast_path.py``
+compares the two on every state a file can be in).
+
+vLLM evidence (the probes' reading of the fact modules) is cached by the digests of the
+files it is read from (``patcher.cache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from patcher import cache
+from patcher.vllm_source import Evidence
+
+if TYPE_CHECKING:
+    from patcher.engine import Outcome, Snapshot
+    from patcher.patch import Patch
+
+EVIDENCE = "vllm-evidence"
+CHECKED = "checked"
+
+
+@lru_cache(maxsize=1)
+def tool() -> str | None:
+    """The digest of the codemods and of the tool code their outcomes depend on."""
+    from patcher.patch_index import tool_digest
+    from patcher.registry import PACKAGE
+
+    return tool_digest(PACKAGE)
+
+
+def record(path: str, after: bytes, patches: tuple[Patch, ...], python_version: str) -> dict | None:
+    """What each of ``patches`` written for ``path`` says about ``after`` (each codemod run
+    on it alone): ``{"tool", "python", "satisfied": {id: [version, detail]}}``. Patches that
+    would change it or refuse are left out. None when the tool digest is unknown. Kept in
+    the controller cache too (kind ``checked``), so hosts writing the same bytes run the
+    codemods once."""
+    digest = tool()
+    if digest is None:
+        return None
+    mine = [p for p in patches if p.file == path]
+    key = cache.key({"tool": digest, "python": python_version, "path": path,
+                     "after": hashlib.sha256(after).hexdigest(), "patches": [[p.id, p.version] for p in mine]})
+    with cache.locked(CHECKED, key):
+        stored = cache.load(CHECKED, key)
+        if isinstance(stored, dict) and stored.get("tool") == digest:
+            return stored
+        found = _run_alone(path, after, mine, python_version)
+        made = {"tool": digest, "python": python_version, "satisfied": found}
+        cache.store(CHECKED, key, made)
+        return made
+
+
+def _run_alone(path: str, after: bytes, patches: list[Patch], python_version: str) -> dict[str, list]:
+    from patcher.engine import parse, transform
+
+    module = parse(path, after, python_version)
+    satisfied = {}
+    for patch in patches:
+        verdict, _, detail = transform(patch, module)
+        if verdict == "satisfied":
+            satisfied[patch.id] = [patch.version, detail]
+    return satisfied
+
+
+def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
+             recorded: dict[str, int]) -> list[Outcome] | None:
+    """The outcomes ``engine.plan_file`` would give, from the manifest's record, or None
+    when the record does not answer for these bytes, patches, tool and grammar."""
+    from patcher.engine import NOT_NEEDED, Outcome, needed
+
+    if not cache.enabled():
+        return None
+    entry = ((snap.manifest or {}).get("files") or {}).get(path)
+    checked = entry.get("checked") if isinstance(entry, dict) else None
+    if not isinstance(checked, dict) or not isinstance(checked.get("satisfied"), dict):
+        return None
+    if entry.get("patched_sha256") != hashlib.sha256(source).hexdigest():
+        return None
+    if checked.get("python") != snap.python_version or checked.get("tool") != tool():
+        return None
+    found = []
+    for patch in (p for p in chosen if p.file == path):
+        if not needed(snap, patch):
+            found.append(Outcome(patch, "not-needed", NOT_NEEDED))
+            continue
+        rec = checked["satisfied"].get(patch.id)
+        if not (isinstance(rec, list) and len(rec) == 2 and rec[0] == patch.version and isinstance(rec[1], str)):
+            return None
+        found.append(Outcome(patch, "applied" if patch.id in recorded else "satisfied", rec[1]))
+    return found
+
+
+def evidence(files: dict[str, bytes | None], compute) -> dict:
+    """``compute()`` (evidence per (patch id, fact symbol)), cached by the digests of the
+    vLLM fact modules it reads and the tool's code."""
+    digest = tool()
+    if digest is None or not cache.enabled():
+        return compute()
+    key = cache.key({"tool": digest, "files": {p: None if d is None else hashlib.sha256(d).hexdigest()
+                                               for p, d in sorted(files.items())}})
+    with cache.locked(EVIDENCE, key):
+        stored = cache.load(EVIDENCE, key)
+        if isinstance(stored, list):
+            try:
+                return {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
+            except TypeError:
+                pass
+        found = compute()
+        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found]]
+                                    for (pid, symbol), e in found.items()])
+        return found

@@ -1,0 +1,124 @@
+"""The patch list as data, so reading it does not import the codemods (and libcst with them).
+
+Every patch module defines a libcst codemod class, so importing ``patches/`` imports libcst
+(0.3-0.5 s, most of it ``libcst.matchers``). ``status``, ``verify`` and a no-op ``apply``
+need only the patches' metadata and their vLLM probes. The first run imports the modules
+as ever and stores that metadata in the cache (``patcher.cache``), keyed by ``tool_digest``:
+the bytes of every codemod module, of the tool modules a codemod's outcome depends on, and
+of libcst's ``_version.py``. Later runs rebuild ``Patch`` objects from it; each one's
+``codemod`` is a ``LazyCodemod`` that imports its module on first use. Any edit to a patch
+changes the key, so a stale index is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+from pathlib import Path
+
+from patcher import cache, probes
+from patcher.patch import Patch, VllmFact
+
+KIND = "patch-index"
+# Tool modules whose code decides what a codemod does or how its outcome is reported.
+TOOL_FILES = ("patch.py", "codemod_base.py", "codemods.py", "cst_helpers.py", "probes.py", "engine.py",
+              "patch_index.py", "registry.py", "fast_path.py", "plan_cache.py")
+
+
+def tool_digest(package: str) -> str | None:
+    """sha256 of the codemod package's modules, the tool modules above and libcst's version
+    file; None when a file cannot be found or read (then nothing is cached)."""
+    h = hashlib.sha256()
+    try:
+        spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        libcst = importlib.util.find_spec("libcst")
+        if not locations or libcst is None or libcst.origin is None:
+            return None
+        files = sorted(p for loc in locations for p in Path(loc).glob("*.py"))
+        files += [Path(__file__).parent / name for name in TOOL_FILES]
+        files.append(Path(libcst.origin).parent / "_version.py")
+        for f in files:
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    except (OSError, ImportError, ValueError):
+        return None
+    return h.hexdigest()
+
+
+class LazyCodemod:
+    """Stands for a patch's codemod class until it is used: calling it or reading any of its
+    attributes (``__module__``, ``__name__``, ``__qualname__`` and ``__doc__`` included)
+    imports the patch module (and libcst) and answers with the real class."""
+
+    FORWARDED = frozenset({"__module__", "__name__", "__qualname__", "__doc__"})
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def __getattribute__(self, name: str):
+        if name in LazyCodemod.FORWARDED:
+            return getattr(object.__getattribute__(self, "resolve")(), name)
+        return object.__getattribute__(self, name)
+
+    def resolve(self) -> type:
+        """The real codemod class (imports the patch module, and libcst, on first use)."""
+        return importlib.import_module(self.module).PATCH.codemod
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy/pickle protocol lookups: not the class's
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
+
+
+def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | None:
+    """The metadata of ``patches`` as JSON-able data; ``modules`` maps a patch id to the module
+    defining its ``PATCH``. None when a probe cannot be rebuilt from data (no ``recipe``)."""
+    rows = []
+    for p in patches:
+        facts = []
+        for f in p.facts:
+            recipe = getattr(f.probe, "recipe", None)
+            if recipe is None:
+                return None
+            facts.append({"summary": f.summary, "modules": list(f.modules), "symbol": f.symbol,
+                          "first_release": f.first_release, "probe": recipe})
+        rows.append({"id": p.id, "name": p.name, "version": p.version, "title": p.title, "file": p.file,
+                     "module": modules[p.id], "facts": facts, "speculators": p.speculators, "order": p.order,
+                     "portable": p.portable, "requires": list(p.requires)})
+    return rows
+
+
+def build(rows: list[dict]) -> tuple[Patch, ...]:
+    """``Patch`` objects from ``dump``'s rows (codemods lazy). Raises KeyError, TypeError or
+    AttributeError on rows of another shape."""
+    patches = []
+    for r in rows:
+        facts = tuple(VllmFact(f["summary"], tuple(f["modules"]), f["symbol"], f["first_release"],
+                               getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2])) for f in r["facts"])
+        patches.append(Patch(r["id"], r["name"], r["version"], r["title"], r["file"], LazyCodemod(r["module"]),
+                             facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"])))
+    return tuple(patches)
+
+
+def load(digest: str | None) -> tuple[Patch, ...] | None:
+    """The patches stored for ``digest``, or None (not stored, damaged, or fast paths off)."""
+    if digest is None:
+        return None
+    rows = cache.load(KIND, digest)
+    if not isinstance(rows, list):
+        return None
+    try:
+        return build(rows)
+    except (KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+
+def save(digest: str | None, patches: tuple[Patch, ...], modules: dict[str, str]) -> None:
+    """Store ``patches`` under ``digest`` (nothing when either cannot be stored)."""
+    rows = dump(patches, modules)
+    if digest is not None and rows is not None:
+        cache.store(KIND, digest, rows)

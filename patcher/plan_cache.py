@@ -1,0 +1,59 @@
+"""Plans shared between runs and between hosts: each distinct file planned once.
+
+A file's plan (``engine.plan_file``) depends on nothing but its bytes, the selected patches
+written for it (ids and versions), which of them the installed vLLM needs (its facts, not
+its files), the patches this tool recorded as applied to it, the target's grammar version
+and the codemods' code. Those, hashed, name the plan in the controller cache
+(``patcher.cache``, kind ``plans``). Several hosts of a fan-out (forked workers) asking for
+the same plan at once take the entry's lock: the first plans, the others wait and read, so
+eight identical hosts cost one plan. A plan that cannot be made (a syntax error) is not
+stored; the next run tries again and refuses in the same words.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import TYPE_CHECKING
+
+from patcher import cache, fast_path
+
+if TYPE_CHECKING:
+    from patcher.engine import FilePlan, Snapshot
+    from patcher.patch import Patch
+
+KIND = "plans"
+
+
+def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
+              recorded: dict[str, int]) -> FilePlan:
+    """``engine.plan_file(snap, path, source, chosen, recorded)``, from the cache when this
+    exact plan was made before (here or by another host). Raises what ``plan_file`` raises."""
+    from patcher import engine
+
+    tool = fast_path.tool()
+    if tool is None or not cache.enabled():
+        return engine.plan_file(snap, path, source, chosen, recorded)
+    mine = [p for p in chosen if p.file == path]
+    key = cache.key({"tool": tool, "python": snap.python_version, "path": path,
+                     "source": hashlib.sha256(source).hexdigest(), "recorded": recorded,
+                     "patches": [[p.id, p.version, engine.needed(snap, p)] for p in mine]})
+    with cache.locked(KIND, key):
+        stored = _load(cache.load(KIND, key), path, source, mine)
+        if stored is not None:
+            return stored
+        made = engine.plan_file(snap, path, source, chosen, recorded)
+        cache.store(KIND, key, {"after": base64.b64encode(made.after).decode("ascii"),
+                                "outcomes": [[o.patch.id, o.state, o.detail] for o in made.outcomes]})
+        return made
+
+
+def _load(entry: object, path: str, source: bytes, patches: list[Patch]) -> FilePlan | None:
+    from patcher.engine import FilePlan, Outcome
+
+    by_id = {p.id: p for p in patches}
+    try:
+        outcomes = [Outcome(by_id[pid], state, detail) for pid, state, detail in entry["outcomes"]]
+        return FilePlan(path, source, base64.b64decode(entry["after"]), outcomes)
+    except (KeyError, TypeError, ValueError):
+        return None

