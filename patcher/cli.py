@@ -155,7 +155,8 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
     by_id = {p.id: p for p in all_patches()}
     users = any(by_id[r["id"]].origin != "shipped" for r in rows)  # the origin column only where it says something
     for col in ("patch", "state", "title", *(("origin",) if users else ())):
-        table.add_column(col)
+        # long origins (paths) fold rather than lose their middle, and never squeeze the ids
+        table.add_column(col, no_wrap=col == "patch" and users, overflow="fold" if col == "origin" else "ellipsis")
     colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
               "stale": "red", "source-changed": "red"}
     for r in sorted(rows, key=lambda r: r["id"]):
