@@ -109,6 +109,13 @@ def test_refuses_code_it_does_not_know():
 '''
 
 
+def render(patch_id: str, file: str, name: str, speculators: str = "0.3.0") -> tuple[str, str]:
+    """The patch file's and its test file's source (``name``: the patch file's name)."""
+    fields = {"id": patch_id, "file": file, "name": name, "test_name": f"test_{name}", "speculators": speculators,
+              "cls": patch_id.capitalize() + "Codemod", "slug": patch_id.lower()}
+    return PATCH_TEMPLATE.format(**fields), TEST_TEMPLATE.format(**fields)
+
+
 def write(patch_id: str, file: str, output: str, speculators: str = "0.3.0", force: bool = False) -> tuple[Path, Path]:
     """Write the patch file ``output`` and ``test_<output name>`` next to it.
 
@@ -128,12 +135,11 @@ def write(patch_id: str, file: str, output: str, speculators: str = "0.3.0", for
     for path in (out, test):
         if path.exists() and not force:
             raise UserError(f"{path} exists; choose another -o or pass --force to overwrite")
-    fields = {"id": patch_id, "file": file, "name": out.name, "test_name": test.name, "speculators": speculators,
-              "cls": patch_id.capitalize() + "Codemod", "slug": patch_id.lower()}
+    patch_source, test_source = render(patch_id, file, out.name, speculators)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(PATCH_TEMPLATE.format(**fields), encoding="utf-8")
-        test.write_text(TEST_TEMPLATE.format(**fields), encoding="utf-8")
+        out.write_text(patch_source, encoding="utf-8")
+        test.write_text(test_source, encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot write {e.filename}: {e.strerror}") from None
     return out, test

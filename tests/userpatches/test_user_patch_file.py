@@ -141,7 +141,7 @@ BROKEN = [
     pytest.param(FIX001.replace('name="kv-cache-half"', 'name="disable-prefix-caching"'), "already taken by SP004",
                  id="name clash with a shipped patch"),
     pytest.param(FIX001.replace("version=1", "version=0"), "version must be an integer >= 1", id="bad version"),
-    pytest.param(FIX001.replace("cst.parse_expression(NEW)", "1 / 0"), "its codemod raised ZeroDivisionError",
+    pytest.param(FIX001.replace("new_value = cst.parse_expression(NEW)", "new_value = 1 / 0"), "its codemod raised ZeroDivisionError",
                  id="codemod raises"),
     pytest.param("import nothing_like_this\n", "loading it raised ModuleNotFoundError", id="import fails"),
 ]
