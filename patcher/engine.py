@@ -22,7 +22,7 @@ from patcher.errors import UserError
 from patcher.patch import Patch, PatchRefused
 from patcher.registry import add_recorded, all_patches, shipped_patches
 from patcher.transport import Transport
-from patcher.userpatches import record
+from patcher.userpatches import record as user_records
 from patcher.vllm_source import Evidence, VllmSource
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod must really run (docs/speed.md)
@@ -391,7 +391,7 @@ def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], prist
 
 
 def _manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
-    """The manifest to write for ``files``; user patches get a record (``record.KEY``):
+    """The manifest to write for ``files``; user patches get a record (``user_records.KEY``):
     from their loaded source when applied now (``fresh``), else as recorded before."""
     if not files:
         return None
@@ -401,9 +401,9 @@ def _manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None
         "vllm_versions": snap.vllm.version if snap.vllm else None,
         "files": files,
     }
-    users = record.merged(snap.manifest, files, fresh or {})
+    users = user_records.merged(snap.manifest, files, fresh or {})
     if users:
-        manifest[record.KEY] = users
+        manifest[user_records.KEY] = users
     return manifest
 
 
@@ -521,7 +521,7 @@ def repair(transport: Transport, site_packages: str | None) -> tuple[Snapshot, l
                             f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again")
     pristine = {p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
                 for p, e in files.items()}
-    recorded_before = record.records(snap.manifest)
+    recorded_before = user_records.records(snap.manifest)
     loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
     manifest = _manifest(snap, files, loaded)
     transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,

@@ -167,3 +167,15 @@ def test_two_files_with_one_id_and_a_missing_file_are_refused(tmp_path, sandbox,
     result = run_cli("apply", "--target", str(sandbox), "--patch-file", str(tmp_path / "nope.py"))
     assert result.returncode == 2 and "error: cannot read patch file" in result.stderr
     assert tree_digest(site) == before
+
+
+def test_repair_with_the_file_rebuilds_the_record_it_had(tmp_path, sandbox, site):
+    fix = write_fix001(tmp_path / "mine")
+    assert run_cli("apply", "--target", str(sandbox), "--patch-file", str(fix)).returncode == 0
+    manifest = site / ".speculators-patch" / "manifest.json"
+    kept = json.loads(manifest.read_text())
+    manifest.unlink()
+    result = run_cli("repair", "--target", str(sandbox), "--patch-file", str(fix))
+    assert result.returncode == 0, result.stderr
+    assert f"{GENERATOR}: patched (FIX001, SP001" in result.stdout.replace("\n", " ")
+    assert json.loads(manifest.read_text()) == kept
