@@ -158,7 +158,7 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
         # long origins (paths) fold rather than lose their middle, and never squeeze the ids
         table.add_column(col, no_wrap=col == "patch" and users, overflow="fold" if col == "origin" else "ellipsis")
     colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
-              "stale": "red", "source-changed": "red"}
+              "stale": "red"}
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])
         origin = (escape(describe(by_id[r["id"]])) if by_id[r["id"]].origin != "shipped" else "",) if users else ()
