@@ -35,3 +35,19 @@ def write_fix001(directory: Path, name: str = "fix001.py", source: str = FIX001)
     path = directory / name
     path.write_text(source, encoding="utf-8")
     return path
+
+
+def installed_state(site: Path) -> dict:
+    """What a user compares between two installs: every file's sha256 under site-packages
+    and the manifest's record, without the ``checked`` entries (a cache of codemod verdicts
+    ``apply`` writes for read-only commands, docs/speed.md; ``revert`` does not)."""
+    import hashlib
+    import json
+
+    manifest = site / ".speculators-patch" / "manifest.json"
+    files = {str(p.relative_to(site)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(site.rglob("*")) if p.is_file() and p != manifest}
+    record = json.loads(manifest.read_text()) if manifest.exists() else None
+    for entry in (record or {}).get("files", {}).values():
+        entry.pop("checked", None)
+    return {"files": files, "manifest": record}

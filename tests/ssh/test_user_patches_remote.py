@@ -15,7 +15,7 @@ from support import GENERATOR, run_cli, tree_digest
 from sandbox import make_sandbox, site_packages
 from loopback import SSHD, LoopbackSshd, write_ssh_config
 from sshfixtures import keys  # noqa: F401  (fixture)
-from userfix import FIX001_LINE, write_fix001
+from userfix import FIX001_LINE, installed_state, write_fix001
 
 pytestmark = pytest.mark.ssh
 
@@ -79,7 +79,7 @@ def test_the_file_only_on_the_controller_applies_diffs_shows_and_reverts(tmp_pat
     shipped = make_sandbox(tmp_path / "shipped-only")
     assert run_cli("apply", "--target", str(shipped)).returncode == 0
     for env in envs:
-        assert tree_digest(site_packages(env)) == tree_digest(site_packages(shipped))
+        assert installed_state(site_packages(env)) == installed_state(site_packages(shipped))
 
     assert ssh(config, "revert", "--host", "box1", "--host", "box2", "--target", "~/ml-env").returncode == 0
     for env in envs:
