@@ -67,7 +67,14 @@ class Report:
 
 
 def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> tuple[Transport, str | None]:
-    """A transport to the target's agent and, for a bare site-packages target, its path."""
+    """A transport to the target's agent and, for a bare site-packages target, its path.
+    ``host`` is an SSH host, or an ``--exec`` command (``patcher.exec_transport.ExecTarget``)."""
+    from patcher.exec_transport import ExecTarget
+
+    if isinstance(host, ExecTarget):
+        from patcher.exec_transport import exec_transport
+
+        return exec_transport(host, target)
     if host is not None:
         from patcher.ssh import ssh_transport
 
@@ -125,9 +132,11 @@ def _udiff(plans: list[engine.FilePlan], root: str) -> str:
 
 
 def _outcome_rows(plans: list[engine.FilePlan]) -> list[dict]:
+    from patcher.userpatches.loader import origin_fields
+
     return [
         {"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
-         "state": o.state, "detail": o.detail}
+         "state": o.state, "detail": o.detail, **origin_fields(o.patch)}
         for p in plans for o in p.outcomes
     ]
 
@@ -140,16 +149,20 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
     from rich.table import Table
 
     from patcher.registry import all_patches
+    from patcher.userpatches.loader import describe
 
     table = Table(title=title, title_justify="left")
-    for col in ("patch", "state", "title"):
-        table.add_column(col)
-    titles = {p.id: p.title for p in all_patches()}
+    by_id = {p.id: p for p in all_patches()}
+    users = any(by_id[r["id"]].origin != "shipped" for r in rows)  # the origin column only where it says something
+    for col in ("patch", "state", "title", *(("origin",) if users else ())):
+        # long origins (paths) fold rather than lose their middle, and never squeeze the ids
+        table.add_column(col, no_wrap=col == "patch" and users, overflow="fold" if col == "origin" else "ellipsis")
     colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
               "stale": "red"}
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])
-        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", titles[r["id"]])
+        origin = (escape(describe(by_id[r["id"]])) if by_id[r["id"]].origin != "shipped" else "",) if users else ()
+        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", by_id[r["id"]].title, *origin)
     return table
 
 
@@ -222,6 +235,15 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     return Report(data, 0, render)
 
 
+def _source_changes(snap: Snapshot) -> list[dict]:
+    """Loaded user patches applied to ``snap`` whose source changed since they were applied."""
+    from patcher.registry import user_patches
+    from patcher.userpatches import record
+
+    applied = {pid for path in (snap.manifest or {}).get("files", {}) for pid in snap.recorded(path)}
+    return record.source_changes(snap.manifest, user_patches(), applied)
+
+
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
     from patcher import engine, proven
     from patcher.verify import verify, verify_calls
@@ -232,7 +254,9 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
     unproven = proven.beyond_proven(snap.vllm.version.split(", "))
-    ok = all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
+    changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
+    ok = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
+          and not changed_sources)
     data = {
         **_describe(snap),
         "ok": ok,
@@ -245,6 +269,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
                   "runtime": calls.runtime.as_dict() if calls.runtime else None},
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
+        "user_patch_sources_changed": changed_sources,
         "proven": {"newest": ".".join(map(str, proven.newest())), "beyond": unproven,
                    "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by}
                                 for p in proven.PROVEN]},
@@ -270,6 +295,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         console.print(table)
         _render_calls(console, calls, snap)
         _render_imports_and_runner(console, calls)
+        for c in changed_sources:
+            console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
+                          f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
+                          f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
         if unproven:
             console.print(f"[red]{escape(unproven)}[/]")
         console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column, the calls and the imports)")
@@ -380,7 +409,42 @@ def _emit(report: Report, as_json: bool) -> None:
 def target_options(f):
     f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
     f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
-    return connection_options(f)
+    return patch_file_option(connection_options(f))
+
+
+def _to_meta(key: str):
+    """A click callback keeping an option's value in ``ctx.meta[key]`` (read by ``_main``)."""
+    return lambda ctx, _param, value: ctx.meta.__setitem__(key, value)
+
+
+def patch_file_option(f):
+    """``--patch-file FILE`` (repeatable): a user patch, loaded by ``_main`` before anything else."""
+    return click.option("--patch-file", multiple=True, metavar="FILE", expose_value=False,
+                        callback=_to_meta("speculators_patch.patch_files"),
+                        help="Also use the patch this Python file defines (PATCH = Patch(...)); repeatable.")(f)
+
+
+def _load_patch_files() -> None:
+    """Load this command's ``--patch-file`` files into the registry (``UserError`` on a bad one)."""
+    ctx = click.get_current_context(silent=True)
+    paths = ctx.meta.get("speculators_patch.patch_files") if ctx else None
+    if paths:
+        from patcher.registry import use_patch_files
+
+        use_patch_files(paths)
+
+
+def _exec_targets() -> list[str]:
+    """This command's ``--exec`` commands, as "hosts" the fan-out can carry."""
+    ctx = click.get_current_context(silent=True)
+    commands = ctx.meta.get("speculators_patch.exec") if ctx else None
+    if not commands:
+        return []
+    from patcher.exec_transport import ExecTarget, split_command
+
+    for command in commands:
+        split_command(command)  # an unsplittable command is refused before any target is touched
+    return [ExecTarget(c) for c in commands]
 
 
 def connection_options(f):
@@ -389,6 +453,10 @@ def connection_options(f):
     f = click.option("--jobs", type=click.IntRange(1, 256), default=8, show_default=True, expose_value=False,
                      callback=lambda ctx, _p, v: ctx.meta.__setitem__("speculators_patch.jobs", v),
                      help="With several hosts: how many to work on at once.")(f)
+    f = click.option("--exec", "exec_commands", multiple=True, metavar="'CMD ...'", expose_value=False,
+                     callback=_to_meta("speculators_patch.exec"),
+                     help="Run on the Python this command starts, e.g. 'docker exec -i NAME python3' or "
+                          "'kubectl exec -i POD -- python3' (argument vector, no shell); repeatable.")(f)
     f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
     f = click.option("--host", "hosts", multiple=True, metavar="HOST",
                      help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.")(f)
@@ -414,12 +482,14 @@ def _read_hosts_file(path: str) -> list[str]:
 def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str | None], Report], as_json: bool) -> None:
     """Run ``command`` on the local target or one host; several hosts go to ``patcher.fanout``."""
     try:
+        _load_patch_files()
         all_hosts = list(hosts)
         if hosts_file:
             listed = _read_hosts_file(hosts_file)
             if not listed:
                 raise UserError(f"no hosts in {hosts_file}")
             all_hosts += listed
+        all_hosts += _exec_targets()
         if len(all_hosts) > 1:
             from patcher.fanout import run_many
 
@@ -479,6 +549,7 @@ def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, a
 
 @main.command()
 @connection_options
+@patch_file_option
 def repair(target, hosts, hosts_file, ssh_config, as_json):
     """Rebuild a damaged or lost record from the files and the verified pristine copies."""
 
@@ -573,23 +644,56 @@ def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float,
 
 @main.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@patch_file_option
 def list_command(as_json):
-    """List every patch with the vLLM fact it depends on."""
+    """List every patch (shipped, installed packs, --patch-file) with the vLLM fact it depends on."""
     from rich.table import Table
 
     from patcher.registry import all_patches
+    from patcher.userpatches.loader import describe, origin_fields
 
+    try:
+        _load_patch_files()
+        patches = all_patches()
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
     rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
+             **origin_fields(p),
              "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
                         "first_release": f.first_release} for f in p.facts]}
-            for p in sorted(all_patches(), key=lambda p: p.id)]
+            for p in sorted(patches, key=lambda p: p.id)]
+    users = {p.id: describe(p) for p in patches if p.origin != "shipped"}
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     table = Table()
-    for col in ("id", "name", "v", "file", "depends on (vLLM)"):
+    for col in ("id", "name", "v", "file", "depends on (vLLM)", *(("origin",) if users else ())):
         table.add_column(col, overflow="fold")
     for r in rows:
         deps = "; ".join(f"{f['symbol']} ({', '.join(f['modules'])}, >= {f['first_release']})" for f in r["facts"])
-        table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or "speculators' own logic")
+        origin = (escape(users.get(r["id"], "shipped")),) if users else ()
+        table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or "speculators' own logic",
+                      *origin)
     _console().print(table)
+
+
+@main.command()
+@click.argument("patch_id", metavar="ID")
+@click.option("--file", "file", required=True, metavar="speculators/....py",
+              help="The speculators file the patch rewrites, relative to site-packages.")
+@click.option("-o", "--output", required=True, metavar="FILE.py", help="Where to write the patch (its test goes next to it).")
+@click.option("--speculators", default="0.3.0", show_default=True, help="The speculators release it is written for.")
+@click.option("--force", is_flag=True, help="Overwrite existing files.")
+def new(patch_id, file, output, speculators, force):
+    """Write a commented patch file to start a fix from, and its pytest file."""
+    from patcher.userpatches.template import write
+
+    try:
+        patch_path, test_path = write(patch_id, file, output, speculators, force)
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"wrote {patch_path} and {test_path}\n"
+               f"next: edit both, `python -m pytest {test_path}`, then "
+               f"`speculators-patch diff --patch-file {patch_path} --target ...`")

@@ -20,13 +20,13 @@ import patcher
 from patcher import fast_path, plan_cache
 from patcher.errors import UserError
 from patcher.patch import Patch, PatchRefused
-from patcher.registry import all_patches
+from patcher.registry import add_recorded, all_patches, shipped_patches
 from patcher.transport import Transport
+from patcher.userpatches import record as user_records
 from patcher.vllm_source import Evidence, VllmSource
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod must really run (docs/speed.md)
     import libcst as cst
-
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -134,6 +134,8 @@ def read_snapshot(transport: Transport, site_packages: str | None = None, tolera
     )
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)
+    if not snap.state_problem:
+        add_recorded(snap.manifest)  # user patches applied earlier, nameable without their source
     return snap
 
 
@@ -154,8 +156,8 @@ def check_supported(snap: Snapshot) -> None:
         where = f"{snap.dist_info}/METADATA" if snap.dist_info else f"{snap.speculators_root} (no dist-info found)"
         raise UserError(f"cannot tell which speculators is installed: {where} has no version; "
                         f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)")
-    if not written_for(version, all_patches()):
-        specifiers = sorted({p.speculators for p in all_patches()})
+    if not written_for(version, shipped_patches()):
+        specifiers = sorted({p.speculators for p in shipped_patches()})
         raise UserError(
             f"speculators {version} is not supported: speculators-patch has no patches for it "
             f"(patches exist for speculators {' and '.join(specifiers)}); nothing was changed"
@@ -223,10 +225,13 @@ def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
     Returns ``(verdict, module, detail)`` with verdict ``changed``, ``satisfied`` or
     ``refused`` (``detail`` then names file:line and the expected shape).
     """
+    import libcst as cst
     from libcst.codemod import CodemodContext, SkipFile
 
     try:
         new = patch.codemod(CodemodContext(filename=patch.file)).transform_module(module)
+        if not isinstance(new, cst.Module):
+            raise TypeError(f"transform_module returned {type(new).__name__}, not a libcst Module")
     except SkipFile as e:
         return "satisfied", module, str(e)
     except PatchRefused:
@@ -235,6 +240,11 @@ def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
         except PatchRefused as e:
             return "refused", module, str(e)
         raise
+    except Exception as e:
+        if patch.origin == "shipped":  # our bug: the traceback is the report
+            raise
+        raise UserError(f"{patch.id} ({patch.origin} {patch.source}): its codemod raised {type(e).__name__}: {e} "
+                        f"on {patch.file}; nothing was changed") from None
     if new.code == module.code:
         return "satisfied", module, "already satisfied: no change"
     return "changed", new, ""
@@ -266,6 +276,9 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
     for patch in (p for p in chosen if p.file == path):
         if only_needed and not needed(snap, patch):
             plan.outcomes.append(Outcome(patch, "not-needed", NOT_NEEDED))
+            continue
+        if patch.origin == "recorded" and patch.id in recorded:  # a user patch whose source is not at hand
+            plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded"))
             continue
         verdict, module, detail = transform(patch, module)
         if verdict == "changed":
@@ -355,7 +368,8 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
                                    snap.python_version)
         if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
             files[p.path]["checked"] = checked
-    return _commit(transport, snap, changed, pristine, _manifest(snap, files), plans)
+    fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
+    return _commit(transport, snap, changed, pristine, _manifest(snap, files, fresh), plans)
 
 
 def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], pristine: dict[str, str],
@@ -376,15 +390,21 @@ def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], prist
     return CommitResult(answer["written"], plans, answer["recovered"])
 
 
-def _manifest(snap: Snapshot, files: dict) -> dict | None:
+def _manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
+    """The manifest to write for ``files``; user patches get a record (``user_records.KEY``):
+    from their loaded source when applied now (``fresh``), else as recorded before."""
     if not files:
         return None
-    return {
+    manifest = {
         "tool": f"speculators-patch {patcher.__version__}",
         "speculators_version": snap.speculators_version,
         "vllm_versions": snap.vllm.version if snap.vllm else None,
         "files": files,
     }
+    users = user_records.merged(snap.manifest, files, fresh or {})
+    if users:
+        manifest[user_records.KEY] = users
+    return manifest
 
 
 def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], partial: bool,
@@ -399,7 +419,7 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
             f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
             f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files)"
         )
-    plans, files = [], {}
+    plans, files, fresh = [], {}, {}
     for path in sorted(entries):
         state, current = snap.file_state(path), snap.files.get(path)
         if state in ("pristine", "reinstalled") or current is None:
@@ -421,12 +441,13 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
             raise UserError(refusals([replay])[0])
         # Record what the replay really applied, not what was asked for.
         keep = {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"}
+        fresh.update({o.patch.id: o.patch for o in replay.outcomes if o.state == "pending"})
         target = replay.after
         plans.append(FilePlan(path, current, target))
         if keep:
             files[path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(target), "patches": keep}
     changed = [p for p in plans if p.changed]
-    manifest = _manifest(snap, files)
+    manifest = _manifest(snap, files, fresh)
     same_record = {k: v["patches"] for k, v in files.items()} == {
         k: v["patches"] for k, v in entries.items() if snap.file_state(k) == "patched"}
     if dry_run or (not changed and same_record):
@@ -500,10 +521,9 @@ def repair(transport: Transport, site_packages: str | None) -> tuple[Snapshot, l
                             f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again")
     pristine = {p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
                 for p, e in files.items()}
-    manifest = None
-    if files:
-        manifest = {"tool": f"speculators-patch {patcher.__version__}", "speculators_version": snap.speculators_version,
-                    "vllm_versions": snap.vllm.version if snap.vllm else None, "files": files}
+    recorded_before = user_records.records(snap.manifest)
+    loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
+    manifest = _manifest(snap, files, loaded)
     transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,
                       manifest=manifest, manifest_expect_sha256=snap.manifest_sha256, repair=True)
     return first, lines

@@ -92,6 +92,8 @@ def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...]
         return None
     if checked.get("python") != snap.python_version or checked.get("tool") != tool():
         return None
+    if any(p.origin in ("file", "package") for p in chosen if p.file == path):
+        return None  # a loaded user patch is run: its source may differ from the one the record saw
     found = []
     for patch in (p for p in chosen if p.file == path):
         if not needed(snap, patch):

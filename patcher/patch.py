@@ -68,6 +68,13 @@ class Patch:
             longer needs it.
         requires: ids of patches this one cannot work without (e.g. a generator change that
             calls an RPC a worker patch adds); ``--only``/``--skip`` must keep them together.
+        origin: where the patch comes from, set by the loader, not by its author:
+            ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
+            pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
+            a target's manifest; its source is not loaded in this run, so it cannot be re-run).
+        source: for a user patch, the file's absolute path or ``<distribution> <version>``.
+        source_sha256: sha256 (hex) of the file that defines a user patch, recorded in the
+            manifest when it is applied; ``verify`` reports a source changed since.
     """
 
     id: str
@@ -81,6 +88,9 @@ class Patch:
     order: int = 0
     portable: bool = False
     requires: tuple[str, ...] = ()
+    origin: str = "shipped"
+    source: str = ""
+    source_sha256: str = ""
 
 
 def __getattr__(name: str):

@@ -37,7 +37,8 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
     mine = [p for p in chosen if p.file == path]
     key = cache.key({"tool": tool, "python": snap.python_version, "path": path,
                      "source": hashlib.sha256(source).hexdigest(), "recorded": recorded,
-                     "patches": [[p.id, p.version, engine.needed(snap, p)] for p in mine]})
+                     "patches": [[p.id, p.version, engine.needed(snap, p), *([p.source_sha256] if p.source_sha256 else [])]
+                                 for p in mine]})  # a user patch is its source: same id and version, other code
     with cache.locked(KIND, key):
         stored = _load(cache.load(KIND, key), path, source, mine)
         if stored is not None:

@@ -1,9 +1,14 @@
-"""The patch registry: every ``PATCH`` defined in ``patches/``, validated and ordered.
+"""The patch registry: every ``PATCH`` defined in ``patches/``, validated and ordered,
+plus the user patches of this run.
 
 ``patches/`` ships as the package ``speculators_patch_codemods`` (see pyproject.toml);
 dropping a module there registers it. Once the modules have been imported and checked, their
 metadata is kept in the patch index (``patcher.patch_index``), so later runs that run no
 codemod do not import libcst.
+User patches join through ``use_patch_files``
+(``--patch-file``), installed packs (entry-point group ``speculators_patch.patches``,
+loaded on first use) and ``add_recorded`` (user patches a target's manifest names whose
+source is not loaded: nameable and droppable, never re-run).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ _ID = re.compile(r"^SP\d{3}$")
 
 
 @lru_cache(maxsize=1)
-def all_patches() -> tuple[Patch, ...]:
-    """Every registered patch, ordered by (file, order). Raises ``RuntimeError`` on bad metadata.
+def shipped_patches() -> tuple[Patch, ...]:
+    """Every patch in ``patches/``, ordered by (file, order). Raises ``RuntimeError`` on bad metadata.
 
     From the patch index when it holds this exact code (codemods imported on first use),
     else by importing every module (and then the index is written)."""
@@ -62,10 +67,6 @@ def _import_all() -> tuple[tuple[Patch, ...], dict[str, str]]:
         if problems:
             raise RuntimeError(f"{module.__name__}: " + "; ".join(problems))
         found.append(patch)
-    known = {p.id for p in found}
-    for patch in found:
-        if set(patch.requires) - known:
-            raise RuntimeError(f"{patch.id} requires unknown patches {sorted(set(patch.requires) - known)}")
     for key in ("id", "name"):
         values = [getattr(p, key) for p in found]
         dupes = {v for v in values if values.count(v) > 1}
@@ -74,11 +75,104 @@ def _import_all() -> tuple[tuple[Patch, ...], dict[str, str]]:
     return tuple(sorted(found, key=lambda p: (p.file, p.order, p.id))), modules
 
 
+# User patches of this run by id: --patch-file files, then stand-ins for recorded ones.
+_user: dict[str, Patch] = {}
+_packs: list[Patch] | None = None
+_all: tuple[Patch, ...] | None = None
+
+
+def _packs_loaded() -> list[Patch]:
+    global _packs
+    if _packs is None:
+        from patcher.userpatches.loader import load_packs
+
+        _packs = _checked(load_packs())  # raises again on every call if it fails
+    return _packs
+
+
+def _checked(new: list[Patch]) -> list[Patch]:
+    """``new`` user patches, refused (``UserError``) when an id or name is taken."""
+    taken = {p.id: p for p in (*shipped_patches(), *(_packs or []), *_user.values())}
+    names = {p.name: p for p in taken.values()}
+    for patch in new:
+        other = taken.get(patch.id) or names.get(patch.name)
+        if other is not None and other.origin != "recorded":
+            from patcher.userpatches.loader import describe
+
+            key = "id" if patch.id in taken else "name"
+            raise UserError(f"{describe(patch)}: patch {key} {getattr(patch, key)} is already taken by "
+                            f"{other.id} ({describe(other)})")
+        taken[patch.id] = names[patch.name] = patch
+    return new
+
+
+def all_patches() -> tuple[Patch, ...]:
+    """Shipped, pack and user patches, ordered by (file, order, id).
+
+    Raises ``UserError`` when an installed pack fails to load.
+    """
+    global _all
+    if _all is None:
+        found = (*shipped_patches(), *_packs_loaded(), *_user.values())
+        known = {p.id for p in found}
+        for patch in found:
+            if set(patch.requires) - known:
+                raise UserError(f"{patch.id} ({patch.source or patch.origin}) requires unknown patches "
+                                f"{', '.join(sorted(set(patch.requires) - known))}")
+        _all = tuple(sorted(found, key=lambda p: (p.file, p.order, p.id)))
+    return _all
+
+
+def use_patch_files(paths: tuple[str, ...] | list[str]) -> list[Patch]:
+    """Load ``--patch-file`` files into this run's registry. Raises ``UserError`` (one line)
+    for an unreadable file, a syntax error, no ``PATCH``, bad metadata or a taken id/name."""
+    from patcher.userpatches.loader import load_file
+
+    global _all
+    loaded = []
+    for path in paths:
+        patch = load_file(path)
+        _checked([patch])
+        _user[patch.id] = patch
+        loaded.append(patch)
+    _all = None
+    return loaded
+
+
+def add_recorded(manifest: dict | None) -> None:
+    """Stand-ins for the user patches ``manifest`` records (or names in a file's patches
+    map) that this run has not loaded (``patcher.userpatches.record.stand_in``)."""
+    from patcher.userpatches import record
+
+    global _all
+    recs = record.records(manifest)
+    files = (manifest or {}).get("files") if isinstance(manifest, dict) else None
+    known = {p.id for p in all_patches()}
+    for path, e in (files.items() if isinstance(files, dict) else ()):
+        for pid, version in ((e.get("patches") or {}).items() if isinstance(e, dict) else ()):
+            if pid not in known and not _ID.match(pid):
+                _user[pid] = record.stand_in(pid, recs.get(pid), path, version if isinstance(version, int) else 1)
+                known.add(pid)
+                _all = None
+
+
+def user_patches() -> list[Patch]:
+    """The loaded (runnable) user patches of this run: packs and ``--patch-file`` files."""
+    return [p for p in all_patches() if p.origin in ("file", "package")]
+
+
+def _canonical(x: str, patches: tuple[Patch, ...]) -> str:
+    """``sp004`` and ``fix001`` name SP004 and FIX001; names are kept as given."""
+    return x.upper() if x.upper() in {p.id for p in patches} else x
+
+
 def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:
-    """Patches chosen by ``--only``/``--skip`` (ids or names). Raises ``UserError`` on unknown ids."""
+    """Patches chosen by ``--only``/``--skip`` (ids or names). Raises ``UserError`` on unknown ids.
+
+    """
     patches = all_patches()
-    only = tuple(x.upper() if _ID.match(x.upper()) else x for x in only)  # sp004 == SP004
-    skip = tuple(x.upper() if _ID.match(x.upper()) else x for x in skip)
+    only = tuple(_canonical(x, patches) for x in only)
+    skip = tuple(_canonical(x, patches) for x in skip)
     known = {p.id for p in patches} | {p.name for p in patches}
     unknown = [x for x in (*only, *skip) if x not in known]
     if unknown:

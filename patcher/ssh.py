@@ -103,10 +103,14 @@ _FIND_PYTHON = (
 )
 
 
+def bootstrap_program() -> str:
+    """The bootstrap as one ``python -c`` argument (base64 inside: no quotes, no newlines)."""
+    return 'import base64;exec(base64.b64decode("%s"))' % base64.b64encode(BOOTSTRAP.encode()).decode()
+
+
 def remote_command() -> str:
     """The one command line sent to every host (a constant string, shell-quoted once)."""
-    oneliner = 'import base64;exec(base64.b64decode("%s"))' % base64.b64encode(BOOTSTRAP.encode()).decode()
-    return f"sh -c {shlex.quote(_FIND_PYTHON)} {shlex.quote(oneliner)}"
+    return f"sh -c {shlex.quote(_FIND_PYTHON)} {shlex.quote(bootstrap_program())}"
 
 
 _HOST = re.compile(
@@ -176,7 +180,63 @@ def explain_ssh_failure(stderr: str, where: str, during: str) -> str:
     return f"{where}: ssh failed {during}: {_last_line(text)}"
 
 
-class SshTransport(Transport):
+class BootstrapTransport(Transport):
+    """A transport whose process runs ``BOOTSTRAP`` on the far side's Python: the first
+    bytes on its stdin are the header (``--target``, the agent's source, a marker), and
+    everything it prints before the marker line is skipped. Subclasses set ``label`` before
+    calling ``__init__``, ``_header_where`` (the place the far side names in its messages),
+    ``_where`` (the place the client names) and ``_argv``."""
+
+    EXIT_WAIT = 60  # a remote agent may still be finishing a commit
+
+    def __init__(self, target: str | None) -> None:
+        super().__init__()
+        self.target = target
+        self.connections = 0
+        self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
+        self._synced = False
+        self._where = self._header_where = self.label
+
+    def __enter__(self) -> "BootstrapTransport":
+        super().__enter__()
+        self.connections += 1
+        assert self._proc is not None
+        header = json.dumps({"target": self.target, "agent": AGENT_SOURCE, "where": self._header_where,
+                             "marker": self._marker.decode()}).encode()
+        try:
+            self._proc.stdin.write(b"%d\n" % len(header) + header)
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # reported by the first request, with the command's own message
+        return self
+
+    def _read_answer_line(self) -> bytes:
+        while not self._synced:  # skip what the remote shell's rc files printed
+            noise = self._proc.stdout.readline()
+            if not noise:
+                return b""
+            self._synced = noise.rstrip(b"\r\n") == self._marker
+        return self._proc.stdout.readline()
+
+    def _no_answer(self, op: str) -> str:
+        return self._failure(op)
+
+    def _not_json(self, line: bytes) -> str:
+        return f"{self._where}: unexpected output from the remote agent: {line[:200]!r}"
+
+    def _exit_code(self) -> int:
+        assert self._proc is not None
+        try:
+            return self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            return self._proc.wait()
+
+    def _failure(self, op: str) -> str:
+        raise NotImplementedError
+
+
+class SshTransport(BootstrapTransport):
     """The agent on ``host`` over a single ``ssh`` process (one connection per subcommand).
 
     Args:
@@ -189,15 +249,12 @@ class SshTransport(Transport):
     keepalive = (5, 3)  # ServerAliveInterval, ServerAliveCountMax: a dead peer is noticed in ~15 s
 
     def __init__(self, host: str, target: str | None, ssh_config: str | None = None) -> None:
-        super().__init__()
-        self.host = host
-        self.target = target
-        self.ssh_config = ssh_config
         self.user, self.hostname, self.port = parse_host(host)
         self.label = f"{host}:{target}" if target else host
-        self.connections = 0
-        self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
-        self._synced = False
+        super().__init__(target)
+        self.host = host
+        self.ssh_config = ssh_config
+        self._header_where = host
 
     def _base(self) -> list[str]:
         argv = ["ssh"]
@@ -224,42 +281,8 @@ class SshTransport(Transport):
             argv += ["-o", f"ServerAliveInterval={self.keepalive[0]}", "-o", f"ServerAliveCountMax={self.keepalive[1]}"]
         return argv + ["--", self.hostname, remote_command()]
 
-    def __enter__(self) -> "SshTransport":
-        super().__enter__()
-        self.connections += 1
-        assert self._proc is not None
-        header = json.dumps({"target": self.target, "agent": AGENT_SOURCE, "where": self.host,
-                             "marker": self._marker.decode()}).encode()
-        try:
-            self._proc.stdin.write(b"%d\n" % len(header) + header)
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # reported by the first request, with ssh's own message
-        return self
-
-    EXIT_WAIT = 60  # a remote agent may still be finishing a commit
-
-    def _read_answer_line(self) -> bytes:
-        while not self._synced:  # skip what the remote shell's rc files printed
-            noise = self._proc.stdout.readline()
-            if not noise:
-                return b""
-            self._synced = noise.rstrip(b"\r\n") == self._marker
-        return self._proc.stdout.readline()
-
-    def _no_answer(self, op: str) -> str:
-        return self._failure(op)
-
-    def _not_json(self, line: bytes) -> str:
-        return f"{self._where}: unexpected output from the remote agent: {line[:200]!r}"
-
     def _failure(self, op: str) -> str:
-        assert self._proc is not None
-        try:
-            code = self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            code = self._proc.wait()
+        code = self._exit_code()
         stderr = self.stderr_text()
         during = "while committing" if op == "commit" else "while reading"
         if code == 255 or code < 0:

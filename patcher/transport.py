@@ -91,8 +91,8 @@ class Transport:
             self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
             self._proc.stdin.flush()
             line = self._read_answer_line()
-        except BrokenPipeError:
-            line = b""
+        except BrokenPipeError:  # it ended first; what it said before ending (a bootstrap's refusal) still counts
+            line = self._read_answer_line()
         if not line:
             raise UserError(self._no_answer(op))
         try:

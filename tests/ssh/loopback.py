@@ -43,9 +43,11 @@ def keygen(path: Path, comment: str) -> Path:
 class LoopbackSshd:
     """sshd -D on a random free loopback port, logging to ``<workdir>/sshd.log``."""
 
-    def __init__(self, workdir: Path, home: Path | None = None, user_key: Path | None = None) -> None:
+    def __init__(self, workdir: Path, home: Path | None = None, user_key: Path | None = None,
+                 extra_config: str = "") -> None:
         self.dir = Path(workdir)
         self.home = home
+        self.extra_config = extra_config  # more sshd_config lines, e.g. a ForceCommand
         self._user_key = user_key
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
@@ -71,6 +73,7 @@ class LoopbackSshd:
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel VERBOSE\n"
             "AcceptEnv SPECULATORS_PATCH_*\nMaxStartups 64:30:128\nMaxSessions 64\n"
             + (f"SetEnv HOME={self.home}\n" if self.home else "")
+            + self.extra_config
         )
         with contextlib.suppress(PermissionError):  # privilege separation directory (as root)
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)

@@ -1,0 +1,117 @@
+"""``--exec 'CMD ...'`` through real process boundaries available here: ``env -i`` (an empty
+environment) and ``unshare`` (new mount and PID namespaces; in one, a tmpfs hides the
+user's patch file from the far side). The bytes must be the local ones."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+
+from support import GENERATOR, run_cli, run_json, tree_digest
+from sandbox import make_sandbox, site_packages
+from userfix import FIX001_LINE, write_fix001
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "--mount", "--pid", "--fork", "true"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="unshare --mount --pid needs root or user namespaces")
+
+
+def isolated(python, hide: str | None = None) -> str:
+    """An --exec command: ``python`` in new mount and PID namespaces with an empty
+    environment; with ``hide``, a tmpfs mounted over that directory first."""
+    inner = f"env -i {shlex.quote(str(python))}"
+    if hide is None:
+        return f"unshare --mount --pid --fork {inner}"
+    script = f'mount -t tmpfs tmpfs {shlex.quote(hide)} && exec "$0" "$@"'
+    return f"unshare --mount --pid --fork sh -c {shlex.quote(script)} env -i {shlex.quote(str(python))}"
+
+
+@needs_unshare
+def test_apply_through_exec_writes_the_local_bytes(tmp_path):
+    here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
+    code, remote = run_json("apply", "--exec", isolated(there / "bin" / "python"))
+    assert code == 0 and remote["exchanges"] == 2 and GENERATOR in remote["written"]
+    assert remote["target"] == isolated(there / "bin" / "python")
+    code, local = run_json("apply", "--target", str(here))
+    assert code == 0
+    assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))  # files, manifest, pristine copies
+    for command in ("status", "diff", "verify"):
+        r = run_cli(command, "--exec", isolated(there / "bin" / "python"), "--json")
+        l = run_cli(command, "--target", str(here), "--json")
+        assert r.returncode == l.returncode == 0, (r.stderr, l.stderr)
+        same = json.loads(r.stdout.replace(str(there), str(here)))
+        assert {k: v for k, v in same.items() if k != "target"} == {k: v for k, v in json.loads(l.stdout).items() if k != "target"}
+
+
+@needs_unshare
+def test_user_patch_applies_through_exec_where_the_file_is_not_visible(tmp_path):
+    controller = tmp_path / "controller"
+    fix = write_fix001(controller)
+    there = make_sandbox(tmp_path / "there")
+    command = isolated(there / "bin" / "python", hide=str(controller))
+    probe = subprocess.run([*shlex.split(command), "-c", f"import os; print(os.path.exists({str(fix)!r}))"],
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == "False", probe.stderr  # the far side cannot see the file
+    code, report = run_json("apply", "--exec", command, "--patch-file", str(fix))
+    assert code == 0 and [p["state"] for p in report["patches"] if p["id"] == "FIX001"] == ["applied-now"]
+    assert FIX001_LINE in (site_packages(there) / GENERATOR).read_text()
+    assert run_cli("revert", "--exec", command, "--only", "FIX001").returncode == 0
+    assert FIX001_LINE not in (site_packages(there) / GENERATOR).read_text()
+
+
+def test_target_is_resolved_on_the_far_side(tmp_path, sandbox, site):
+    code, report = run_json("apply", "--exec", "env -i python3", "--target", str(sandbox))
+    assert code == 0 and report["site_packages"] == str(site)
+    result = run_cli("status", "--exec", "env -i python3", "--target", str(tmp_path / "no such env"))
+    assert result.returncode == 2
+    assert result.stderr == f"error: target does not exist on env -i python3: {tmp_path / 'no such env'}\n"
+
+
+def test_several_commands_give_the_per_target_summary(tmp_path):
+    one, two = make_sandbox(tmp_path / "one"), make_sandbox(tmp_path / "two")
+    result = run_cli("apply", "--exec", f"env -i {one}/bin/python", "--exec", f"env -i {two}/bin/python",
+                     "--exec", "no-such-command-here", "--json")
+    assert result.returncode == 2, result.stderr  # one target failed; the others are done
+    hosts = {h["host"]: h for h in json.loads(result.stdout)["hosts"]}
+    assert hosts[f"env -i {one}/bin/python"]["outcome"] == "changed"
+    assert hosts[f"env -i {two}/bin/python"]["outcome"] == "changed"
+    assert hosts["no-such-command-here"]["reason"] == "--exec 'no-such-command-here': no-such-command-here: command not found"
+    assert tree_digest(site_packages(one)) == tree_digest(site_packages(two))
+    again = run_cli("apply", "--exec", f"env -i {one}/bin/python", "--exec", f"env -i {two}/bin/python")
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == "2 hosts: 2 unchanged"
+
+
+BAD = [
+    pytest.param("no-such-command-here -i", "error: --exec 'no-such-command-here -i': no-such-command-here: command not found",
+                 id="not found"),
+    pytest.param("false", "error: --exec 'false': the command ended (status 1) while reading: no output; the command must "
+                 "start a Python 3.8+", id="fails"),
+    pytest.param("sh", "error: --exec 'sh': the command ended (status 2) while reading: sh: 1: Syntax error", id="a shell, not Python"),
+    pytest.param("'unclosed", "error: --exec \"'unclosed\": cannot split it into arguments (No closing quotation)",
+                 id="unsplittable"),
+    pytest.param("", "error: --exec is empty", id="empty"),
+]
+
+
+@pytest.mark.parametrize("command, says", BAD)
+def test_a_command_that_fails_or_is_missing_is_one_error_line(sandbox, site, command, says):
+    before = tree_digest(site)
+    result = run_cli("apply", "--exec", command, "--target", str(sandbox))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(says) and len(result.stderr.splitlines()) == 1, result.stderr
+    assert tree_digest(site) == before
+
+
+def test_nothing_reaches_a_shell_on_our_side(tmp_path, sandbox):
+    marker = tmp_path / "pwned"
+    result = run_cli("status", "--exec", f"env -i python3; touch {marker}", "--target", str(sandbox))
+    assert result.returncode == 2 and not marker.exists()  # ';' is an argument for env, not a command separator
