@@ -177,7 +177,8 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
     unknown = [x for x in (*only, *skip) if x not in known]
     if unknown:
         raise UserError(
-            f"unknown patch id {', '.join(unknown)} (known: {', '.join(p.id for p in patches)})"
+            f"unknown patch id {', '.join(unknown)} (known: {', '.join(sorted(p.id for p in patches))}; "
+            f"or a name from 'speculators-patch list')"
         )
     chosen = [p for p in patches if not only or p.id in only or p.name in only]
     both = [p.id for p in chosen if only and (p.id in skip or p.name in skip)]

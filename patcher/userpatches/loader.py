@@ -81,7 +81,7 @@ def load_file(path: str) -> Patch:
     sys.modules[module.__name__] = module  # dataclasses and pickling look modules up by name
     try:
         exec(code, module.__dict__)
-    except Exception as e:  # the user's code: any exception is a bad input, said in one line
+    except (Exception, SystemExit) as e:  # the user's code: any exception (or exit) is bad input
         sys.modules.pop(module.__name__, None)
         raise UserError(f"patch file {path}: loading it raised {type(e).__name__}: {e}") from None
     if "PATCH" not in module.__dict__:
@@ -99,7 +99,7 @@ def _from_entry_point(ep: metadata.EntryPoint) -> list[Patch]:
     where = f"package {ep.dist.name if ep.dist else '?'} (entry point {ep.name} = {ep.value})"
     try:
         loaded = ep.load()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise UserError(f"{where}: loading it raised {type(e).__name__}: {e}") from None
     if isinstance(loaded, ModuleType):
         found = getattr(loaded, "PATCHES", None) or ([loaded.PATCH] if hasattr(loaded, "PATCH") else None)

@@ -181,3 +181,12 @@ def test_repair_with_the_file_rebuilds_the_record_it_had(tmp_path, sandbox, site
     for entry in kept["files"].values():
         entry.pop("checked", None)  # apply's cache of verdicts (docs/speed.md); repair does not write it
     assert json.loads(manifest.read_text()) == kept
+
+
+def test_a_patch_file_that_exits_while_loading_is_one_error_line(sandbox, tmp_path):
+    """sys.exit(0) in a patch file must not pass for success (a CI job reads exit 0)."""
+    bad = tmp_path / "exits.py"
+    bad.write_text("import sys\nsys.exit(0)\n")
+    proc = run_cli("apply", "--target", str(sandbox), "--patch-file", str(bad))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "raised SystemExit" in lines[0], proc.stderr
