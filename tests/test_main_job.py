@@ -173,8 +173,9 @@ def test_concurrent_applies_patch_once(sandbox, site):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for _ in range(3)
     ]
-    reports = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [(p.returncode, err[-2000:]) for p, (_, err) in zip(procs, outputs)]
+    reports = [json.loads(out) for out, _ in outputs]
     writers = [r for r in reports if r["written"]]
     assert len(writers) == 1, "exactly one process writes; the others find it applied"
     assert run_json("verify", "--target", str(sandbox))[0] == 0

@@ -12,7 +12,7 @@ without the file at hand; ``verify`` compares the recorded sha256 with the loade
 
 from __future__ import annotations
 
-from patcher.patch import Patch, PatchCodemod, PatchRefused
+from patcher.patch import Patch
 
 KEY = "user_patches"
 
@@ -53,6 +53,8 @@ def stand_in(pid: str, record: dict | None, file: str, version: int) -> Patch:
     source = record.get("source") or "an unknown source"
     hint = (f"--patch-file {source}" if record.get("origin") == "file"
             else f"install {source}" if record.get("origin") == "package" else "--patch-file <its file>")
+
+    from patcher.patch import PatchCodemod, PatchRefused  # libcst: only when a stand-in is built
 
     class Unavailable(PatchCodemod):
         def transform_module_impl(self, tree):
