@@ -42,7 +42,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
     (path -> source). Files that do not parse are skipped (the patch check reports them).
     ``index``: an ``Index`` of ``vllm`` shared with the call-site check (parsed once)."""
     index = index if index is not None else Index(vllm)
-    extensions = [cls for _, cls in _extensions(speculators)]
+    extensions = {(path, cls.name) for path, cls in _extensions(speculators)}
     worker = index.resolve(*WORKER)
     findings: list[Finding] = []
     for path, data in sorted(speculators.items()):
@@ -56,7 +56,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
                    if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "vllm"
                    for a in node.names}
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            is_extension = any(ast.dump(c) == ast.dump(cls) for c in extensions)
+            is_extension = (path, cls.name) in extensions
             findings += _Class(index, path, cls, imports, worker if is_extension else None).check()
     return sorted(set(findings), key=lambda f: (f.file, f.line, f.detail))
 

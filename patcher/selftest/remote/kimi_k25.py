@@ -368,11 +368,10 @@ def load_reference(dest: pathlib.Path, dtype, device: str = "cpu"):
 
     Raises ``ValueError`` if the checkpoint's language-model tensors and the model's
     differ in names (``RuntimeError`` from ``load_state_dict`` on a shape mismatch)."""
-    import torch
     from safetensors.torch import load_file
     from transformers import DeepseekV3ForCausalLM
 
-    from .tiny_models import load_exactly
+    from .tiny_models import load_exactly, router_bias_as_vllm
 
     dest = pathlib.Path(dest)
     text_config = json.loads((dest / "config.json").read_text())["text_config"]
@@ -381,10 +380,5 @@ def load_reference(dest: pathlib.Path, dtype, device: str = "cpu"):
     state = {k[len(prefix):]: v for k, v in load_file(str(dest / "model.safetensors")).items() if k.startswith(prefix)}
     model = DeepseekV3ForCausalLM(hf_config)
     load_exactly(model, state, dest)
-    model = model.to(device=device, dtype=dtype).eval()
-    # The router bias is a buffer, so .to(dtype) cast it; vLLM keeps it fp32. Its values are
-    # bf16-exact (see _language_state), so only a dtype coarser than bf16 could change them.
-    for name, buf in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            buf.data = state[name].to(device=device, dtype=torch.float32)
-    return model
+    # The router bias values are bf16-exact (see _language_state), kept fp32 as vLLM does.
+    return router_bias_as_vllm(model.to(device=device, dtype=dtype).eval(), state, device)

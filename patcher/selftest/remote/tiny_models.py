@@ -262,11 +262,17 @@ def load_reference(arch: str, model_dir: Path, dtype, device: str):
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), torch_dtype=dtype)
     state = load_file(str(Path(model_dir) / "model.safetensors"))
     load_exactly(model, state, model_dir)
-    model = model.to(device=device, dtype=dtype).eval()
-    # vLLM keeps DeepSeek's router bias (a buffer, cast by .to) in fp32: so does the reference.
+    return router_bias_as_vllm(model.to(device=device, dtype=dtype).eval(), state, device)
+
+
+def router_bias_as_vllm(model, state: dict, device: str):
+    """``model`` with DeepSeek's router bias back in fp32 from ``state``: ``.to(dtype)`` casts
+    buffers, vLLM keeps ``e_score_correction_bias`` in fp32. Returns ``model``."""
+    import torch
+
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias") and name in state:
-            buf.data = state[name].to(device=device, dtype=state[name].dtype)
+            buf.data = state[name].to(device=device, dtype=torch.float32)
     return model
 
 
