@@ -17,6 +17,10 @@ includes planning each distinct file once; ``verify``, ``status``, ``diff`` and 
 ``apply`` share one cache, warmed by one untimed ``verify`` on every host first, as in the
 loop they run in (before every job, on every node).
 
+SSH connections are reused between runs as the CLI does by default (``--ssh-persist``, an
+OpenSSH master connection per host kept 60 s); the "new conn." rows turn that off, so every
+run pays the handshake again.
+
 Loopback has no network latency: the ratios show what SSH itself costs (handshake, key
 exchange, the remote interpreter start), not what a real network adds (about one round
 trip per exchange plus ~3 for the handshake).
@@ -42,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fixtures"))
 sys.path.insert(0, str(ROOT / "tests" / "ssh"))
-from loopback import LoopbackSshd, keygen, write_ssh_config  # noqa: E402
+from loopback import LoopbackSshd, close_masters, keygen, write_ssh_config  # noqa: E402
 from sandbox import make_sandbox  # noqa: E402
 
 CLI = [sys.executable, "-m", "patcher"]
@@ -142,32 +146,42 @@ def main(n: int, out: Path | None) -> None:
             measure("1 host verify (fan-out)", ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
                                                 "--ssh-config", config])
             measure(f"{HOSTS} hosts verify", ["verify", *all_hosts, "--target", "~/ml-env", "--ssh-config", config])
+            # The same two without connection reuse: a new SSH connection per host and run.
+            measure("1 host verify, new conn.", ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
+                                                 "--ssh-config", config, "--ssh-persist", "0"])
+            measure(f"{HOSTS} hosts verify, new conn.", ["verify", *all_hosts, "--target", "~/ml-env",
+                                                          "--ssh-config", config, "--ssh-persist", "0"])
+        for folder in tmp.glob("cache*/ssh"):
+            close_masters(folder)
 
     med = {k: statistics.median(v) for k, v in times.items()}
     low = {k: min(v) for k, v in times.items()}
     ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     print(f"{ssh_version}, loopback; {n} runs each, interleaved; wall time of one CLI run")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"  {'subcommand':26} {'median':>8} {'min':>7} {'max':>7} {'local CPU':>10} {'machine busy':>13}"
+    print(f"  {'subcommand':30} {'median':>8} {'min':>7} {'max':>7} {'local CPU':>10} {'machine busy':>13}"
           "  ssh connections  exchanges")
     for k, v in times.items():
         conns, exchanges = counts[k]
-        print(f"  {k:26} {med[k]:7.2f}s {min(v):6.2f}s {max(v):6.2f}s {statistics.median(cpu[k]):9.2f}s"
+        print(f"  {k:30} {med[k]:7.2f}s {min(v):6.2f}s {max(v):6.2f}s {statistics.median(cpu[k]):9.2f}s"
               f" {100 * statistics.median(busy[k]):12.0f}%  {conns:>15}  {exchanges:>9}")
     pairs = {
         "ssh/local apply": ("ssh apply", "local apply"),
         "ssh/local verify": ("ssh verify", "local verify"),
         f"{HOSTS} hosts/1 host apply": (f"{HOSTS} hosts apply", "1 host apply (fan-out)"),
         f"{HOSTS} hosts/1 host verify": (f"{HOSTS} hosts verify", "1 host verify (fan-out)"),
+        f"{HOSTS} hosts/1 verify, new conn.": (f"{HOSTS} hosts verify, new conn.", "1 host verify, new conn."),
     }
     ratios = {k: med[a] / med[b] for k, (a, b) in pairs.items()}
-    print(f"  {'ratio':26} {'of medians':>10} {'of minima':>10}")
+    print(f"  {'ratio':30} {'of medians':>10} {'of minima':>10}")
     for k, (a, b) in pairs.items():
-        print(f"  {k:26} {ratios[k]:9.2f}x {low[a] / low[b]:9.2f}x")
+        print(f"  {k:30} {ratios[k]:9.2f}x {low[a] / low[b]:9.2f}x")
     print("  local CPU: this CLI and its children (workers, ssh clients); the loopback hosts' agents and")
     print("  sshd run on the same machine too. machine busy: all CPUs, everyone's processes included.")
     print("  apply: fresh targets and an empty controller cache each time (each distinct file planned once);")
     print("  the other subcommands: one shared controller cache, warmed by one untimed run on every host.")
+    print("  SSH connections are reused between runs (--ssh-persist, default 60 s: the connections column")
+    print("  counts new ones); 'new conn.' rows pass --ssh-persist 0, a new connection per host and run.")
     if out:
         out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times, "cpu_seconds": cpu, "machine_busy": busy,
                                    "connections_exchanges": counts, "ratios": ratios}, indent=1))

@@ -25,10 +25,14 @@ def enabled() -> bool:
     return os.environ.get(NO_FAST_PATH, "") in ("", "0")
 
 
+def base() -> Path:
+    """``$SPECULATORS_PATCH_CACHE`` (default ``~/.cache/speculators-patch``); may not exist yet."""
+    return Path(os.environ.get("SPECULATORS_PATCH_CACHE") or Path.home() / ".cache" / "speculators-patch")
+
+
 def directory() -> Path:
     """``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``); may not exist yet."""
-    base = os.environ.get("SPECULATORS_PATCH_CACHE") or Path.home() / ".cache" / "speculators-patch"
-    return Path(base) / "fast"
+    return base() / "fast"
 
 
 def key(document: object) -> str:

@@ -76,9 +76,11 @@ def connect(target: str | None, host: str | None = None, ssh_config: str | None 
 
         return exec_transport(host, target)
     if host is not None:
-        from patcher.ssh import ssh_transport
+        from patcher.ssh import DEFAULT_PERSIST, ssh_transport
 
-        return ssh_transport(host, target, ssh_config)
+        ctx = click.get_current_context(silent=True)
+        persist = ctx.meta.get("speculators_patch.ssh_persist") if ctx else None
+        return ssh_transport(host, target, ssh_config, DEFAULT_PERSIST if persist is None else persist)
     from patcher.transport import local_transport
 
     return local_transport(target)
@@ -253,7 +255,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
-    unproven = proven.beyond_proven(snap.vllm.version.split(", "))
+    unproven = proven.unproven(snap.vllm.version.split(", "))
     changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
     ok = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
           and not changed_sources)
@@ -270,7 +272,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
         "user_patch_sources_changed": changed_sources,
-        "proven": {"newest": ".".join(map(str, proven.newest())), "beyond": unproven,
+        "proven": {"oldest": ".".join(map(str, proven.oldest())), "newest": ".".join(map(str, proven.newest())),
+                   "unproven": unproven,
                    "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by}
                                 for p in proven.PROVEN]},
     }
@@ -450,6 +453,11 @@ def _exec_targets() -> list[str]:
 def connection_options(f):
     f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
     f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
+    f = click.option("--ssh-persist", type=click.IntRange(0, 86400), metavar="SECONDS", expose_value=False,
+                     envvar="SPECULATORS_PATCH_SSH_PERSIST", callback=_to_meta("speculators_patch.ssh_persist"),
+                     help="Keep each host's SSH connection open this long after a run, for the next run to "
+                          "reuse (default 60; 0: a new connection every run). Off where your ssh_config "
+                          "sets a ControlPath.")(f)
     f = click.option("--jobs", type=click.IntRange(1, 256), default=8, show_default=True, expose_value=False,
                      callback=lambda ctx, _p, v: ctx.meta.__setitem__("speculators_patch.jobs", v),
                      help="With several hosts: how many to work on at once.")(f)

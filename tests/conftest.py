@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 
@@ -29,3 +30,9 @@ def sandbox(tmp_path) -> Path:
 @pytest.fixture
 def site(sandbox) -> Path:
     return site_packages(sandbox)
+
+
+# The SSH tests count one connection per run and drop connections on purpose; a connection
+# kept open between runs (``--ssh-persist``, on by default) would blur both. Its own tests
+# (tests/ssh/test_connection_reuse.py) turn it back on.
+os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"

@@ -130,6 +130,17 @@ class LoopbackSshd:
         return [pid for pid in descendants(self.proc.pid) if _comm(pid).startswith("python")]
 
 
+def close_masters(folder: Path) -> int:
+    """Ask every SSH master connection whose socket is in ``folder`` to exit (``ssh -O
+    exit``), as ``--ssh-persist`` leaves them for up to its timeout; returns how many."""
+    closed = 0
+    for sock in sorted(folder.glob("*")) if folder.is_dir() else []:
+        if sock.is_socket():
+            closed += subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "closing"],
+                                     capture_output=True).returncode == 0
+    return closed
+
+
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
