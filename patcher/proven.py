@@ -1,7 +1,8 @@
 """The vLLM releases on which patched speculators 0.3.0 was proven on the real engine.
 
-The one place this list lives: ``verify`` reads it (an installed vLLM newer than the newest
-proven minor release is not vouched for, however the static checks come out) and so do
+The one place this list lives: ``verify`` reads it (an installed vLLM whose minor release
+has no proof here -- newer than the newest, older than the oldest, or a gap -- is not
+vouched for, however the static checks come out) and so do
 the support matrix in docs/matrix.md and its test. A proof is the engine tier (tests/e2e)
 or ``speculators-patch selftest``: the unmodified generator on the real engine, captures
 compared with an independent reference.
@@ -90,22 +91,36 @@ def proofs_for(version: str) -> list[Proof]:
     return [p for p in PROVEN if p.minor == minor]
 
 
-def beyond_proven(versions: list[str]) -> str | None:
-    """One line when the installed vLLM is newer than the newest proven minor release (or
-    its version cannot be read), else None. ``versions``: every vLLM dist-info's version;
-    the newest decides (a CPU build's first import adds a ``vllm-0.0.0`` dist-info)."""
+def oldest() -> tuple[int, int]:
+    return min(p.minor for p in PROVEN)
+
+
+def _shown(minor: tuple[int, int]) -> str:
+    return ".".join(map(str, minor)) + ".x"
+
+
+def unproven(versions: list[str]) -> str | None:
+    """One line when the installed vLLM's minor release has no proof (newer than the
+    newest, older than the oldest, or between two proven releases) or its version cannot
+    be read; None when it has one. ``versions``: every vLLM dist-info's version; the newest
+    decides (a CPU build's first import adds a ``vllm-0.0.0`` dist-info)."""
     parsed = []
     for v in versions:
         try:
             parsed.append((minor_release(v), v))
         except InvalidVersion:
             pass
-    top = ".".join(map(str, newest())) + ".x"
+    span = f"{_shown(oldest())} to {_shown(newest())}"
     if not parsed:
         return (f"vLLM version {', '.join(versions) or 'unknown'} is not a release number: cannot tell whether "
-                f"it is a release proven on the engine (up to {top}): run '{SELFTEST}' on this box to prove it")
+                f"it is a release proven on the engine ({span}): run '{SELFTEST}' on this box to prove it")
     minor, shown = max(parsed)
     if minor > newest():
-        return (f"vLLM {shown} is newer than the newest release proven on the engine ({top}): "
-                f"run '{SELFTEST}' on this box to prove it")
-    return None
+        where = f"newer than the newest release proven on the engine ({_shown(newest())})"
+    elif minor < oldest():
+        where = f"older than the oldest release proven on the engine ({_shown(oldest())})"
+    elif not any(p.minor == minor for p in PROVEN):
+        where = f"a release not proven on the engine (proven: {span}, not every one)"
+    else:
+        return None
+    return f"vLLM {shown} is {where}: run '{SELFTEST}' on this box to prove it"

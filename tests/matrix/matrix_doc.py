@@ -70,7 +70,10 @@ def row(env: Path, release: str) -> str:
     picked = [p["id"] for p in plan["patches"] if p["state"] == "applied-now"]
     code, after = cli("verify", "--target", str(env))
     runner = after["model_runner"]
-    verdict = "OK" if code == 0 else ("exit 1: newer than proven" if after["proven"]["beyond"] else "exit 1")
+    unproven = after["proven"]["unproven"] or ""
+    verdict = "OK" if code == 0 else ("exit 1: newer than proven" if "newer than" in unproven else
+                                      "exit 1: older than proven" if "older than" in unproven else
+                                      "exit 1: not proven" if unproven else "exit 1")
     if runner and runner["severity"] == "warning":
         verdict += " (warning: picks Model Runner V2 by itself unless VLLM_USE_V2_MODEL_RUNNER=0)"
     proofs = proven.proofs_for(release)

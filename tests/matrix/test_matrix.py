@@ -117,13 +117,17 @@ def test_apply_compile_verify(envs, release, tmp_path):
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == []
     assert report["calls"]["findings"] == []  # after apply, every call fits
     assert report["imports"]["findings"] == []  # and the generator can be imported
-    beyond = version_key(release) > proven.newest()
-    assert bool(report["proven"]["beyond"]) is beyond
-    assert code == (1 if beyond else 0)  # no plain OK beyond what the engine proved
-    if beyond:
-        assert report["proven"]["beyond"] == (
+    unproven = not proven.proofs_for(release)
+    assert bool(report["proven"]["unproven"]) is unproven
+    assert code == (1 if unproven else 0)  # no plain OK where the engine proved nothing
+    if version_key(release) > proven.newest():
+        assert report["proven"]["unproven"] == (
             f"vLLM {release} is newer than the newest release proven on the engine "
             f"({'.'.join(map(str, proven.newest()))}.x): run 'speculators-patch selftest' on this box to prove it")
+    elif version_key(release) < proven.oldest():
+        assert report["proven"]["unproven"] == (
+            f"vLLM {release} is older than the oldest release proven on the engine "
+            f"({'.'.join(map(str, proven.oldest()))}.x): run 'speculators-patch selftest' on this box to prove it")
 
 
 def swap_vllm(env: Path, donor: Path) -> None:
@@ -195,7 +199,7 @@ def test_version_strings_are_shown_not_trusted(envs, tmp_path):
     assert code == 0
     assert "0.16.1rc1.dev124+g92f5d0f07" in report["vllm"] and "0.16.0+cpu" in report["vllm"]
     assert {p["id"] for p in report["patches"] if p["state"] == "applied-now"} & set(API_PATCHES) == api_needed("0.16.0")
-    assert cli("verify", "--target", str(env))[1]["proven"]["beyond"] is None  # 0.16.x was proven
+    assert cli("verify", "--target", str(env))[1]["proven"]["unproven"] is None  # 0.16.x was proven
 
 
 def test_docs_matrix_is_current(envs, tmp_path):
@@ -236,7 +240,7 @@ def test_vllm_033_source_is_not_vouched_for_and_each_break_is_named(tmp_path):
     env = make_sandbox(tmp_path / "env", "0.3.0", "0.33.0", "5.19.0", link=True, vllm_dist="vllm")
     assert cli("apply", "--target", str(env))[0] == 0
     code, report = cli("verify", "--target", str(env))
-    assert code == 1 and "newer than the newest release proven" in report["proven"]["beyond"]
+    assert code == 1 and "newer than the newest release proven" in report["proven"]["unproven"]
     found = {(f["kind"], f["subject"]) for f in report["calls"]["findings"] if f["severity"] == "error"}
     # speculators imports KV cache helpers 0.33 removed; SP020's layout broadcast lacks a new
     # required parameter (the hasattr guard covers the method, not its signature).
