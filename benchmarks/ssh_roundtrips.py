@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "fixtures"))
 sys.path.insert(0, str(ROOT / "tests" / "ssh"))
 from loopback import LoopbackSshd, close_masters, keygen, write_ssh_config  # noqa: E402
@@ -78,6 +79,23 @@ def run(*args: str, cache: Path) -> tuple[float, float, dict]:
     if proc.returncode not in (0, 1):
         sys.exit(f"failed: {' '.join(args)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return seconds, cpu, json.loads(proc.stdout)
+
+
+def _floor_cpu(config: str, cache: Path, runs: int = 20) -> float:
+    """CPU seconds (whole machine) that one host costs before the agent does anything: a
+    session on the host's shared connection, the login shell, ``sh``, the bootstrap's
+    ``python3 -S`` and the target interpreter's start -- what every run needs."""
+    os.environ["SPECULATORS_PATCH_CACHE"] = str(cache)  # the CLI runs' socket directory
+    from patcher.ssh import DEFAULT_PERSIST, _resolved, reuse_options
+
+    argv = ["ssh", "-F", config, *reuse_options(_resolved(["ssh", "-F", config], "node1"), DEFAULT_PERSIST),
+            "node1", "python3 -S -c pass && ~/ml-env/bin/python -c pass"]
+    subprocess.run(argv, check=True)
+    start = _machine_busy()
+    for _ in range(runs):
+        subprocess.run(argv, check=True)
+    end = _machine_busy()
+    return (end[0] - start[0]) / 100 / runs  # jiffies
 
 
 def fresh(env: Path) -> Path:
@@ -151,6 +169,7 @@ def main(n: int, out: Path | None) -> None:
                                                  "--ssh-config", config, "--ssh-persist", "0"])
             measure(f"{HOSTS} hosts verify, new conn.", ["verify", *all_hosts, "--target", "~/ml-env",
                                                           "--ssh-config", config, "--ssh-persist", "0"])
+        floor = _floor_cpu(config, tmp / "cache")
         for folder in tmp.glob("cache*/ssh"):
             close_masters(folder)
 
@@ -176,6 +195,18 @@ def main(n: int, out: Path | None) -> None:
     print(f"  {'ratio':30} {'of medians':>10} {'of minima':>10}")
     for k, (a, b) in pairs.items():
         print(f"  {k:30} {ratios[k]:9.2f}x {low[a] / low[b]:9.2f}x")
+    # Every CPU on loopback serves all eight "hosts": what one more host costs, against the floor.
+    cpus = os.cpu_count() or 1
+
+    def machine_cpu(name: str) -> float:
+        return statistics.median(busy[name]) * med[name] * cpus
+
+    extra = (machine_cpu(f"{HOSTS} hosts verify") - machine_cpu("1 host verify (fan-out)")) / (HOSTS - 1)
+    one = med["1 host verify (fan-out)"]
+    print(f"  verify, per extra host: {extra:.3f} CPU-s measured; floor {floor:.3f} CPU-s (an SSH session on the shared")
+    print(f"  connection + the bootstrap's and the target's interpreter starts, nothing else). With {cpus} CPUs for")
+    print(f"  every host, {HOSTS} hosts/1 cannot go below (1 host + {HOSTS - 1} x floor / {cpus} CPUs) / 1 host = "
+          f"{(one + (HOSTS - 1) * floor / cpus) / one:.2f}x")
     print("  local CPU: this CLI and its children (workers, ssh clients); the loopback hosts' agents and")
     print("  sshd run on the same machine too. machine busy: all CPUs, everyone's processes included.")
     print("  apply: fresh targets and an empty controller cache each time (each distinct file planned once);")
@@ -184,7 +215,8 @@ def main(n: int, out: Path | None) -> None:
     print("  counts new ones); 'new conn.' rows pass --ssh-persist 0, a new connection per host and run.")
     if out:
         out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times, "cpu_seconds": cpu, "machine_busy": busy,
-                                   "connections_exchanges": counts, "ratios": ratios}, indent=1))
+                                   "connections_exchanges": counts, "ratios": ratios,
+                                   "floor_cpu_seconds_per_host": floor}, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ see the very same vLLM files. Measured, N times each, interleaved:
   facts, patch plan, and the call-site check over every call into vLLM), on a patched
   target (the state it runs in before every job) and on an unpatched one;
 - static call check only: the agent's ``sources`` exchange plus ``callsite.check``;
-- import-based: ``patcher/runtime_probe.py`` in the target's interpreter importing vLLM and
+- import-based: ``patcher/target/runtime_probe.py`` in the target's interpreter importing vLLM and
   reading the same signatures with ``inspect`` (what ``verify --runtime`` adds).
 
     python benchmarks/verify_speed.py [N]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Mapping
 
-from patcher.agent import local_import
+from patcher.target.agent import local_import
 from patcher.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions
 
 KIND = "missing-attribute"

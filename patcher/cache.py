@@ -91,3 +91,36 @@ def locked(kind: str, digest: str) -> Iterator[None]:
     finally:
         if handle is not None:
             handle.close()  # closing the file releases the lock
+
+
+def load_blob(digest: str) -> bytes | None:
+    """Bytes stored by ``store_blob`` whose sha256 is ``digest``, or None (absent,
+    unreadable, disabled, or not matching the digest: never other bytes)."""
+    if not enabled():
+        return None
+    try:
+        data = (directory() / "blobs" / digest[:2] / digest).read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == digest else None
+
+
+def store_blob(data: bytes) -> str:
+    """Keep ``data`` under its sha256 (hex, returned), atomically, once; never raises."""
+    digest = hashlib.sha256(data).hexdigest()
+    if not enabled():
+        return digest
+    folder = directory() / "blobs" / digest[:2]
+    if (folder / digest).exists():
+        return digest
+    tmp = folder / f"{digest}.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / digest)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+    return digest

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from patcher.engine import Snapshot
 
 KIND = "verify-calls"
-CODE = ("agent.py", "callsite.py", "attribute_reads.py", "import_path.py", "model_runner.py", "calls_cache.py", "verify.py")
+CODE = ("target/agent.py", "callsite.py", "attribute_reads.py", "import_path.py", "model_runner.py", "calls_cache.py", "verify.py")
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,7 @@ call into vLLM against the installed vLLM's source (``ast`` only, nothing import
 - ``unreadable`` (a note): a vLLM file this interpreter cannot parse, so a name was not checked.
 
 Each finding names the speculators ``file:line`` and the vLLM ``file:line`` of the signature.
-The vLLM files come from the agent's ``sources`` op (one exchange; see ``patcher.agent``),
+The vLLM files come from the agent's ``sources`` op (one exchange; see ``patcher.target.agent``),
 which follows re-exports and base classes the same way this module does.
 """
 
@@ -27,7 +27,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.agent import bindings, module_paths, speculators_vllm_imports
+from patcher.target.agent import bindings, module_paths, speculators_vllm_imports
 from patcher.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"
@@ -613,7 +613,7 @@ def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, byte
     """What ``fetch`` returns, read directly from two directories (tests, benchmarks)."""
     import os
 
-    from patcher.agent import attributes_read, collect_sources
+    from patcher.target.agent import attributes_read, collect_sources
 
     def read(root: str, path: str) -> bytes | None:
         try:

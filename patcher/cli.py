@@ -172,6 +172,7 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
     from patcher import engine
 
     engine.check_supported(snap)
+    _refuse_edited_user_patches(snap, chosen)
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
@@ -197,6 +198,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     from patcher import engine
 
     engine.check_supported(snap)
+    _refuse_edited_user_patches(snap, chosen)
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
     if refused:
@@ -244,6 +246,22 @@ def _source_changes(snap: Snapshot) -> list[dict]:
 
     applied = {pid for path in (snap.manifest or {}).get("files", {}) for pid in snap.recorded(path)}
     return record.source_changes(snap.manifest, user_patches(), applied)
+
+
+def _refuse_edited_user_patches(snap: Snapshot, chosen) -> None:
+    """``apply``/``diff`` with a user patch whose file changed since it was applied, under
+    the same version: its codemod would meet its own earlier output as unknown code.
+    Raises ``UserError`` naming the way out."""
+    from patcher.userpatches import record
+
+    ids, recorded = {p.id: p for p in chosen}, record.records(snap.manifest)
+    for change in _source_changes(snap):
+        patch = ids.get(change["id"])
+        if patch is not None and recorded.get(patch.id, {}).get("version") == patch.version:
+            raise UserError(f"{patch.id} v{patch.version} was applied from {change['recorded_source'] or 'another file'} "
+                            f"(sha256 {change['recorded_sha256'][:12]}); {change['source']} now differs "
+                            f"(sha256 {change['sha256'][:12]}): give it a new version to re-apply it, or "
+                            f"'revert --only {patch.id}' first")
 
 
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
@@ -497,7 +515,11 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
             if not listed:
                 raise UserError(f"no hosts in {hosts_file}")
             all_hosts += listed
-        all_hosts += _exec_targets()
+        execs = _exec_targets()
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and ctx.params.get("ssh_config") and execs and not all_hosts:
+            raise UserError("--ssh-config is only used with --host or --hosts-file; --exec targets do not use SSH")
+        all_hosts += execs
         if len(all_hosts) > 1:
             from patcher.fanout import run_many
 

@@ -17,7 +17,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 import patcher
-from patcher import fast_path, plan_cache
+from patcher import cache, fast_path, plan_cache
 from patcher.errors import UserError
 from patcher.patch import Patch, PatchRefused
 from patcher.registry import add_recorded, all_patches, shipped_patches
@@ -34,6 +34,67 @@ def sha256(data: bytes) -> str:
 
 def _unb64(value: str | None) -> bytes | None:
     return None if value is None else base64.b64decode(value)
+
+
+_HAVE_MAX = 256  # digests sent as ``have``: 17 KB of request at most
+
+
+class _NotHeld(Exception):
+    """The agent named a content by digest that the controller cache no longer holds."""
+
+
+def _content(value: str | dict | None) -> bytes | None:
+    """A file in an ``inspect`` answer: base64 (kept in the controller cache for the next
+    run), ``{"sha256": hex}`` (read from that cache) or None."""
+    if isinstance(value, dict):
+        data = cache.load_blob(value["sha256"])
+        if data is None:
+            raise _NotHeld(value["sha256"])
+        return data
+    data = _unb64(value)
+    if data is not None:
+        cache.store_blob(data)
+    return data
+
+
+def _inspect(transport: Transport, request: dict) -> tuple[dict, dict]:
+    """The ``inspect`` exchange, asking only for contents the controller cache does not
+    hold: the fact files, speculators' files and pristine copies are the same on every
+    run and host until something is installed (0.77 MB for speculators 0.3.0 and vLLM
+    0.16). ``have`` is the digests of the last answers to the same request, from any
+    target. Returns the answer as sent and its contents as bytes
+    (``{"speculators": {path: bytes}, "vllm": ..., "pristine": ..., "backups": ...}``)."""
+    remembered = cache.key(request)
+    have = cache.load("inspect-have", remembered) if cache.enabled() else None
+    answer = transport.request("inspect", **request, have=have or None)
+    try:
+        contents = _decode_contents(answer)
+    except _NotHeld:  # the cache was emptied since: read again in full, keep what the first read recovered
+        first = answer
+        answer = transport.request("inspect", **request)
+        answer["recovered"] = first.get("recovered") or answer.get("recovered", False)
+        contents = _decode_contents(answer)
+    # This answer's digests first, then earlier ones (a fleet on two vLLM releases), bounded.
+    held = sorted({hashlib.sha256(d).hexdigest() for group in contents.values() for d in _flat(group)})
+    kept = (held + [d for d in have or [] if d not in held])[:_HAVE_MAX]
+    if kept != have:
+        cache.store("inspect-have", remembered, kept)
+    return answer, contents
+
+
+def _flat(group: dict) -> list[bytes]:
+    return [d for v in group.values() for d in (v if isinstance(v, list) else [v]) if d is not None]
+
+
+def _decode_contents(answer: dict) -> dict:
+    """Every file content of an ``inspect`` answer as bytes (None for a missing file)."""
+    vllm = answer["vllm"]
+    return {
+        "speculators": {k: _content(v) for k, v in answer["speculators"]["files"].items()},
+        "vllm": {} if vllm is None else {k: _content(v) for k, v in vllm["files"].items()},
+        "pristine": {k: _content(v) for k, v in answer["pristine"].items()},
+        "backups": {k: [_content(d) for d in v] for k, v in answer.get("backups", {}).items()},
+    }
 
 
 @dataclass
@@ -99,17 +160,15 @@ def read_snapshot(transport: Transport, site_packages: str | None = None, tolera
     (unless ``tolerate_damage``: ``repair``) when its state is inconsistent: one line naming
     the file at fault and the way out."""
     patches = all_patches()
-    answer = transport.request(
-        "inspect",
+    answer, contents = _inspect(transport, dict(
         site_packages=site_packages,
         speculators_files=sorted({p.file for p in patches}),
         vllm_files=sorted({m for p in patches for f in p.facts for m in f.modules}),
-    )
+    ))
     spec, vllm = answer["speculators"], answer["vllm"]
     vllm_source = None
     if vllm is not None:
-        files = {k: _unb64(v) for k, v in vllm["files"].items()}
-        vllm_source = VllmSource(files, ", ".join(vllm["versions"]) or "unknown")
+        vllm_source = VllmSource(contents["vllm"], ", ".join(vllm["versions"]) or "unknown")
     snap = Snapshot(
         label=transport.label,
         python=answer["python"],
@@ -119,16 +178,16 @@ def read_snapshot(transport: Transport, site_packages: str | None = None, tolera
         speculators_version=spec["version"],
         speculators_root=spec["root"],
         editable_source=spec["editable_source"],
-        files={k: _unb64(v) for k, v in spec["files"].items()},
+        files=contents["speculators"],
         vllm=vllm_source,
         vllm_root=None if vllm is None else vllm["root"],
         manifest=answer["manifest"],
-        pristine={k: _unb64(v) for k, v in answer["pristine"].items()},
+        pristine=contents["pristine"],
         journal_pending=answer["journal_pending"],
         recovered=answer.get("recovered", False),
         manifest_sha256=answer.get("manifest_sha256"),
         state_problem=answer.get("state_problem"),
-        backups={k: [_unb64(d) for d in v] for k, v in answer.get("backups", {}).items()},
+        backups=contents["backups"],
         record=spec.get("record") or {},
         dist_info=spec.get("dist_info"),
     )

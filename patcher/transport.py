@@ -1,4 +1,4 @@
-"""How requests reach the agent (``patcher/agent.py``) running under the target's Python.
+"""How requests reach the agent (``patcher/target/agent.py``) running under the target's Python.
 
 A transport starts one agent process per subcommand and exchanges JSON lines with it:
 locally a subprocess of the target's interpreter; remotely (``patcher.ssh``) the same
@@ -19,7 +19,7 @@ from typing import Callable
 
 from patcher.errors import UserError
 
-AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_text(encoding="utf-8")
+AGENT_SOURCE = (Path(__file__).parent / "target" / "agent.py").read_text(encoding="utf-8")
 
 # Compiling the agent (1,500 lines) took ~20 ms of the target's CPU on every run, the
 # largest part of the agent's start. Like Python's own __pycache__, the compiled code is

@@ -133,3 +133,45 @@ def test_read_only_commands_on_a_patched_install_run_no_codemod(tmp_path: Path) 
         assert "libcst" not in _loaded(*command, "--target", str(env), env=fast), command
     assert _loaded("--version", env=fast) == set()
     assert "libcst" in _loaded("status", "--target", str(env), env={**fast, **SLOW})  # the full path does
+
+
+def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkeypatch) -> None:
+    """The second ``inspect`` of an unchanged target names every file by its sha256 instead
+    of sending it; the snapshot is byte-identical; with the controller cache emptied in
+    between, one more exchange reads everything in full and the snapshot is the same."""
+    from patcher import engine
+    from patcher.transport import local_transport
+
+    env = make_sandbox(tmp_path / "env")
+    _apply(env, cache=tmp_path / "cache")
+    monkeypatch.setenv("SPECULATORS_PATCH_CACHE", str(tmp_path / "cache"))
+    sent: list[dict] = []
+
+    def snapshot():
+        transport, site = local_transport(str(env))
+        request = transport.request
+
+        def recording(op, **payload):
+            answer = request(op, **payload)
+            sent.append({"have": payload.get("have"), "answer": answer})
+            return answer
+
+        transport.request = recording
+        with transport:
+            snap = engine.read_snapshot(transport, site)
+        return snap, transport.exchanges
+
+    def contents(snap):
+        return snap.files, snap.vllm.files, snap.pristine, snap.manifest
+
+    first, _ = snapshot()
+    second, exchanges = snapshot()
+    named = sent[-1]["answer"]["vllm"]["files"]
+    assert sent[-1]["have"] and exchanges == 1
+    assert all(isinstance(v, dict) for v in named.values()) and len(named) >= 5
+    assert all(isinstance(v, dict) for v in sent[-1]["answer"]["pristine"].values())
+    assert contents(second) == contents(first)
+    shutil.rmtree(tmp_path / "cache" / "fast" / "blobs")
+    third, exchanges = snapshot()
+    assert exchanges == 2 and all(isinstance(v, str) for v in sent[-1]["answer"]["vllm"]["files"].values())
+    assert contents(third) == contents(first)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from support import ROOT
 
-AGENT = (ROOT / "patcher" / "agent.py").read_text(encoding="utf-8")
+AGENT = (ROOT / "patcher" / "target" / "agent.py").read_text(encoding="utf-8")
 PYTHON = os.path.realpath(sys.executable)  # not a shim: every trial starts an interpreter
 STATE = ".speculators-patch"
 

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from patcher.errors import UserError
-from patcher.ssh import BOOTSTRAP, explain_ssh_failure, parse_host, remote_command
+from patcher.ssh import BOOTSTRAP, explain_ssh_failure, parse_host, remote_command, reuse_options
 
 
 @pytest.mark.parametrize("spec, parsed", [
@@ -76,3 +76,27 @@ def test_bootstrap_is_python_3_8_grammar():
 def test_explain_ssh_failure(stderr, expected):
     message = explain_ssh_failure(stderr, "gpu-box (root@10.0.0.5 port 22)", "while committing")
     assert message.startswith("gpu-box (root@10.0.0.5 port 22): ") and expected in message
+
+
+def test_connection_reuse_options(monkeypatch):
+    """A master per set of resolved options, in a 0700 directory; none where the user has
+    a ControlPath, where persist is 0, or where the socket path would be too long."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="sp-"))  # short: a unix socket path is at most 104 bytes
+    monkeypatch.setenv("SPECULATORS_PATCH_CACHE", str(tmp_path / "c"))
+    resolved = {"hostname": "10.0.0.5", "user": "root", "port": "22"}
+    options = reuse_options(resolved, 60)
+    assert options[:4] == ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s"]
+    assert options[5].startswith(f"ControlPath={tmp_path / 'c' / 'ssh'}/")
+    assert (tmp_path / "c" / "ssh").stat().st_mode & 0o777 == 0o700
+    other = reuse_options({**resolved, "setenv": "A=1"}, 60)
+    assert other[5] != options[5]  # different settings: a different master
+    assert reuse_options(dict(resolved), 60) == options  # same settings: the same one
+    assert reuse_options({**resolved, "controlpath": "/home/me/.ssh/cm-%C"}, 60) == []
+    assert reuse_options(resolved, 0) == []
+    monkeypatch.setenv("SPECULATORS_PATCH_CACHE", str(tmp_path / ("x" * 60)))
+    assert reuse_options(resolved, 60) == []
+    shutil.rmtree(tmp_path)

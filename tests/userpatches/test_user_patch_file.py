@@ -127,6 +127,14 @@ def test_verify_reports_a_source_changed_since_it_was_applied(tmp_path, sandbox)
     assert changed["id"] == "FIX001" and changed["source"] == str(fix) and changed["sha256"] != changed["recorded_sha256"]
     text = run_cli("verify", "--target", str(sandbox), "--patch-file", str(fix)).stdout
     assert "FIX001: its source changed since it was applied" in text and "revert --only FIX001" in text
+    # apply and diff refuse in one line, naming both files and the ways out; nothing changes.
+    before = tree_digest(site_packages(sandbox))
+    for command in ("apply", "diff"):
+        result = run_cli(command, "--target", str(sandbox), "--patch-file", str(fix))
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"error: FIX001 v1 was applied from {fix} (sha256 ")
+        assert "give it a new version" in result.stderr and "'revert --only FIX001' first" in result.stderr
+    assert tree_digest(site_packages(sandbox)) == before
     # The way out it names: take the old fix out, apply the new one.
     assert run_cli("revert", "--target", str(sandbox), "--only", "FIX001", "--patch-file", str(fix)).returncode == 0
     assert run_cli("apply", "--target", str(sandbox), "--patch-file", str(fix)).returncode == 0

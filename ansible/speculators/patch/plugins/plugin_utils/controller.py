@@ -86,7 +86,11 @@ class AnsibleTransport(Transport):
         return answer["ok"]
 
 
-def _digest(value: str | None) -> str | None:
+def _digest(value: str | dict | None) -> str | None:
+    """A file content of an ``inspect`` answer, named: base64 -> sha256 of that text;
+    ``{"sha256": hex}`` (contents the controller cache holds) -> that digest."""
+    if isinstance(value, dict):
+        return value["sha256"]
     return None if value is None else hashlib.sha256(value.encode("ascii")).hexdigest()
 
 

