@@ -20,13 +20,18 @@ when vLLM may pick V2 by itself and the variable does not say ``0``; otherwise a
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Mapping
+
+from patcher import cache
 
 VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 WORKER = "vllm/v1/worker/gpu_worker.py"
 CONFIG = "vllm/config/vllm.py"
 FIX = f"set {VARIABLE}=0 in the job's environment"
+_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a cached answer is this code's
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,20 @@ def _env_says(value: str | None) -> bool | None:
 
 
 def check(files: Mapping[str, bytes | None], env_value: str | None) -> RunnerCheck | None:
-    """None when this vLLM's worker has no V2 switch (0.11, 0.12) or it cannot be read."""
+    """None when this vLLM's worker has no V2 switch (0.11, 0.12) or it cannot be read.
+    The answer is a function of the two files' bytes and ``env_value``; it is kept in the
+    controller cache under their digests (parsing the worker took ~10 ms per host and run)."""
+    digests = [None if files.get(f) is None else hashlib.sha256(files[f]).hexdigest() for f in (WORKER, CONFIG)]
+    key = cache.key(["model-runner", _CODE, digests, env_value])
+    stored = cache.load("model-runner", key)
+    if isinstance(stored, dict) and "check" in stored:
+        return None if stored["check"] is None else RunnerCheck(**stored["check"])
+    found = _check(files, env_value)
+    cache.store("model-runner", key, {"check": None if found is None else asdict(found)})
+    return found
+
+
+def _check(files: Mapping[str, bytes | None], env_value: str | None) -> RunnerCheck | None:
     data = files.get(WORKER)
     if data is None:
         return None
