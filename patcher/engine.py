@@ -364,6 +364,10 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
     for path in sorted({p.file for p in chosen}):
         source = snap.files.get(path)
         if source is None:
+            users = [p.id for p in chosen if p.file == path and p.origin != "shipped"]
+            if users:  # the user's patch names a file this speculators does not have
+                raise UserError(f"{', '.join(users)} patches {path}, which speculators {snap.speculators_version} "
+                                f"does not have (under {snap.speculators_root}); nothing was changed")
             raise UserError(f"{path} not found under {snap.speculators_root}: "
                             f"not a speculators {snap.speculators_version} layout")
         recorded = snap.recorded(path)

@@ -152,6 +152,10 @@ BROKEN = [
     pytest.param(FIX001.replace("new_value = cst.parse_expression(NEW)", "new_value = 1 / 0"), "its codemod raised ZeroDivisionError",
                  id="codemod raises"),
     pytest.param("import nothing_like_this\n", "loading it raised ModuleNotFoundError", id="import fails"),
+    pytest.param(FIX001.replace('file="speculators/data_generation/vllm_hidden_states_generator.py"',
+                                'file="speculators/data_generation/nope.py"'),
+                 "FIX001 patches speculators/data_generation/nope.py, which speculators 0.3.0 does not have",
+                 id="a file speculators does not have"),
 ]
 
 
