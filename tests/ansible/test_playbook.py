@@ -121,6 +121,37 @@ def test_bad_input_is_a_task_failure_with_one_line(tmp_path, collections, fleet)
     assert '"msg": "target does not exist on node1: ~/no-such-env"' in r.stdout, r.stdout
 
 
+def test_a_users_patch_file_through_the_playbook(tmp_path, collections, fleet, fleet_envs):
+    """``patch_files`` as ``--patch-file``: loaded on the controller, recorded on each host,
+    the same bytes as the CLI writes; revert with it restores the pristine files; a broken
+    file fails each task in one line and changes nothing."""
+    from userfix import FIX001_LINE, write_fix001
+
+    fix = write_fix001(tmp_path / "mine")
+    play = _fleet(tmp_path, collections, fleet)
+    sites = [site_packages(env) for env in fleet_envs[:2]]
+    pristine = [tree_digest(s) for s in sites]
+    r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1,node2", "-e", _results_dir(tmp_path / "apply"),
+                 "-e", json.dumps({"patch_files": [str(fix)]}))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    for host, result in _results(tmp_path / "apply").items():
+        assert {(p["id"], p["state"]) for p in result["patches"] if p["id"] == "FIX001"} == {("FIX001", "applied-now")}, host
+    here = make_sandbox(tmp_path / "here")
+    assert run_cli("apply", "--target", str(here), "--patch-file", str(fix)).returncode == 0
+    for site in sites:
+        assert _without_state(tree_digest(site)) == _without_state(tree_digest(site_packages(here)))
+        assert FIX001_LINE in (site / GENERATOR).read_text()
+        manifest = json.loads((site / ".speculators-patch" / "manifest.json").read_text())
+        assert manifest["user_patches"]["FIX001"]["source"] == str(fix)
+    broken = write_fix001(tmp_path / "broken", source="x = (\n")
+    r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1", "-e", json.dumps({"state": "reverted", "patch_files": [str(broken)]}))
+    assert r.returncode == 2 and recap(r.stdout)["node1"]["failed"] == 1
+    assert "syntax error" in r.stdout and FIX001_LINE in (sites[0] / GENERATOR).read_text()
+    r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1,node2", "-e", json.dumps({"state": "reverted", "patch_files": [str(fix)]}))
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert [_without_state(tree_digest(s)) for s in sites] == [_without_state(p) for p in pristine]
+
+
 def test_info_returns_status_verify_and_evidence(tmp_path, collections, fleet, fleet_envs):
     play = _fleet(tmp_path, collections, fleet)
     assert play.run(PLAYBOOKS / "patch.yml", "--limit", "node1").returncode == 0

@@ -23,6 +23,7 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", default="patched", choices=["patched", "reverted"]),
     only=dict(type="list", elements="str", default=[]),
     skip=dict(type="list", elements="str", default=[]),
+    patch_files=dict(type="list", elements="path", default=[]),
     force=dict(type="bool", default=False),
 )
 
@@ -42,6 +43,7 @@ class ActionModule(ActionBase):
         from patcher.registry import select
 
         check = bool(self._task.check_mode)
+        controller.use_patch_files(args["patch_files"])
         chosen = select(tuple(args["only"]), tuple(args["skip"]))
         cache = {"state": None}
 

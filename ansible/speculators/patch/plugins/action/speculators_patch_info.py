@@ -21,6 +21,7 @@ ARGUMENT_SPEC = dict(
     target=dict(type="str"),
     only=dict(type="list", elements="str", default=[]),
     skip=dict(type="list", elements="str", default=[]),
+    patch_files=dict(type="list", elements="path", default=[]),
     verify=dict(type="bool", default=True),
 )
 
@@ -44,6 +45,7 @@ class ActionModule(ActionBase):
         from patcher.registry import select
         from patcher.verify import recorded_states
 
+        controller.use_patch_files(args["patch_files"])
         chosen = select(tuple(args["only"]), tuple(args["skip"]))
         snap = engine.read_snapshot(transport)
         engine.check_supported(snap)

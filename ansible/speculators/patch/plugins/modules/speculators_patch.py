@@ -55,6 +55,15 @@ options:
     type: list
     elements: str
     default: []
+  patch_files:
+    description:
+      - Your own patches too, as with C(speculators-patch --patch-file) - paths on the controller
+        of Python files defining C(PATCH = Patch(...)). Loaded on the controller only; the
+        managed host needs nothing more. The manifest on the host records each one's id,
+        version, source and sha256, as the CLI does.
+    type: list
+    elements: path
+    default: []
   force:
     description: With C(state=reverted), also restore files modified by hand after patching (their edits are lost).
     type: bool
@@ -152,6 +161,7 @@ def main():
             state=dict(type="str", default="patched", choices=["patched", "reverted"]),
             only=dict(type="list", elements="str", default=[]),
             skip=dict(type="list", elements="str", default=[]),
+            patch_files=dict(type="list", elements="path", default=[]),
             force=dict(type="bool", default=False),
             **RELAY_ARGS
         ),

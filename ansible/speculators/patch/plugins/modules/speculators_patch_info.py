@@ -41,6 +41,13 @@ options:
     type: list
     elements: str
     default: []
+  patch_files:
+    description:
+      - Your own patches too, as with C(speculators-patch --patch-file) - paths on the controller
+        of Python files defining C(PATCH = Patch(...)), loaded on the controller only.
+    type: list
+    elements: path
+    default: []
   verify:
     description: Also run the verify checks (facts with evidence, patch verdicts, call sites, imports).
     type: bool
@@ -102,6 +109,7 @@ def main():
             target=dict(type="str"),
             only=dict(type="list", elements="str", default=[]),
             skip=dict(type="list", elements="str", default=[]),
+            patch_files=dict(type="list", elements="path", default=[]),
             verify=dict(type="bool", default=True),
             **RELAY_ARGS
         ),

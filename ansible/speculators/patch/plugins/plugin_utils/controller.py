@@ -118,13 +118,14 @@ def plan_key(inspected: dict, chosen) -> str:
 
     That is the speculators files, the vLLM files the facts are read from (so the facts),
     the target's Python grammar version, the manifest (which patches this tool recorded),
-    the selected patches and their versions, and the tool's own source.
+    the selected patches, their versions and (user patches) the sha256 of their files, and
+    the tool's own source.
     """
     spec, vllm = inspected["speculators"], inspected["vllm"] or {}
     doc = {
         "tool": tool_digest(),
         "python": inspected["python_version"],
-        "patches": [[p.id, p.version] for p in chosen],
+        "patches": [[p.id, p.version, p.source_sha256] for p in chosen],  # a user patch's source too
         "speculators": {"version": spec["version"], "files": {k: _digest(v) for k, v in spec["files"].items()}},
         "vllm": {"versions": vllm.get("versions"), "files": {k: _digest(v) for k, v in (vllm.get("files") or {}).items()}},
         "manifest": inspected["manifest"],
@@ -227,6 +228,15 @@ def run_task(action, task_vars: dict, module: str, argument_spec: dict, work) ->
         action._remove_tmp_path(action._connection._shell.tmpdir)
     result["exchanges"] = transport.exchanges
     return result
+
+
+def use_patch_files(paths: list[str]) -> None:
+    """Load the task's ``patch_files`` into this worker's registry, as ``--patch-file`` does
+    (each Ansible worker is its own process). Raises ``UserError`` (one line) for a bad file."""
+    if paths:
+        from patcher.registry import use_patch_files as load
+
+        load([str(p) for p in paths])
 
 
 def with_reread(transport, attempt):
