@@ -161,11 +161,14 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     assert breaks(report)  # the stale code breaks calls, and the check names them
     code, status = cli("status", "--target", str(env))
     assert {p["id"] for p in status["patches"] if p["state"] == "stale"} == stale
-    # The fix verify names makes verify pass again.
+    # The fix verify names clears every verdict and finding; verify passes where the
+    # release was proven on the engine (0.11 was not: exit 1, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
     assert cli("apply", "--target", str(env))[0] == 0
     code, report = cli("verify", "--target", str(env))
-    assert code == 0 and report["calls"]["findings"] == []
+    assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
+    assert code == (0 if proven.proofs_for(now) else 1)
+    assert bool(report["proven"]["unproven"]) is not bool(proven.proofs_for(now))
 
 
 @pytest.mark.parametrize("now", ["0.15.1", "0.17.1", "0.18.1"])
