@@ -172,7 +172,7 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
     from patcher import engine
 
     engine.check_supported(snap)
-    _refuse_edited_user_patches(snap, chosen)
+    _refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
@@ -198,7 +198,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     from patcher import engine
 
     engine.check_supported(snap)
-    _refuse_edited_user_patches(snap, chosen)
+    _refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
     if refused:
@@ -224,6 +224,7 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     moved = recorded_states(snap, plans)  # applied by us for another vLLM (upgraded or downgraded since)
     for r in rows:
         r["state"] = moved.get(r["id"], r["state"])
+    _mark_edited(snap, rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
     data = {**_describe(snap), "files": files, "patches": rows}
 
@@ -248,20 +249,39 @@ def _source_changes(snap: Snapshot) -> list[dict]:
     return record.source_changes(snap.manifest, user_patches(), applied)
 
 
-def _refuse_edited_user_patches(snap: Snapshot, chosen) -> None:
-    """``apply``/``diff`` with a user patch whose file changed since it was applied, under
-    the same version: its codemod would meet its own earlier output as unknown code.
-    Raises ``UserError`` naming the way out."""
+def _edited_user_patches(snap: Snapshot) -> dict[str, dict]:
+    """Loaded user patches applied to ``snap`` under the same version as now, whose file
+    changed since (id -> ``record.source_changes`` entry): their codemod would meet its own
+    earlier output as code it does not know. A new version is an upgrade, not an edit."""
+    from patcher.registry import user_patches
     from patcher.userpatches import record
 
-    ids, recorded = {p.id: p for p in chosen}, record.records(snap.manifest)
-    for change in _source_changes(snap):
-        patch = ids.get(change["id"])
-        if patch is not None and recorded.get(patch.id, {}).get("version") == patch.version:
-            raise UserError(f"{patch.id} v{patch.version} was applied from {change['recorded_source'] or 'another file'} "
-                            f"(sha256 {change['recorded_sha256'][:12]}); {change['source']} now differs "
-                            f"(sha256 {change['sha256'][:12]}): give it a new version to re-apply it, or "
-                            f"'revert --only {patch.id}' first")
+    loaded, recorded = {p.id: p for p in user_patches()}, record.records(snap.manifest)
+    return {c["id"]: c for c in _source_changes(snap)
+            if recorded.get(c["id"], {}).get("version") == loaded[c["id"]].version}
+
+
+def _refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None:
+    """Raise ``UserError`` (the way out named) when ``what`` would apply one of ``ids``
+    that ``_edited_user_patches`` lists."""
+    for pid, change in _edited_user_patches(snap).items():
+        if pid in ids:
+            raise UserError(f"{pid} was applied from {change['recorded_source'] or 'another file'} (sha256 "
+                            f"{change['recorded_sha256'][:12]}); {change['source']} now differs (sha256 "
+                            f"{change['sha256'][:12]}) under the same version, and {what} would apply it: "
+                            f"give it a new version to re-apply it, or 'revert --only {pid}' first")
+
+
+def _mark_edited(snap: Snapshot, rows: list[dict], key: str) -> None:
+    """In ``status``/``verify`` rows: an edited user patch is still applied (from its
+    earlier source), not "refused"; ``key`` (state or verdict) says its source changed."""
+    edited = _edited_user_patches(snap)
+    for row in rows:
+        if row["id"] in edited:
+            row[key] = "source-changed"
+            row["detail" if key == "state" else "hint"] = (
+                f"applied from its earlier source; {edited[row['id']]['source']} changed since: give it a new "
+                f"version to re-apply it, or 'revert --only {row['id']}'")
 
 
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
@@ -275,6 +295,9 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     calls = verify_calls(transport, snap, runtime)
     unproven = proven.unproven(snap.vllm.version.split(", "))
     changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
+    rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
+            for c in checks]
+    _mark_edited(snap, rows, "verdict")
     ok = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
           and not changed_sources)
     data = {
@@ -283,8 +306,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         "facts": [{"patch": f.patch.id, "symbol": f.fact.symbol, "summary": f.fact.summary, "holds": f.evidence.holds,
                    "file": f.evidence.file, "line": f.evidence.line, "found": f.evidence.found,
                    "first_release": f.fact.first_release} for f in facts],
-        "patches": [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
-                    for c in checks],
+        "patches": rows,
         "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
                   "runtime": calls.runtime.as_dict() if calls.runtime else None},
         "imports": calls.imports.as_dict() if calls.imports else None,
@@ -310,9 +332,9 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         table = Table()
         for col in ("patch", "needed", "state", "verdict", "fix"):
             table.add_column(col, overflow="fold")
-        for c in sorted(checks, key=lambda c: c.patch.id):
-            color = "green" if c.verdict == "ok" else "red"
-            table.add_row(c.patch.id, "yes" if c.needed else "no", c.state, f"[{color}]{c.verdict}[/]", c.hint)
+        for r in sorted(rows, key=lambda r: r["id"]):
+            color = "green" if r["verdict"] == "ok" else "red"
+            table.add_row(r["id"], "yes" if r["needed"] else "no", r["state"], f"[{color}]{r['verdict']}[/]", r["hint"])
         console.print(table)
         _render_calls(console, calls, snap)
         _render_imports_and_runner(console, calls)
@@ -322,7 +344,11 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
                           f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
         if unproven:
             console.print(f"[red]{escape(unproven)}[/]")
-        console.print("[green]verify: OK[/]" if ok else "[red]verify: FAILED[/] (see the fix column, the calls and the imports)")
+        failing = [what for what, bad in (
+            ("the patch verdicts (fix column)", any(r["verdict"] != "ok" for r in rows)),
+            ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
+            ("a user patch's source", bool(changed_sources)), ("no engine proof for this vLLM", bool(unproven))) if bad]
+        console.print("[green]verify: OK[/]" if ok else f"[red]verify: FAILED[/] ({', '.join(failing)})")
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
     return Report(data, 0 if ok else 1, render)
@@ -377,6 +403,9 @@ def _render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
 def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:
     from patcher import engine
 
+    if partial:  # the patches kept are applied again from the pristine files
+        kept = {pid for path in (snap.manifest or {}).get("files", {}) for pid in snap.recorded(path)}
+        _refuse_edited_user_patches(snap, kept - {p.id for p in chosen}, "this revert")
     result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
     changed = [p.path for p in result.plans if p.changed]
     data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "would_change": changed}
@@ -475,7 +504,7 @@ def connection_options(f):
                      envvar="SPECULATORS_PATCH_SSH_PERSIST", callback=_to_meta("speculators_patch.ssh_persist"),
                      help="Keep each host's SSH connection open this long after a run, for the next run to "
                           "reuse (default 60; 0: a new connection every run). Off where your ssh_config "
-                          "sets a ControlPath.")(f)
+                          "sets ControlPath or ControlMaster.")(f)
     f = click.option("--jobs", type=click.IntRange(1, 256), default=8, show_default=True, expose_value=False,
                      callback=lambda ctx, _p, v: ctx.meta.__setitem__("speculators_patch.jobs", v),
                      help="With several hosts: how many to work on at once.")(f)
@@ -515,6 +544,11 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
             if not listed:
                 raise UserError(f"no hosts in {hosts_file}")
             all_hosts += listed
+        if all_hosts:
+            from patcher.ssh import parse_host
+
+            for host in all_hosts:  # every host name checked before any host is contacted
+                parse_host(host)
         execs = _exec_targets()
         ctx = click.get_current_context(silent=True)
         if ctx is not None and ctx.params.get("ssh_config") and execs and not all_hosts:
@@ -691,19 +725,19 @@ def list_command(as_json):
     rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
              **origin_fields(p),
              "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
-                        "first_release": f.first_release} for f in p.facts]}
+                        "first_release": f.first_release} for f in p.facts], "depends_on": p.depends_on}
             for p in sorted(patches, key=lambda p: p.id)]
     users = {p.id: describe(p) for p in patches if p.origin != "shipped"}
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     table = Table()
-    for col in ("id", "name", "v", "file", "depends on (vLLM)", *(("origin",) if users else ())):
+    for col in ("id", "name", "v", "file", "depends on", *(("origin",) if users else ())):
         table.add_column(col, overflow="fold")
     for r in rows:
         deps = "; ".join(f"{f['symbol']} ({', '.join(f['modules'])}, >= {f['first_release']})" for f in r["facts"])
         origin = (escape(users.get(r["id"], "shipped")),) if users else ()
-        table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or "speculators' own logic",
+        table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or r["depends_on"] or "speculators' own logic",
                       *origin)
     _console().print(table)
 
@@ -725,5 +759,5 @@ def new(patch_id, file, output, speculators, force):
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     click.echo(f"wrote {patch_path} and {test_path}\n"
-               f"next: edit both, `python -m pytest {test_path}`, then "
+               f"next: edit both, `{sys.executable} -m pytest {test_path}` (the Python speculators-patch runs in), then "
                f"`speculators-patch diff --patch-file {patch_path} --target ...`")

@@ -22,6 +22,7 @@ from typing import Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -109,7 +110,7 @@ def summary_table(results: list[HostResult]) -> Table:
     for col in ("host", "result", "time", "detail"):
         table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(r.host, f"[{_COLORS.get(r.outcome, '')}]{r.outcome}[/]", f"{r.seconds:.1f}s", r.reason)
+        table.add_row(escape(r.host), f"[{_COLORS.get(r.outcome, '')}]{r.outcome}[/]", f"{r.seconds:.1f}s", escape(r.reason))
     return table
 
 
@@ -162,8 +163,8 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
                 except Exception as e:  # the worker process itself died
                     r = HostResult(host, "failed", 2, f"internal error: worker died: {type(e).__name__}: {e}", 0.0)
                 results[host] = r
-                progress.console.print(f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {r.host}"
-                                       + (f": {r.reason}" if r.reason else ""))
+                progress.console.print(f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {escape(r.host)}"
+                                       + (f": {escape(r.reason)}" if r.reason else ""))
                 progress.advance(task)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -68,6 +68,9 @@ class Patch:
             longer needs it.
         requires: ids of patches this one cannot work without (e.g. a generator change that
             calls an RPC a worker patch adds); ``--only``/``--skip`` must keep them together.
+        depends_on: for a patch without facts, what its emitted code depends on, in words
+            (what it reads from vLLM or transformers at run time, with module and release);
+            ``list`` shows it. Empty: a fix of speculators' own logic.
         origin: where the patch comes from, set by the loader, not by its author:
             ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
             pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
@@ -88,6 +91,7 @@ class Patch:
     order: int = 0
     portable: bool = False
     requires: tuple[str, ...] = ()
+    depends_on: str = ""
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

@@ -88,7 +88,7 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
                           "first_release": f.first_release, "probe": recipe})
         rows.append({"id": p.id, "name": p.name, "version": p.version, "title": p.title, "file": p.file,
                      "module": modules[p.id], "facts": facts, "speculators": p.speculators, "order": p.order,
-                     "portable": p.portable, "requires": list(p.requires)})
+                     "portable": p.portable, "requires": list(p.requires), "depends_on": p.depends_on})
     return rows
 
 
@@ -100,7 +100,8 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
         facts = tuple(VllmFact(f["summary"], tuple(f["modules"]), f["symbol"], f["first_release"],
                                getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2])) for f in r["facts"])
         patches.append(Patch(r["id"], r["name"], r["version"], r["title"], r["file"], LazyCodemod(r["module"]),
-                             facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"])))
+                             facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"]),
+                             depends_on=r["depends_on"]))
     return tuple(patches)
 
 

@@ -207,7 +207,7 @@ def reuse_options(resolved: dict[str, str], persist: int) -> list[str]:
 
     Returns ``[]`` -- a connection of its own per run, as ssh does by default -- when
     ``persist`` is 0, when the host's ssh_config sets its own ``ControlPath`` (the user's
-    multiplexing then applies unchanged), or when the socket directory
+    multiplexing then applies unchanged; ``user_multiplexing`` also sees ``none``), or when the socket directory
     (``$SPECULATORS_PATCH_CACHE/ssh``, mode 0700) cannot be made private to this user or
     its path is too long for a unix socket.
     """
@@ -226,6 +226,34 @@ def reuse_options(resolved: dict[str, str], persist: int) -> list[str]:
         return []
     name = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:32]
     return ["-o", "ControlMaster=auto", "-o", f"ControlPersist={persist}s", "-o", f"ControlPath={folder}/{name}"]
+
+
+_MARK = "speculators-patch-unset"
+
+
+def user_multiplexing(base: list[str], config: str | None, host: str) -> bool:
+    """True when the ssh_config that applies to ``host`` sets ``ControlPath`` or
+    ``ControlMaster`` at all -- ``none``/``no`` included, which ``ssh -G`` cannot tell from
+    unset. ``ssh -G`` reads a wrapper that includes the real files (``config``, else
+    ``~/.ssh/config`` then ``/etc/ssh/ssh_config``, as ssh reads them) and sets both options
+    last for every host; the first value obtained wins in ssh_config, so a value other than
+    ours means the user set one. ``base``: the ssh argv before ``-G`` without ``-F``."""
+    import tempfile
+
+    files = [os.path.abspath(config)] if config else ["~/.ssh/config", "/etc/ssh/ssh_config"]
+    wrapper = "".join(f'Include "{f}"\n' for f in files) + f"Host *\n  ControlPath /{_MARK}\n  ControlMaster autoask\n"
+    with tempfile.NamedTemporaryFile("w", prefix="speculators-patch-", suffix=".ssh_config") as f:
+        f.write(wrapper)
+        f.flush()
+        try:
+            probe = subprocess.run([base[0], "-F", f.name, *base[1:], "-G", "--", host],
+                                   capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell: leave the user's setup alone
+    if probe.returncode != 0:
+        return True
+    seen = dict(line.partition(" ")[::2] for line in probe.stdout.splitlines())
+    return seen.get("controlpath") != f"/{_MARK}" or seen.get("controlmaster") != "autoask"
 
 
 class BootstrapTransport(Transport):
@@ -308,9 +336,9 @@ class SshTransport(BootstrapTransport):
         self._control_path: str | None = None  # set by _argv when the connection is shared
         self._header_where = host
 
-    def _base(self) -> list[str]:
+    def _base(self, with_config: bool = True) -> list[str]:
         argv = ["ssh"]
-        if self.ssh_config:
+        if self.ssh_config and with_config:
             argv += ["-F", self.ssh_config]
         if self.port:
             argv += ["-p", str(self.port)]
@@ -332,6 +360,8 @@ class SshTransport(BootstrapTransport):
         if opts.get("serveraliveinterval", "0") == "0":
             argv += ["-o", f"ServerAliveInterval={self.keepalive[0]}", "-o", f"ServerAliveCountMax={self.keepalive[1]}"]
         shared = reuse_options(opts, self.persist)
+        if shared and user_multiplexing(self._base(with_config=False), self.ssh_config, self.hostname):
+            shared = []  # the user's ControlMaster/ControlPath settings (even "no"/"none") apply
         self._control_path = shared[-1].split("=", 1)[1] if shared else None
         argv += shared
         return argv + ["--", self.hostname, remote_command()]

@@ -78,4 +78,5 @@ PATCH = Patch(
     codemod=PortableEosTokenId,
     order=57,
     portable=True,
+    depends_on="at run time: whether Request.__init__ takes eos_token_id (vllm/v1/request.py; removed in 0.17)",
 )

@@ -74,4 +74,5 @@ PATCH = Patch(
     codemod=AttentionMaskImport,
     order=10,
     portable=True,
+    depends_on="at run time: whether transformers has modeling_attn_mask_utils (removed in transformers 5.24)",
 )

@@ -29,4 +29,5 @@ PATCH = Patch(
     speculators=">=0.4.0,<0.4.1",
     order=57,
     portable=True,
+    depends_on="at run time: whether Request.__init__ takes eos_token_id (vllm/v1/request.py; removed in 0.17)",
 )

@@ -52,4 +52,5 @@ PATCH = Patch(
     codemod=TorchForAnnotations,
     order=10,
     portable=True,
+    depends_on="transformers 5 annotations naming torch (PretrainedConfig); the added import is right on every version",
 )

@@ -70,4 +70,5 @@ PATCH = Patch(
     codemod=LetVllmPickBlockSize,
     order=160,
     portable=True,
+    depends_on="at run time: CacheConfig.user_specified_block_size (vllm/config/cache.py; 0.18+)",
 )

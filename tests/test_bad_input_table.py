@@ -33,6 +33,7 @@ def _option_kinds(tmp: Path) -> list[tuple[str, list[str]]]:
     (tmp / "empty-hosts").write_text("# none\n")
     (tmp / "binary-hosts").write_bytes(bytes(range(256)) * 4)
     (tmp / "nul-hosts").write_bytes(b"host1\0host2\n")
+    (tmp / "one-bad-host").write_text("node1\nbad host;x\n")
     (tmp / "ssh_config").write_text("Host x\n")
     (tmp / "plain.txt").write_text("hello")
     kinds = []
@@ -60,6 +61,9 @@ def _option_kinds(tmp: Path) -> list[tuple[str, list[str]]]:
             (f"{cmd}: --hosts-file empty", [cmd, "--hosts-file", str(tmp / "empty-hosts")]),
             (f"{cmd}: --hosts-file binary", [cmd, "--hosts-file", str(tmp / "binary-hosts")]),
             (f"{cmd}: --hosts-file with NUL", [cmd, "--hosts-file", str(tmp / "nul-hosts")]),
+            # One bad name among good ones: refused before any host is contacted.
+            (f"{cmd}: a bad --host among good ones", [cmd, "--host", "node1", "--host", "bad;x"]),
+            (f"{cmd}: a bad line in --hosts-file", [cmd, "--hosts-file", str(tmp / "one-bad-host")]),
         ]
     kinds += [
         ("unknown command", ["frobnicate"]),

@@ -74,7 +74,8 @@ def load_file(path: str) -> Patch:
     try:
         code = compile(source, str(resolved), "exec", dont_inherit=True)
     except SyntaxError as e:
-        raise UserError(f"patch file {path}:{e.lineno}: syntax error: {e.msg}") from None
+        where = f"{path}:{e.lineno}" if e.lineno else str(path)  # a NUL byte has no line
+        raise UserError(f"patch file {where}: syntax error: {e.msg}") from None
     except ValueError as e:  # NUL bytes
         raise UserError(f"patch file {path} is not Python source: {e}") from None
     digest = hashlib.sha256(source).hexdigest()

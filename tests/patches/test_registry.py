@@ -3,6 +3,7 @@ release it is written for (0.3.0; 0.4.0.1, whose data_generation files 0.4.0 sha
 
 from __future__ import annotations
 
+import json
 import zipfile
 from functools import lru_cache
 
@@ -10,6 +11,7 @@ import pytest
 from packaging.version import Version
 
 from patcher.engine import run_codemod, written_for
+from support import run_cli
 from patcher.registry import all_patches
 
 PATCHES = all_patches()
@@ -48,6 +50,19 @@ def test_metadata_is_complete(patch):
     for fact in patch.facts:
         assert fact.modules and all(m.startswith("vllm/") and m.endswith(".py") for m in fact.modules)
         Version(fact.first_release)
+    # What a patch depends on is in its declaration: a vLLM fact, or in words (``list``).
+    if patch.facts:
+        assert not patch.depends_on
+    elif "eos_token_id" in patch.name or "kv-cache" in patch.name:  # they read vLLM at run time
+        assert "vllm/" in patch.depends_on and patch.portable
+
+
+def test_list_names_what_each_patch_depends_on():
+    listed = {r["id"]: r for r in json.loads(run_cli("list", "--json").stdout)}
+    assert "vllm/config/cache.py" in listed["SP021"]["depends_on"] and listed["SP021"]["facts"] == []
+    assert listed["SP010"]["depends_on"] == "" and listed["SP004"]["facts"]
+    text = run_cli("list").stdout
+    assert "speculators' own logic" in text and "at run time" in text
 
 
 def test_every_patch_is_written_for_a_release_tested_here():

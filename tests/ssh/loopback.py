@@ -102,7 +102,7 @@ class LoopbackSshd:
             f"  HostName 127.0.0.1\n  Port {port or self.port}\n  User {USER}\n"
             f"  IdentityFile {key or self.user_key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
             f"  UserKnownHostsFile {known_hosts or self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
-            "  StrictHostKeyChecking yes\n  ControlMaster no\n  ControlPath none\n"
+            "  StrictHostKeyChecking yes\n"
             f"  ConnectTimeout {connect_timeout}\n{extra}"
         )
 

@@ -143,14 +143,26 @@ def test_the_users_own_control_path_is_kept(tmp_path, sandbox, sshd, cache):
     own = Path(tempfile.mkdtemp(prefix="cm-"))
     try:
         config = tmp_path / "ssh_config"
-        config.write_text(sshd.host_block("mine").replace(
-            "  ControlMaster no\n  ControlPath none\n", f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n"))
+        config.write_text(sshd.host_block("mine", extra=f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n"))
         r = remote(config, "status", "--host", "mine", "--target", str(sandbox), env=reuse(cache))
         assert r.returncode == 0, r.stderr
         assert sockets(cache) == [] and [p for p in own.iterdir() if p.is_socket()]
     finally:
         close_masters(own)
         shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.mark.parametrize("setting", ["ControlMaster no", "ControlPath none"])
+def test_a_users_explicit_no_is_kept(tmp_path, sandbox, sshd, cache, setting):
+    """``ssh -G`` prints the same for ``ControlPath none`` as for nothing set; the user's
+    "no" still wins (docs/ssh.md)."""
+    config = tmp_path / "ssh_config"
+    config.write_text(sshd.host_block("mine", extra=f"  {setting}\n"))
+    before = sshd.connections()
+    for _ in range(2):
+        r = remote(config, "status", "--host", "mine", "--target", str(sandbox), env=reuse(cache))
+        assert r.returncode == 0, r.stderr
+    assert sshd.connections() == before + 2 and sockets(cache) == []
 
 
 def test_a_socket_directory_others_can_enter_is_not_used(sandbox, ssh_config, sshd, cache):

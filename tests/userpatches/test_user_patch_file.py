@@ -127,12 +127,18 @@ def test_verify_reports_a_source_changed_since_it_was_applied(tmp_path, sandbox)
     assert changed["id"] == "FIX001" and changed["source"] == str(fix) and changed["sha256"] != changed["recorded_sha256"]
     text = run_cli("verify", "--target", str(sandbox), "--patch-file", str(fix)).stdout
     assert "FIX001: its source changed since it was applied" in text and "revert --only FIX001" in text
-    # apply and diff refuse in one line, naming both files and the ways out; nothing changes.
+    [row] = [r for r in report["patches"] if r["id"] == "FIX001"]
+    assert row["verdict"] == "source-changed" and "revert --only FIX001" in row["hint"]
+    # status: still applied, from the earlier source (not "refused").
+    code, status = run_json("status", "--target", str(sandbox), "--patch-file", str(fix))
+    assert code == 0 and [r["state"] for r in status["patches"] if r["id"] == "FIX001"] == ["source-changed"]
+    # apply, diff and a revert that keeps FIX001 refuse in one line, naming both files and
+    # the ways out; nothing changes.
     before = tree_digest(site_packages(sandbox))
-    for command in ("apply", "diff"):
-        result = run_cli(command, "--target", str(sandbox), "--patch-file", str(fix))
+    for command in (["apply"], ["diff"], ["revert", "--only", "SP004"]):
+        result = run_cli(*command, "--target", str(sandbox), "--patch-file", str(fix))
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
-        assert result.stderr.startswith(f"error: FIX001 v1 was applied from {fix} (sha256 ")
+        assert result.stderr.startswith(f"error: FIX001 was applied from {fix} (sha256 ")
         assert "give it a new version" in result.stderr and "'revert --only FIX001' first" in result.stderr
     assert tree_digest(site_packages(sandbox)) == before
     # The way out it names: take the old fix out, apply the new one.
@@ -143,6 +149,7 @@ def test_verify_reports_a_source_changed_since_it_was_applied(tmp_path, sandbox)
 
 BROKEN = [
     pytest.param("x = (\n", "syntax error", id="syntax error"),
+    pytest.param("x = 1\0\n", "syntax error: source code string cannot contain null bytes", id="NUL byte"),
     pytest.param("X = 1\n", "defines no PATCH", id="no PATCH"),
     pytest.param(FIX001.replace('id="FIX001"', 'id="SP100"'), "reserved for shipped patches", id="SP id"),
     pytest.param(FIX001.replace('id="FIX001"', 'id="fix-1"'), "is not letters then digits", id="bad id"),
@@ -167,7 +174,7 @@ def test_a_bad_patch_file_is_one_error_line_and_nothing_changes(tmp_path, sandbo
     result = run_cli(command, "--target", str(sandbox), "--patch-file", str(fix))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, result.stderr
-    assert says in result.stderr
+    assert says in result.stderr and ":None:" not in result.stderr
     assert tree_digest(site) == before
 
 
