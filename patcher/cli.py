@@ -553,6 +553,9 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
         ctx = click.get_current_context(silent=True)
         if ctx is not None and ctx.params.get("ssh_config") and execs and not all_hosts:
             raise UserError("--ssh-config is only used with --host or --hosts-file; --exec targets do not use SSH")
+        if (ctx is not None and not all_hosts
+                and ctx.get_parameter_source("ssh_persist") == click.core.ParameterSource.COMMANDLINE):
+            raise UserError("--ssh-persist is only used with --host or --hosts-file; no host was given")
         all_hosts += execs
         if len(all_hosts) > 1:
             from patcher.fanout import run_many

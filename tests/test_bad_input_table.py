@@ -57,6 +57,7 @@ def _option_kinds(tmp: Path) -> list[tuple[str, list[str]]]:
             (f"{cmd}: --ssh-config with only --exec", [cmd, "--ssh-config", str(tmp / "ssh_config"),
                                                       "--exec", f"{sys.executable} -I"]),
             (f"{cmd}: --ssh-persist negative", [cmd, "--host", "x", "--ssh-persist", "-1"]),
+            (f"{cmd}: --ssh-persist without --host", [cmd, "--ssh-persist", "30"]),
             (f"{cmd}: --hosts-file missing", [cmd, "--hosts-file", str(tmp / "nope")]),
             (f"{cmd}: --hosts-file empty", [cmd, "--hosts-file", str(tmp / "empty-hosts")]),
             (f"{cmd}: --hosts-file binary", [cmd, "--hosts-file", str(tmp / "binary-hosts")]),
