@@ -9,6 +9,10 @@ Eight real sshd servers on loopback ports (``tests/ssh/loopback.py``), each with
   empty plan cache;
 - ``speculators-patch apply --host node1`` against ``--host node1 ... --host node8``.
 
+Each run starts from an empty controller cache (``$SPECULATORS_PATCH_CACHE``: plans, the
+manifest's checked-patch records, vLLM evidence, SSH master connections), as on a new
+controller; eight identical hosts then cost one plan.
+
 Before each measurement the targets are put back to pristine (the original bytes written
 back, the state directory removed), so every run writes two files on every host.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import statistics
 import subprocess
@@ -85,11 +90,15 @@ def main() -> None:
             times: dict[str, list[float]] = {k: [] for k in ("play1", "play8", "cli1", "cli8")}
             last: dict[str, str] = {}
 
+            def cold(name: str) -> dict[str, str]:
+                """An empty controller cache for this run (short path: it holds SSH sockets)."""
+                return {"SPECULATORS_PATCH_CACHE": tempfile.mkdtemp(prefix=f"c{name}-", dir=work)}
+
             def play(name: str, limit: list[str]) -> None:
                 targets.reset()
                 fleet = Fleet(work / f"{name}-{len(times[name])}", collections, config, nodes)
                 start = time.monotonic()
-                r = fleet.run(playbook, "--limit", ",".join(limit))
+                r = fleet.run(playbook, "--limit", ",".join(limit), env=cold(name))
                 times[name].append(time.monotonic() - start)
                 if r.returncode != 0:
                     sys.exit(f"ansible-playbook failed:\n{r.stdout}\n{r.stderr}")
@@ -101,7 +110,7 @@ def main() -> None:
                 for h in hosts:
                     argv += ["--host", h]
                 start = time.monotonic()
-                r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+                r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **cold(name)})
                 times[name].append(time.monotonic() - start)
                 if r.returncode != 0:
                     sys.exit(f"speculators-patch failed:\n{r.stdout}\n{r.stderr}")
