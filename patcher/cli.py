@@ -250,15 +250,10 @@ def _source_changes(snap: Snapshot) -> list[dict]:
 
 
 def _edited_user_patches(snap: Snapshot) -> dict[str, dict]:
-    """Loaded user patches applied to ``snap`` under the same version as now, whose file
-    changed since (id -> ``record.source_changes`` entry): their codemod would meet its own
-    earlier output as code it does not know. A new version is an upgrade, not an edit."""
-    from patcher.registry import user_patches
-    from patcher.userpatches import record
-
-    loaded, recorded = {p.id: p for p in user_patches()}, record.records(snap.manifest)
-    return {c["id"]: c for c in _source_changes(snap)
-            if recorded.get(c["id"], {}).get("version") == loaded[c["id"]].version}
+    """Loaded user patches applied to ``snap`` whose file changed since (id ->
+    ``record.source_changes`` entry), whatever the version: the installed code is the old
+    fix, which the new codemod would meet as code it does not know."""
+    return {c["id"]: c for c in _source_changes(snap)}
 
 
 def _refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None:
@@ -268,8 +263,8 @@ def _refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> Non
         if pid in ids:
             raise UserError(f"{pid} was applied from {change['recorded_source'] or 'another file'} (sha256 "
                             f"{change['recorded_sha256'][:12]}); {change['source']} now differs (sha256 "
-                            f"{change['sha256'][:12]}) under the same version, and {what} would apply it: "
-                            f"give it a new version to re-apply it, or 'revert --only {pid}' first")
+                            f"{change['sha256'][:12]}), and {what} would apply it over the old fix: "
+                            f"'revert --only {pid}' first (it needs no old file), then apply the new one")
 
 
 def _mark_edited(snap: Snapshot, rows: list[dict], key: str) -> None:
@@ -280,8 +275,8 @@ def _mark_edited(snap: Snapshot, rows: list[dict], key: str) -> None:
         if row["id"] in edited:
             row[key] = "source-changed"
             row["detail" if key == "state" else "hint"] = (
-                f"applied from its earlier source; {edited[row['id']]['source']} changed since: give it a new "
-                f"version to re-apply it, or 'revert --only {row['id']}'")
+                f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
+                f"'revert --only {row['id']}', then apply the new one")
 
 
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:

@@ -139,7 +139,12 @@ def test_verify_reports_a_source_changed_since_it_was_applied(tmp_path, sandbox)
         result = run_cli(*command, "--target", str(sandbox), "--patch-file", str(fix))
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
         assert result.stderr.startswith(f"error: FIX001 was applied from {fix} (sha256 ")
-        assert "give it a new version" in result.stderr and "'revert --only FIX001' first" in result.stderr
+        assert "'revert --only FIX001' first" in result.stderr
+    assert tree_digest(site_packages(sandbox)) == before
+    # A new version does not make it an upgrade: the new codemod would still meet the old fix.
+    fix.write_text(FIX001.replace('"0.5"', '"0.6"').replace("version=1", "version=2"))
+    result = run_cli("apply", "--target", str(sandbox), "--patch-file", str(fix))
+    assert result.returncode == 2 and "'revert --only FIX001' first" in result.stderr, result.stderr
     assert tree_digest(site_packages(sandbox)) == before
     # The way out it names: take the old fix out, apply the new one.
     assert run_cli("revert", "--target", str(sandbox), "--only", "FIX001", "--patch-file", str(fix)).returncode == 0
