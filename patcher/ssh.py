@@ -207,9 +207,9 @@ def reuse_options(resolved: dict[str, str], persist: int) -> list[str]:
 
     Returns ``[]`` -- a connection of its own per run, as ssh does by default -- when
     ``persist`` is 0, when the host's ssh_config sets its own ``ControlPath`` (the user's
-    multiplexing then applies unchanged; ``user_multiplexing`` also sees ``none``), or when the socket directory
-    (``$SPECULATORS_PATCH_CACHE/ssh``, mode 0700) cannot be made private to this user or
-    its path is too long for a unix socket.
+    multiplexing then applies unchanged; ``user_multiplexing`` also sees ``none``), or
+    when the socket directory (``$SPECULATORS_PATCH_CACHE/ssh``, mode 0700) cannot be made
+    private to this user or its path is too long for a unix socket.
     """
     if persist <= 0 or "controlpath" in resolved:
         return []
