@@ -54,13 +54,21 @@ def store(kind: str, digest: str, document: object) -> None:
     """Write ``document`` under ``kind/digest`` atomically (temporary file + rename); never raises."""
     if not enabled():
         return
-    folder = directory() / kind
-    tmp = folder / f"{digest}.{os.getpid()}.tmp"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(document), encoding="utf-8")
-        os.replace(tmp, folder / f"{digest}.json")
-    except (OSError, TypeError, ValueError):
+        data = json.dumps(document).encode()
+    except (TypeError, ValueError):
+        return
+    _write(directory() / kind / f"{digest}.json", data)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` atomically (temporary file + rename), folders made; never raises."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
         try:
             tmp.unlink()
         except OSError:
@@ -108,19 +116,7 @@ def load_blob(digest: str) -> bytes | None:
 def store_blob(data: bytes) -> str:
     """Keep ``data`` under its sha256 (hex, returned), atomically, once; never raises."""
     digest = hashlib.sha256(data).hexdigest()
-    if not enabled():
-        return digest
-    folder = directory() / "blobs" / digest[:2]
-    if (folder / digest).exists():
-        return digest
-    tmp = folder / f"{digest}.{os.getpid()}.tmp"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / digest)
-    except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+    path = directory() / "blobs" / digest[:2] / digest
+    if enabled() and not path.exists():
+        _write(path, data)
     return digest

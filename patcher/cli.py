@@ -224,7 +224,7 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     moved = recorded_states(snap, plans)  # applied by us for another vLLM (upgraded or downgraded since)
     for r in rows:
         r["state"] = moved.get(r["id"], r["state"])
-    _mark_edited(snap, rows, "state")
+    _mark_edited(_source_changes(snap), rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
     data = {**_describe(snap), "files": files, "patches": rows}
 
@@ -245,21 +245,15 @@ def _source_changes(snap: Snapshot) -> list[dict]:
     from patcher.registry import user_patches
     from patcher.userpatches import record
 
-    applied = {pid for path in (snap.manifest or {}).get("files", {}) for pid in snap.recorded(path)}
-    return record.source_changes(snap.manifest, user_patches(), applied)
-
-
-def _edited_user_patches(snap: Snapshot) -> dict[str, dict]:
-    """Loaded user patches applied to ``snap`` whose file changed since (id ->
-    ``record.source_changes`` entry), whatever the version: the installed code is the old
-    fix, which the new codemod would meet as code it does not know."""
-    return {c["id"]: c for c in _source_changes(snap)}
+    return record.source_changes(snap.manifest, user_patches(), snap.applied_ids())
 
 
 def _refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None:
     """Raise ``UserError`` (the way out named) when ``what`` would apply one of ``ids``
-    that ``_edited_user_patches`` lists."""
-    for pid, change in _edited_user_patches(snap).items():
+    whose file changed since it was applied (``_source_changes``), whatever the version:
+    the installed code is the old fix, which the new codemod would meet as unknown code."""
+    for change in _source_changes(snap):
+        pid = change["id"]
         if pid in ids:
             raise UserError(f"{pid} was applied from {change['recorded_source'] or 'another file'} (sha256 "
                             f"{change['recorded_sha256'][:12]}); {change['source']} now differs (sha256 "
@@ -267,10 +261,11 @@ def _refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> Non
                             f"'revert --only {pid}' first (it needs no old file), then apply the new one")
 
 
-def _mark_edited(snap: Snapshot, rows: list[dict], key: str) -> None:
-    """In ``status``/``verify`` rows: an edited user patch is still applied (from its
-    earlier source), not "refused"; ``key`` (state or verdict) says its source changed."""
-    edited = _edited_user_patches(snap)
+def _mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
+    """In ``status``/``verify`` rows: a user patch in ``changes`` (``_source_changes``) is
+    still applied (from its earlier source), not "refused"; ``key`` (state or verdict)
+    says its source changed."""
+    edited = {c["id"]: c for c in changes}
     for row in rows:
         if row["id"] in edited:
             row[key] = "source-changed"
@@ -292,7 +287,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
     rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
             for c in checks]
-    _mark_edited(snap, rows, "verdict")
+    _mark_edited(changed_sources, rows, "verdict")
     ok = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
           and not changed_sources)
     data = {
@@ -404,8 +399,7 @@ def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force
     from patcher import engine
 
     if partial:  # the patches kept are applied again from the pristine files
-        kept = {pid for path in (snap.manifest or {}).get("files", {}) for pid in snap.recorded(path)}
-        _refuse_edited_user_patches(snap, kept - {p.id for p in chosen}, "this revert")
+        _refuse_edited_user_patches(snap, snap.applied_ids() - {p.id for p in chosen}, "this revert")
     result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
     changed = [p.path for p in result.plans if p.changed]
     data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "would_change": changed}

@@ -43,17 +43,18 @@ class _NotHeld(Exception):
     """The agent named a content by digest that the controller cache no longer holds."""
 
 
-def _content(value: str | dict | None) -> bytes | None:
+def _content(value: str | dict | None, digests: set[str]) -> bytes | None:
     """A file in an ``inspect`` answer: base64 (kept in the controller cache for the next
-    run), ``{"sha256": hex}`` (read from that cache) or None."""
+    run), ``{"sha256": hex}`` (read from that cache) or None; its digest goes to ``digests``."""
     if isinstance(value, dict):
         data = cache.load_blob(value["sha256"])
         if data is None:
             raise _NotHeld(value["sha256"])
+        digests.add(value["sha256"])
         return data
     data = _unb64(value)
     if data is not None:
-        cache.store_blob(data)
+        digests.add(cache.store_blob(data))
     return data
 
 
@@ -68,33 +69,31 @@ def _inspect(transport: Transport, request: dict) -> tuple[dict, dict]:
     have = cache.load("inspect-have", remembered) if cache.enabled() else None
     answer = transport.request("inspect", **request, have=have or None)
     try:
-        contents = _decode_contents(answer)
+        contents, held = _decode_contents(answer)
     except _NotHeld:  # the cache was emptied since: read again in full, keep what the first read recovered
         first = answer
         answer = transport.request("inspect", **request)
         answer["recovered"] = first.get("recovered") or answer.get("recovered", False)
-        contents = _decode_contents(answer)
+        contents, held = _decode_contents(answer)
     # This answer's digests first, then earlier ones (a fleet on two vLLM releases), bounded.
-    held = sorted({hashlib.sha256(d).hexdigest() for group in contents.values() for d in _flat(group)})
-    kept = (held + [d for d in have or [] if d not in held])[:_HAVE_MAX]
+    kept = (sorted(held) + [d for d in have or [] if d not in held])[:_HAVE_MAX]
     if kept != have:
         cache.store("inspect-have", remembered, kept)
     return answer, contents
 
 
-def _flat(group: dict) -> list[bytes]:
-    return [d for v in group.values() for d in (v if isinstance(v, list) else [v]) if d is not None]
-
-
-def _decode_contents(answer: dict) -> dict:
-    """Every file content of an ``inspect`` answer as bytes (None for a missing file)."""
+def _decode_contents(answer: dict) -> tuple[dict, set[str]]:
+    """Every file content of an ``inspect`` answer as bytes (None for a missing file), and
+    the sha256 of each."""
+    held: set[str] = set()
     vllm = answer["vllm"]
-    return {
-        "speculators": {k: _content(v) for k, v in answer["speculators"]["files"].items()},
-        "vllm": {} if vllm is None else {k: _content(v) for k, v in vllm["files"].items()},
-        "pristine": {k: _content(v) for k, v in answer["pristine"].items()},
-        "backups": {k: [_content(d) for d in v] for k, v in answer.get("backups", {}).items()},
+    contents = {
+        "speculators": {k: _content(v, held) for k, v in answer["speculators"]["files"].items()},
+        "vllm": {} if vllm is None else {k: _content(v, held) for k, v in vllm["files"].items()},
+        "pristine": {k: _content(v, held) for k, v in answer["pristine"].items()},
+        "backups": {k: [_content(d, held) for d in v] for k, v in answer.get("backups", {}).items()},
     }
+    return contents, held
 
 
 @dataclass
@@ -153,6 +152,10 @@ class Snapshot:
         if self.file_state(path) != "patched":
             return {}
         return dict(self.manifest["files"][path]["patches"])
+
+    def applied_ids(self) -> set[str]:
+        """Every patch the manifest records as applied by us, in any file."""
+        return {pid for path in (self.manifest or {}).get("files", {}) for pid in self.recorded(path)}
 
 
 def read_snapshot(transport: Transport, site_packages: str | None = None, tolerate_damage: bool = False) -> Snapshot:
