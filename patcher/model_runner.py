@@ -1,20 +1,25 @@
-"""Which model runner vLLM's GPU worker builds, and whether hidden-state capture can work.
+"""Which model runner vLLM's GPU worker builds, and whether hidden-state capture works with it.
 
-The patched worker (SP010) lays out each step's captures by the model runner's
-``input_batch``, which only the V1 runner (vllm/v1/worker/gpu_model_runner.py) has. vLLM's
-GPU worker (vllm/v1/worker/gpu_worker.py, ``Worker.__init__``) builds Model Runner V2
-(vllm/v1/worker/gpu/model_runner.py, no ``input_batch``) instead:
-- 0.13-0.21: when ``VLLM_USE_V2_MODEL_RUNNER`` is a non-zero integer
+vLLM's GPU worker (vllm/v1/worker/gpu_worker.py, ``Worker.__init__``) builds the V1 runner
+(vllm/v1/worker/gpu_model_runner.py) or Model Runner V2 (vllm/v1/worker/gpu/model_runner.py):
+- 0.11-0.12: V1 only (no switch);
+- 0.13-0.21: V2 when ``VLLM_USE_V2_MODEL_RUNNER`` is set and true
   (``self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER``);
-- 0.22 and later: when ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py) says so: the
-  variable when set (``1``/``0``), else vLLM's own choice, V2 for the architectures in
-  ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` (0.22: Qwen3; 0.24: Llama, DeepSeek-V2/V3, ...).
+- 0.22 and later: ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py) decides: the
+  variable when set, else vLLM's own choice -- V2 for the architectures in
+  ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` (0.22: Qwen3; 0.24: Llama, DeepSeek-V2, ...), and
+  from 0.29 (no such list) V2 for every model unless a feature it lacks is used.
 vLLM's CPU worker always builds the V1 runner (it ignores the variable).
 
+Capture splits each step per request from the runner's batch: V1's ``input_batch`` (SP010)
+or V2's per-step ``InputBatch`` in ``execute_model_state`` (SP022). Whether the installed
+worker extension reads V2's batch is read from its source (``reads_v2_batch``).
+
 ``verify`` cannot see the training job's environment, only its own (the agent's, on the
-target). So the finding is a condition with evidence (file:line where vLLM reads the
-switch): an error only when the variable selects V2 in verify's own environment; a warning
-when vLLM may pick V2 by itself and the variable does not say ``0``; otherwise a note.
+target), so the finding says which runner a job with that environment gets, with evidence
+(file:line where vLLM decides), and whether capture works with it: an ``error`` only when
+the variable selects V2 here and the worker cannot read V2's batch; a ``warning`` when vLLM
+may pick V2 by itself and the worker cannot read it; otherwise a ``note``.
 """
 
 from __future__ import annotations
@@ -30,19 +35,26 @@ from patcher import cache
 VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 WORKER = "vllm/v1/worker/gpu_worker.py"
 CONFIG = "vllm/config/vllm.py"
-FIX = f"set {VARIABLE}=0 in the job's environment"
+EXTENSION = "speculators/data_generation/custom_worker.py"
+FIX = f"set {VARIABLE}=0 in the job's environment, or run speculators-patch apply (SP022)"
 _CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a cached answer is this code's
 
 
 @dataclass(frozen=True)
 class RunnerCheck:
-    """``severity``: ``error`` (fails verify), ``warning`` or ``note`` (do not)."""
+    """``severity``: ``error`` (fails verify), ``warning`` or ``note`` (do not).
+    ``runner``: what a GPU job with verify's environment gets: ``v1``, ``v2`` or ``by-model``
+    (vLLM's choice per architecture, ``v2_for`` lists them; empty: every model it supports).
+    ``capture_v2``: the installed worker extension reads Model Runner V2's batch."""
 
     severity: str
     message: str
     file: str
     line: int
     found: str
+    runner: str = "v1"
+    v2_for: tuple[str, ...] = ()
+    capture_v2: bool = False
 
     @property
     def where(self) -> str:
@@ -50,7 +62,8 @@ class RunnerCheck:
 
     def as_dict(self) -> dict:
         return {"severity": self.severity, "message": self.message, "file": self.file, "line": self.line,
-                "found": self.found, "variable": VARIABLE}
+                "found": self.found, "variable": VARIABLE, "runner": self.runner, "v2_for": list(self.v2_for),
+                "capture_v2": self.capture_v2}
 
 
 def _switch(tree: ast.Module) -> ast.Assign | None:
@@ -86,21 +99,38 @@ def _env_says(value: str | None) -> bool | None:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
-def check(files: Mapping[str, bytes | None], env_value: str | None) -> RunnerCheck | None:
+def reads_v2_batch(extension: bytes | None) -> bool:
+    """Whether the worker extension's source reads Model Runner V2's per-step batch
+    (``execute_model_state``, as an attribute or a ``getattr`` name), as SP022 emits."""
+    if extension is None:
+        return False
+    try:
+        tree = ast.parse(extension)
+    except SyntaxError:
+        return False
+    return any((isinstance(n, ast.Attribute) and n.attr == "execute_model_state")
+               or (isinstance(n, ast.Constant) and n.value == "execute_model_state") for n in ast.walk(tree))
+
+
+def check(files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None) -> RunnerCheck | None:
     """None when this vLLM's worker has no V2 switch (0.11, 0.12) or it cannot be read.
-    The answer is a function of the two files' bytes and ``env_value``; it is kept in the
-    controller cache under their digests (parsing the worker took ~10 ms per host and run)."""
-    digests = [None if files.get(f) is None else hashlib.sha256(files[f]).hexdigest() for f in (WORKER, CONFIG)]
+    ``files``: vLLM's ``WORKER`` and ``CONFIG`` sources; ``extension``: the installed
+    ``EXTENSION`` source. The answer is a function of those bytes and ``env_value``; it is
+    kept in the controller cache under their digests (parsing the worker took ~10 ms per
+    host and run)."""
+    sources = [files.get(WORKER), files.get(CONFIG), extension]
+    digests = [None if s is None else hashlib.sha256(s).hexdigest() for s in sources]
     key = cache.key(["model-runner", _CODE, digests, env_value])
     stored = cache.load("model-runner", key)
     if isinstance(stored, dict) and "check" in stored:
-        return None if stored["check"] is None else RunnerCheck(**stored["check"])
-    found = _check(files, env_value)
+        found = stored["check"]
+        return None if found is None else RunnerCheck(**{**found, "v2_for": tuple(found.get("v2_for", ()))})
+    found = _check(files, env_value, reads_v2_batch(extension))
     cache.store("model-runner", key, {"check": None if found is None else asdict(found)})
     return found
 
 
-def _check(files: Mapping[str, bytes | None], env_value: str | None) -> RunnerCheck | None:
+def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2: bool) -> RunnerCheck | None:
     data = files.get(WORKER)
     if data is None:
         return None
@@ -113,9 +143,19 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None) -> RunnerCh
     found = ast.unparse(switch).strip()
     chosen = _env_says(env_value)
     shown = f"{VARIABLE}={env_value}" if env_value is not None else f"{VARIABLE} unset"
-    if chosen:
-        return RunnerCheck("error", f"{shown} here: vLLM's GPU worker builds Model Runner V2, which has no "
-                           f"input_batch; hidden-state capture stops at setup. {FIX}", WORKER, switch.lineno, found)
+    works = "hidden-state capture works with it" if capture_v2 else ""
+    if chosen is not None:
+        runner = "v2" if chosen else "v1"
+        if not chosen:
+            return RunnerCheck("note", f"{shown} here: a GPU job with this environment gets the V1 model runner; "
+                               "hidden-state capture works with it", WORKER, switch.lineno, found, runner,
+                               capture_v2=capture_v2)
+        if capture_v2:
+            return RunnerCheck("note", f"{shown} here: a GPU job with this environment gets Model Runner V2; {works}",
+                               WORKER, switch.lineno, found, runner, capture_v2=True)
+        return RunnerCheck("error", f"{shown} here: a GPU job with this environment gets Model Runner V2, whose "
+                           f"batch the installed worker cannot read; hidden-state capture stops at setup. {FIX}",
+                           WORKER, switch.lineno, found, runner)
     prop, default = None, None
     config = files.get(CONFIG)
     if "vllm_config.use_v2_model_runner" in found and config is not None:
@@ -124,10 +164,18 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None) -> RunnerCh
             prop, default = _config_property(tree), _default_architectures(tree)
         except SyntaxError:
             pass
-    if prop is not None and chosen is None:
-        which = f"for {', '.join(default)}" if default else "for every model it supports"
-        return RunnerCheck("warning", f"{shown} here: vLLM picks Model Runner V2 (no input_batch) by itself {which} "
-                           f"on GPU; hidden-state capture then stops at setup. {FIX}", CONFIG, prop.lineno,
-                           f"VllmConfig.use_v2_model_runner, read at {WORKER}:{switch.lineno}")
-    return RunnerCheck("note", f"{shown} here: capture needs the V1 model runner; a job that sets {VARIABLE}=1 on "
-                       "GPU stops at capture setup", WORKER, switch.lineno, found)
+    if prop is None:  # 0.13-0.21: V2 only when the variable says so
+        tail = ("either runner works with capture" if capture_v2 else
+                f"a job that sets {VARIABLE}=1 on GPU stops at capture setup")
+        return RunnerCheck("note", f"{shown} here: a GPU job gets the V1 model runner (Model Runner V2 only when "
+                           f"{VARIABLE}=1); {tail}", WORKER, switch.lineno, found, "v1", capture_v2=capture_v2)
+    which = (f"Model Runner V2 for {', '.join(default)} and V1 for other models" if default else
+             "Model Runner V2 for every model (V1 where a feature V2 lacks is used)")
+    evidence = f"VllmConfig.use_v2_model_runner, read at {WORKER}:{switch.lineno}"
+    runner = "by-model" if default else "v2"
+    if capture_v2:
+        return RunnerCheck("note", f"{shown} here: on GPU vLLM builds {which}; hidden-state capture works with "
+                           "both", CONFIG, prop.lineno, evidence, runner, tuple(default or ()), True)
+    return RunnerCheck("warning", f"{shown} here: on GPU vLLM builds {which}; the installed worker cannot read V2's "
+                       f"batch, so capture then stops at setup. {FIX}", CONFIG, prop.lineno, evidence, runner,
+                       tuple(default or ()))

@@ -128,3 +128,24 @@ def class_lacks_base(path: str, cls: str, base: str) -> Probe:
         return Evidence(base not in bases, path, node.lineno, f"class {cls}({', '.join(bases)})")
 
     return probe
+
+
+@_recorded
+def attribute_stores(path: str, qualname: str, attr: str, holding: str) -> Probe:
+    """Holds when function ``qualname`` assigns ``self.<attr>`` a value built from the name
+    ``holding`` (e.g. ``self.execute_model_state = (..., input_batch, ...)``)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        fn = src.find_function(path, qualname)
+        if fn is None:
+            return _missing(path, qualname)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
+                    and t.value.id == "self" for t in node.targets):
+                if any(isinstance(n, ast.Name) and n.id == holding for n in ast.walk(node.value)):
+                    shown = " ".join(ast.unparse(node).split())
+                    return Evidence(True, path, node.lineno, shown if len(shown) <= 90 else shown[:87] + "...")
+        return Evidence(False, path, fn.lineno, f"{qualname} stores no {holding} in self.{attr}")
+
+    return probe

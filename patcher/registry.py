@@ -192,7 +192,7 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
         missing = [r for r in patch.requires if r not in ids]
         if missing:
             raise UserError(f"{patch.id} requires {', '.join(missing)}: select them together")
-        dependents = [p.id for p in patches if patch.id in p.requires and p.id not in ids]
+        dependents = sorted(p.id for p in patches if patch.id in p.requires and p.id not in ids)
         if dependents:
             raise UserError(f"{', '.join(dependents)} require(s) {patch.id}: select them together")
     return tuple(chosen)

@@ -129,7 +129,8 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     if stored is not None:
         findings, checked, imports, vllm = stored
-        return CallsCheck(findings, checked, None, imports, model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE)))
+        runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION))
+        return CallsCheck(findings, checked, None, imports, runner)
     if answer.get("unchanged"):  # an entry that cannot be read back: read in full
         answer = transport.request("sources", **request)
     speculators, vllm = callsite.decode(answer)
@@ -137,7 +138,7 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     index = callsite.Index(vllm)  # each vLLM module parsed once for both checks
     findings = callsite.check(speculators, vllm, checked, index) + attribute_reads.check(speculators, vllm, index)
     imports = import_path.check(answer["import_path"])
-    runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE))
+    runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION))
     if not runtime:
         calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
         return CallsCheck(findings, checked, None, imports, runner)

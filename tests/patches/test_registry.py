@@ -72,7 +72,11 @@ def test_every_patch_is_written_for_a_release_tested_here():
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_alone_on_pristine_changes_then_is_satisfied(patch):
-    verdict, once, _ = run_codemod(patch, release_sources(release_of(patch))[patch.file])
+    """Alone, or after the patches of the same file it requires (SP022 rewrites SP010's code)."""
+    source = release_sources(release_of(patch))[patch.file]
+    for required in (p for p in PATCHES if p.id in patch.requires and p.file == patch.file):
+        source = run_codemod(required, source)[1]
+    verdict, once, _ = run_codemod(patch, source)
     assert verdict == "changed"
     compile(once, patch.file, "exec")
     verdict, twice, detail = run_codemod(patch, once)
@@ -116,6 +120,8 @@ def test_required_patches_are_selected_together():
         select(only=(dependent.id,))
     with pytest.raises(UserError, match=f"{dependent.id} requires {dependent.requires[0]}"):
         select(skip=(dependent.requires[0],))
-    with pytest.raises(UserError, match=f"{dependent.id} require\\(s\\) {dependent.requires[0]}"):
+    with pytest.raises(UserError, match=f"(SP\\d+, )*{dependent.id}(, SP\\d+)* require\\(s\\) {dependent.requires[0]}"):
         select(only=(dependent.requires[0],))
-    assert {dependent.id, *dependent.requires} <= {p.id for p in select(only=(dependent.id, *dependent.requires))}
+    # Together: the requirement and every patch that requires it (SP010 with SP012 and SP022).
+    group = {dependent.id, *dependent.requires} | {p.id for p in PATCHES if set(p.requires) & set(dependent.requires)}
+    assert group <= {p.id for p in select(only=tuple(sorted(group)))}
