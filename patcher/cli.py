@@ -680,13 +680,15 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
               "a tiny model of its architecture is checked too.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--runner", type=click.Choice(["auto", "v1", "v2", "both"]), default="auto", show_default=True,
+              help="GPU model runner: vLLM's own choice, V1, Model Runner V2, or one run with each.")
 @click.option("--timeout", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
-def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, device, tp, timeout):
+def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, device, tp, runner, timeout):
     """Prove extraction on this box: speculators' generator vs transformers on tiny models."""
     from patcher.selftest.command import request
 
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_selftest(
-        t, s, request(archs, model, device, tp), timeout, host)), as_json)
+        t, s, request(archs, model, device, tp, runner), timeout, host)), as_json)
 
 
 def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float, host: str | None) -> Report:

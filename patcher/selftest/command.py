@@ -62,7 +62,9 @@ def diagnose(error: dict, speculators: str | None = None) -> str | None:
     from patcher.engine import written_for
     from patcher.registry import all_patches
 
-    text = f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}"
+    worker = error.get("worker") or {}
+    text = (f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"
+            f"{worker.get('type')}: {worker.get('message')}\n{worker.get('raised', '')}")
     fits = {p.id for p in written_for(speculators, all_patches())} if speculators else None
     for pattern, patch_ids in SYMPTOMS:
         if re.search(pattern, text):
@@ -70,15 +72,20 @@ def diagnose(error: dict, speculators: str | None = None) -> str | None:
     return None
 
 
-def request(archs: tuple[str, ...], model: str | None, device: str, tp: int) -> dict:
+RUNNERS = ("auto", "v1", "v2", "both")  # --runner: vLLM's choice, V1, Model Runner V2, one run each
+
+
+def request(archs: tuple[str, ...], model: str | None, device: str, tp: int, runner: str = "auto") -> dict:
     """The remote ``run.main`` request; ``archs`` defaults to ``llama``."""
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         raise UserError(f"unknown --arch {', '.join(unknown)} (known: {', '.join(ARCHS)})")
     if tp < 1:
         raise UserError(f"--tp must be at least 1, got {tp}")
+    if runner not in RUNNERS:
+        raise UserError(f"unknown --runner {runner} (known: {', '.join(RUNNERS)})")
     return {"archs": list(archs or ("llama",)), "model_path": model, "device": device, "tp": tp,
-            "bound": COSINE_FLOOR}
+            "bound": COSINE_FLOOR, "runner": runner}
 
 
 def run_remote(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
@@ -120,7 +127,15 @@ def render(report: dict, console: Console) -> None:
                   f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
                   + (f" ({report['device_name']})" if report.get("device_name") else ""))
     for arch in report["archs"]:
-        console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']})")
+        console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']}, runner {arch.get('runner', 'auto')})")
+        engine = arch.get("engine")
+        if engine and "error" not in engine:
+            kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
+            agree = "" if engine.get("agree", True) else " (ranks differ!)"
+            console.print(f"  vLLM built: {kind} ({engine['runner']}), attention "
+                          f"{', '.join(engine['attention']) or 'none found'}{agree}", highlight=False)
+        elif engine:
+            console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
         table = Table()
         for col in ("case", "prompts", "tokens", "steps", "layer", "worst cosine", "mean cosine", "bound", "bad"):
             table.add_column(col, justify="left" if col == "case" else "right")
@@ -149,8 +164,18 @@ def render(report: dict, console: Console) -> None:
             fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
             what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
             console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
-            lines = f"{e['type']}: {e['message']}".splitlines()
-            for line in lines[:6] + (["…"] if len(lines) > 6 else []):
+            worker = e.get("worker")
+            if worker:  # the cause, as the vLLM process that died logged it
+                lines = f"{worker['type']}: {worker['message']}".splitlines()
+                lines = [f"{worker['process']}: {lines[0]}", *lines[1:6]]
+                lines += [f"  at {frame}" for frame in worker["frames"]]
+                if worker.get("raised"):
+                    lines.append(f"raised there as {worker['raised'].splitlines()[0]}")
+                lines.append(f"vLLM reported: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}")
+            else:
+                lines = f"{e['type']}: {e['message']}".splitlines()
+                lines = lines[:6] + (["…"] if len(lines) > 6 else [])
+            for line in lines:
                 console.print(f"    {line}", markup=False, highlight=False)
     verdict = "OK" if report["ok"] else "FAILED"
     console.print(f"selftest: {verdict}: {len(report['archs'])} architecture(s), {report['captures']} captures, "

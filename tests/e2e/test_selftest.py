@@ -31,8 +31,9 @@ CASES = ["order", "shared-prefix", "chunked", "over-max-seqs", "order-again"]
 SELFTEST_TIMEOUT = 1200  # s; three architectures take about 90 s on the 2-core machine
 
 
-def selftest(target: Path, *args: str, vllm: str = "0.16.0") -> tuple[int, dict, str]:
-    proc = cli("selftest", "--target", str(target), "--json", *args, env=engine_environ(vllm), timeout=SELFTEST_TIMEOUT)
+def selftest(target: Path, *args: str, vllm: str = "0.16.0", env: dict | None = None) -> tuple[int, dict, str]:
+    proc = cli("selftest", "--target", str(target), "--json", *args, env={**engine_environ(vllm), **(env or {})},
+               timeout=SELFTEST_TIMEOUT)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -90,6 +91,38 @@ def test_selftest_passes_on_patched_018(all_archs_018):
     assert_all_within_bound(*all_archs_018, ["llama", "deepseek_v3", "kimi_k25"])
 
 
+def test_selftest_names_the_runner_and_attention_vllm_built(all_archs_016):
+    """What the CPU engine builds, asked of the workers themselves: the V1 runner's CPU
+    subclass and the CPU attention backend (TRITON_ATTN/FLASH_ATTN/MLA ones on GPUs)."""
+    for arch in all_archs_016[1]["selftest"]["archs"]:
+        engine = arch["engine"]
+        assert arch["runner"] == "auto" and engine["runner_kind"] == "v1", engine
+        assert engine["runner"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner" and engine["agree"]
+        assert engine["attention"] == ["CPU_ATTN"], engine
+
+
+def test_selftest_refuses_model_runner_v2_on_cpu(target_016):
+    proc = cli("selftest", "--target", str(target_016), "--runner", "both", env=engine_environ("0.16.0"), timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "error: local: selftest cannot run here: --runner both: vLLM's CPU worker builds only the V1 model runner"]
+
+
+def test_a_worker_that_dies_at_start_is_reported_with_its_own_exception(target_016):
+    """vLLM itself says only 'WorkerProc initialization failed ...'; the report carries the
+    worker's exception. A real worker death: the CPU worker cannot bind OpenMP to core 99."""
+    code, data, _ = selftest(target_016, "--arch", "llama", env={"VLLM_CPU_OMP_THREADS_BIND": "99"})
+    error = data["selftest"]["archs"][0]["error"]
+    assert code == 1 and error["stage"] == "start"
+    assert "WorkerProc initialization failed" in error["message"]
+    worker = error["worker"]
+    assert (worker["type"], worker["message"]) == ("RuntimeError", "Failed to parse CPU string: 99")
+    assert any("vllm/v1/worker/cpu_worker.py:" in f and f.endswith(" in init_device") for f in worker["frames"])
+    shown = cli("selftest", "--target", str(target_016), "--arch", "llama", timeout=SELFTEST_TIMEOUT,
+                env={**engine_environ("0.16.0"), "VLLM_CPU_OMP_THREADS_BIND": "99"}).stdout
+    assert "RuntimeError: Failed to parse CPU string: 99" in shown and "vLLM reported: Exception: WorkerProc" in shown
+
+
 def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
     code, data, stderr = selftest(target_016, "--arch", "deepseek_v3", "--tp", "2")
     assert_all_within_bound(code, data, stderr, ["deepseek_v3"])
@@ -99,7 +132,7 @@ def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
 
 def test_selftest_fails_with_figures_when_only_api_fixes_are_applied(tmp_path_factory):
     """0.3.0's own capture logic on a chunked batch: runs, raises nothing, wrong data."""
-    target = patched_target(tmp_path_factory, "0.16.0", "--skip", "SP009", "--skip", "SP010", "--skip", "SP012")
+    target = patched_target(tmp_path_factory, "0.16.0", "--skip", "SP009", "--skip", "SP010", "--skip", "SP012", "--skip", "SP022")
     code, data, _ = selftest(target)
     report = data["selftest"]
     assert code == 1 and not report["ok"]

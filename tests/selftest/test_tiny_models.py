@@ -56,6 +56,15 @@ def test_deepseek_heads_per_rank(device, tp, heads):
     assert for_device(DEEPSEEK_V3, device, tp)["num_attention_heads"] == heads
 
 
+@pytest.mark.parametrize("device", ["cuda", "rocm"])
+def test_deepseek_on_gpus_has_the_mla_shapes_gpu_kernels_take(device):
+    config = for_device(DEEPSEEK_V3, device)
+    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576  # the one MLA head size
+    assert (config["qk_nope_head_dim"] + config["qk_rope_head_dim"], config["v_head_dim"]) == (192, 128)
+    cpu = for_device(DEEPSEEK_V3, "cpu")
+    assert cpu["kv_lora_rank"] == DEEPSEEK_V3["kv_lora_rank"]  # the CPU engine's proofs keep their model
+
+
 @pytest.mark.parametrize("tp, heads, hidden", [(1, 2, 128), (2, 2, 128), (4, 4, 256), (8, 8, 512)])
 def test_llama_whole_heads_of_64_per_rank(tp, heads, hidden):
     config = for_device(LLAMA, "cuda", tp)

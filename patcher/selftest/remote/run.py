@@ -28,17 +28,25 @@ import traceback
 from pathlib import Path
 
 from . import cases as case_defs
-from . import tiny_models
+from . import engine_facts, tiny_models, worker_log
 
 PROGRESS = "[selftest] "
+# --runner: the value of VLLM_USE_V2_MODEL_RUNNER each run gets (None: left as it is, vLLM's choice).
+RUNNERS = {"auto": None, "v1": "0", "v2": "1"}
+RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
+# Multi-GPU boxes: NVLink multicast (NVLS) stays off in every process selftest starts.
+CUDA_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+_BUILT: dict = {}  # model directory -> the text config it was built with
+_progress_out = None  # the original stderr while vLLM's output is captured (worker_log.Captured)
 # GPU: the tiny model needs well under 1 GiB; vLLM reserves gpu_memory_utilization x total.
 GPU_BUDGET_BYTES = 2 << 30
 NOISE_LIMIT = 0.98  # the loosest per-token cosine bound ``bound_for`` gives
 
 
 def progress(message: str) -> None:
-    sys.stderr.write(PROGRESS + message + "\n")
-    sys.stderr.flush()
+    out = _progress_out or sys.stderr
+    out.write(PROGRESS + message + "\n")
+    out.flush()
 
 
 def _error(stage: str, exc: BaseException) -> dict:
@@ -79,6 +87,7 @@ def prepare_environment(device: str, tp: int) -> dict:
             chosen["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
                 ",".join(map(str, cores[r * per:(r + 1) * per])) for r in range(tp))
     else:
+        chosen.update(CUDA_ENV)
         count = torch.cuda.device_count()
         if tp > count:
             raise Refused(f"--tp {tp} needs {tp} CUDA devices, torch sees {count}")
@@ -105,9 +114,30 @@ def gpu_memory_utilization(device: str) -> float:
 
 def run_generator(model_dir: Path, layers: list[int], tp: int, device: str, vocab: int, report: dict):
     """Every case through one generator; returns {case: (prompts, results)} and fills
-    ``report`` (per-case steps/seconds, or ``error``)."""
+    ``report`` (per-case steps/seconds, the engine vLLM built, or ``error``). vLLM's own
+    output goes to a log file meanwhile; when the generator fails, the exception a vLLM
+    worker logged there is ``error["worker"]`` (vLLM itself only says a worker failed)."""
+    global _progress_out
+    log = worker_log.Captured(str(model_dir.parent / f"{model_dir.name}-{report['runner']}.vllm.log"))
+    with log:
+        _progress_out = log.original_stderr
+        try:
+            outputs = _run_cases(model_dir, layers, tp, device, vocab, report)
+        finally:
+            _progress_out = None
+    if "error" in report:
+        text = log.text()
+        found = worker_log.worker_exception(text)
+        if found is not None:
+            report["error"]["worker"] = found
+        report["error"]["log_tail"] = [line for line in text.splitlines() if line.strip()][-40:]
+    return outputs
+
+
+def _run_cases(model_dir: Path, layers: list[int], tp: int, device: str, vocab: int, report: dict):
     t0 = time.time()
-    progress(f"{report['arch']}: starting vLLM with speculators' VllmHiddenStatesGenerator (tp {tp}, {device})")
+    progress(f"{report['arch']}: starting vLLM with speculators' VllmHiddenStatesGenerator (tp {tp}, {device}, "
+             f"runner {report['runner']})")
     try:
         from speculators.data_generation import VllmHiddenStatesGenerator
 
@@ -118,6 +148,7 @@ def run_generator(model_dir: Path, layers: list[int], tp: int, device: str, voca
         report["error"] = _error("start", exc)
         return {}
     report["seconds"]["start"] = round(time.time() - t0, 1)
+    report["engine"] = engine_facts.collect(generator.executor)
     steps: list[dict] = []
     execute_model = generator.executor.execute_model
 
@@ -248,13 +279,17 @@ def repeat_difference(first: list, again: list) -> float | None:
     return max(diffs) if diffs else None
 
 
-def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int, bound: float) -> dict:
-    """The whole check for one architecture; the returned dict is JSON-ready."""
-    report: dict = {"arch": arch, "tp": tp, "device": device, "cases": [], "seconds": {}}
+def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int, bound: float,
+             runner: str = "auto") -> dict:
+    """The whole check for one architecture under one ``runner`` (a key of ``RUNNERS``);
+    the returned dict is JSON-ready."""
+    report: dict = {"arch": arch, "tp": tp, "device": device, "runner": runner, "cases": [], "seconds": {}}
     t0 = time.time()
     model_dir = workdir / arch
     try:
-        text_config = tiny_models.build(arch, model_dir, config, device, tp)
+        if model_dir not in _BUILT:  # a second runner reuses the checkpoint
+            _BUILT[model_dir] = tiny_models.build(arch, model_dir, config, device, tp)
+        text_config = _BUILT[model_dir]
     except tiny_models.UnsupportedModel as exc:
         report.update(error=_error("build", exc), layers=[], ok=False)
         progress(f"{arch}: cannot build: {exc}")
@@ -281,7 +316,7 @@ def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int
     # need not reproduce bits; the CPU engine does, and the e2e tier asserts it there).
     report["ok"] = "error" not in report and all(c.get("ok") for c in report["cases"]) and \
         len(report["cases"]) == len(case_defs.CASES)
-    progress(f"{arch}: {'ok' if report['ok'] else 'FAILED'} in {report['seconds']['total']:.0f} s")
+    progress(f"{arch} ({runner}): {'ok' if report['ok'] else 'FAILED'} in {report['seconds']['total']:.0f} s")
     return report
 
 
@@ -298,13 +333,23 @@ def versions() -> dict:
     return found
 
 
+def runners_for(requested: str, device: str) -> list[str]:
+    """The runs ``--runner`` asks for: ``auto`` (vLLM's choice), ``v1``, ``v2`` or ``both``.
+    Raises ``Refused`` for V2 on the CPU, whose worker builds only the V1 runner."""
+    runs = ["v1", "v2"] if requested == "both" else [requested]
+    if device == "cpu" and "v2" in runs:
+        raise Refused(f"--runner {requested}: vLLM's CPU worker builds only the V1 model runner")
+    return runs
+
+
 def main(request: dict, workdir: Path) -> dict:
     """Run the requested architectures. ``request``: {"archs": [..], "model_config": dict
     or None, "model_path": str or None, "device": "auto|cpu|cuda", "tp": int, "bound": float (the
-    cosine floor, see ``bound_for``)}."""
+    cosine floor, see ``bound_for``), "runner": "auto|v1|v2|both"}."""
     found = versions()
     try:
         device = resolve_device(request["device"])
+        runners = runners_for(request.get("runner", "auto"), device)
         model_config = request.get("model_config")
         if request.get("model_path"):
             import json
@@ -322,6 +367,7 @@ def main(request: dict, workdir: Path) -> dict:
         env = prepare_environment(device, request["tp"])
     except (Refused, tiny_models.UnsupportedModel) as e:
         return {"refused": str(e), "versions": found}
+    env[RUNNER_VARIABLE] = os.environ.get(RUNNER_VARIABLE)  # as the user has it; "auto" runs keep it
     report = {"versions": found, "device": device, "environment": env, "bound": request["bound"], "archs": []}
     if device == "cuda":
         import torch
@@ -330,6 +376,27 @@ def main(request: dict, workdir: Path) -> dict:
     for arch in archs:
         config = tiny_models.from_config(model_config) if model_config is not None and \
             tiny_models.arch_of(model_config) == arch else None
-        report["archs"].append(run_arch(arch, config, workdir, device, request["tp"], request["bound"]))
+        for runner in runners:
+            with _runner_variable(RUNNERS[runner]):
+                report["archs"].append(run_arch(arch, config, workdir, device, request["tp"], request["bound"], runner))
     report["ok"] = all(a["ok"] for a in report["archs"])
     return report
+
+
+class _runner_variable:
+    """``VLLM_USE_V2_MODEL_RUNNER`` set to ``value`` inside the block (None: untouched);
+    vLLM's worker processes, spawned inside it, read it."""
+
+    def __init__(self, value: str | None) -> None:
+        self.value = value
+
+    def __enter__(self) -> None:
+        self.before = os.environ.get(RUNNER_VARIABLE)
+        if self.value is not None:
+            os.environ[RUNNER_VARIABLE] = self.value
+
+    def __exit__(self, *exc) -> None:
+        if self.before is None:
+            os.environ.pop(RUNNER_VARIABLE, None)
+        else:
+            os.environ[RUNNER_VARIABLE] = self.before

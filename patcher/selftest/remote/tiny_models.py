@@ -134,13 +134,23 @@ def from_config(config: dict) -> dict:
     return tiny
 
 
+# DeepSeek-V3's (and Kimi-K2.5's) MLA head shapes. GPU MLA kernels are built for them: the
+# latent cache row kv_lora_rank + qk_rope_head_dim = 576 is the only head size vLLM's MLA
+# backends accept (MLACommonBackend.get_supported_head_sizes, vllm/model_executor/layers/
+# attention/mla_attention.py; "Head dimension 96 is not supported by MLA." for the CPU shapes
+# on an H200), and the prefill kernels take qk 192 / v 128 (FlashAttention 3, FlashInfer).
+MLA_GPU = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+
+
 def for_device(config: dict, device: str, tp: int = 1) -> dict:
     """``config`` adapted to the device and tensor parallel size: every rank gets whole
-    heads. DeepSeek attention keeps one head per rank on CPU (see ``DEEPSEEK_V3``) and four
-    per rank elsewhere, where MLA runs; Llama keeps head_dim 64 (hidden = 64 x heads)."""
+    heads. DeepSeek attention keeps one head per rank on CPU (see ``DEEPSEEK_V3``; MLA is
+    disabled there) and four per rank elsewhere, where MLA runs with ``MLA_GPU``'s head
+    shapes; Llama keeps head_dim 64 (hidden = 64 x heads)."""
     if config["model_type"] == "deepseek_v3":
-        heads = tp if device == "cpu" else 4 * tp
-        return {**config, "num_attention_heads": heads, "num_key_value_heads": heads}
+        if device == "cpu":
+            return {**config, "num_attention_heads": tp, "num_key_value_heads": tp}
+        return {**config, **MLA_GPU, "num_attention_heads": 4 * tp, "num_key_value_heads": 4 * tp}
     heads = max(config["num_attention_heads"], tp)
     if heads == config["num_attention_heads"] and heads % tp == 0:
         return config
