@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEMO   := build/demo-env
 CLI    := $(BIN)/speculators-patch
 
-.PHONY: dev demo test test-fast test-engines system-deps engine-env bench clean
+.PHONY: dev demo test test-fast test-engines test-gpu system-deps engine-env bench clean
 
 $(BIN)/speculators-patch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,19 @@ test-engines: dev system-deps engine-env
 
 test-fast: dev system-deps  ## everything but the real-engine tier
 	$(BIN)/python -m pytest -m "not engine"
+
+# Opt-in, on a box with a CUDA GPU: selftest --device cuda on the installed speculators (patched
+# by `apply` beforehand) and vLLM of TARGET, for Llama, DeepSeek-V3 and Kimi-K2.5 under each of
+# RUNNERS (auto: vLLM's own choice; both: V1 and Model Runner V2). Exit 0 only if every capture
+# of every run is within the bound. CLI: a speculators-patch that need not be this checkout's.
+# About 50 s per architecture and runner on an H200 (docs/selftest.md). CI never runs it.
+RUNNERS ?= auto both
+test-gpu:
+	@test -n "$(TARGET)" || { echo "usage: make test-gpu TARGET=/path/to/env [RUNNERS='auto both'] [CLI=...]"; exit 2; }
+	@command -v $(CLI) >/dev/null 2>&1 || test -x $(CLI) || { echo "$(CLI) not found: make dev, or CLI=path"; exit 2; }
+	for r in $(RUNNERS); do \
+	  $(CLI) selftest --target $(TARGET) --device cuda --runner $$r \
+	    --arch llama --arch deepseek_v3 --arch kimi_k25 || exit 1; done
 
 bench: dev engine-env
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
