@@ -59,7 +59,8 @@ class HiddenStatesWorkerExtension:
 
         def execute_model_recording_layout(scheduler_output, *args, **kwargs):
             output = execute_model(scheduler_output, *args, **kwargs)
-            if scheduler_output.num_scheduled_tokens:
+            # V2's _dummy_run (memory profiling, warm-up) calls it with made-up requests.
+            if scheduler_output.num_scheduled_tokens and not kwargs.get("dummy_run"):
                 self._batch_layouts.append(self._step_layout(scheduler_output))
             return output
 
