@@ -153,7 +153,8 @@ def _run_cases(model_dir: Path, layers: list[int], tp: int, device: str, vocab: 
     execute_model = generator.executor.execute_model
 
     def observed(scheduler_output, *args, **kwargs):
-        steps.append(dict(scheduler_output.num_scheduled_tokens))
+        if scheduler_output.num_scheduled_tokens:  # not the token-less output finishing requests
+            steps.append(dict(scheduler_output.num_scheduled_tokens))
         return execute_model(scheduler_output, *args, **kwargs)
 
     generator.executor.execute_model = observed
