@@ -149,3 +149,21 @@ def attribute_stores(path: str, qualname: str, attr: str, holding: str) -> Probe
         return Evidence(False, path, fn.lineno, f"{qualname} stores no {holding} in self.{attr}")
 
     return probe
+
+
+@_recorded
+def class_reads(path: str, cls: str, attr: str) -> Probe:
+    """Holds when a method of class ``cls`` reads ``<something>.<attr>`` (the first such read
+    is the evidence)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        node = src.find_class(path, cls)
+        if node is None:
+            return _missing(path, cls)
+        for fn in (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for read in ast.walk(fn):
+                if isinstance(read, ast.Attribute) and read.attr == attr and isinstance(read.ctx, ast.Load):
+                    return Evidence(True, path, read.lineno, f"{cls}.{fn.name} reads {ast.unparse(read)}")
+        return Evidence(False, path, node.lineno, f"class {cls} reads no .{attr}")
+
+    return probe

@@ -7,7 +7,8 @@ hands them out once, then forgets them). 0.3.0 never sends that output, so the w
 hear that those requests ended. The V1 runner does not mind (it drops requests a step does not
 schedule from its persistent batch). Model Runner V2 keeps a slot per request
 (vllm/v1/worker/gpu/states.py ``RequestState``, ``max_num_seqs`` slots) and frees it only in
-``execute_model`` from ``finished_req_ids`` (``finish_requests``/``free_states``): every
+``execute_model`` from ``finished_req_ids`` (``update_states`` in 0.13-0.14,
+``finish_requests``/``free_states`` from 0.15): every
 ``generate()`` call leaks its last step's requests, and once they fill the slots the next
 one fails with ``AssertionError: No free indices`` (seen on an H200 with vLLM 0.24.0: the
 fifth batch of selftest, after 13 + 6 + 24 prompts).
@@ -21,7 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import method_defined
+from patcher.probes import class_reads
 
 # while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
 STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(
@@ -67,9 +68,9 @@ PATCH = Patch(
         VllmFact(
             summary="Model Runner V2 frees a request's slot only from a step's finished_req_ids",
             modules=("vllm/v1/worker/gpu/model_runner.py",),
-            symbol="GPUModelRunner.finish_requests",
+            symbol="GPUModelRunner (scheduler_output.finished_req_ids)",
             first_release="0.13.0",
-            probe=method_defined("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner.finish_requests"),
+            probe=class_reads("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner", "finished_req_ids"),
         ),
     ),
     order=125,
