@@ -156,6 +156,8 @@ def render(report: dict, console: Console) -> None:
         if "repeat_max_abs_diff" in arch:
             console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
         for case in arch["cases"]:
+            if case.get("not_exercised"):
+                console.print(f"  [red]not exercised[/red] {case['case']}: {case['not_exercised']}", highlight=False)
             for b in case.get("bad", [])[:5]:
                 where = f"prompt {b['prompt']}" + (f", layer {b['layer']}" if b["layer"] is not None else "")
                 console.print(f"  [red]bad[/red] {case['case']}: {where}: {b['why']}")
