@@ -1,11 +1,11 @@
-"""SP023: the step loop's last scheduler output reaches the workers when it finishes requests."""
+"""SP025: the step loop's last scheduler output reaches the workers when it finishes requests."""
 
 from __future__ import annotations
 
 import pytest
 
 from patcher.engine import run_codemod
-from speculators_patch_codemods.sp023_release_finished_requests import PATCH
+from speculators_patch_codemods.sp025_release_finished_requests import PATCH
 
 GENERATE = '''\
 class VllmHiddenStatesGenerator:

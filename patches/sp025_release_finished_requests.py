@@ -1,4 +1,4 @@
-"""SP023: hand the requests finished in a batch's last step to the workers (generator).
+"""SP025: hand the requests finished in a batch's last step to the workers (generator).
 
 ``generate()`` steps while ``self.scheduler.schedule()`` schedules tokens. The ``schedule()``
 that ends the loop (no tokens) is the one carrying ``finished_req_ids``: the requests the
@@ -58,7 +58,7 @@ class _Rewrite(cst.CSTTransformer):
 
 
 PATCH = Patch(
-    id="SP023",
+    id="SP025",
     name="release-finished-requests",
     version=1,
     title="Generator: send the last scheduler output, so Model Runner V2 frees finished requests",
