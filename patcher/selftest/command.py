@@ -134,6 +134,9 @@ def render(report: dict, console: Console) -> None:
             agree = "" if engine.get("agree", True) else " (ranks differ!)"
             console.print(f"  vLLM built: {kind} ({engine['runner']}), attention "
                           f"{', '.join(engine['attention']) or 'none found'}{agree}", highlight=False)
+            if engine.get("ranks", 1) > 1:
+                console.print(f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
+                              f"{engine.get('capturing_ranks')})", highlight=False)
         elif engine:
             console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
         table = Table()

@@ -127,6 +127,8 @@ def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
     code, data, stderr = selftest(target_016, "--arch", "deepseek_v3", "--tp", "2")
     assert_all_within_bound(code, data, stderr, ["deepseek_v3"])
     assert data["selftest"]["archs"][0]["tp"] == 2
+    engine = data["selftest"]["archs"][0]["engine"]
+    assert engine["ranks"] == 2 and engine["agree"] and engine["capturing_ranks"] == [0]  # rank 0 alone captures
     assert data["selftest"]["environment"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
 
 

@@ -27,14 +27,18 @@ def facts(worker) -> dict:
         backend = getattr(module, "attn_backend", None)
         if backend is not None and hasattr(backend, "get_name"):  # the mm encoder's is an enum
             names.add(backend.get_name())
+    hooks = getattr(worker, "_capture_hooks", None)  # the patched extension's (SP009), on this rank
     return {"runner": f"{cls.__module__}.{cls.__qualname__}",
             "runner_kind": "v2" if cls.__module__.startswith("vllm.v1.worker.gpu.") else "v1",
-            "attention": sorted(names), "rank": getattr(worker, "rank", None)}
+            "attention": sorted(names), "rank": getattr(worker, "rank", None),
+            "capture_hooks": None if hooks is None else len(hooks)}
 
 
 def collect(executor) -> dict:
-    """Rank 0's ``facts``, with ``ranks`` (how many answered) and ``agree`` (every rank built
-    the same runner and backends); ``{"error": ...}`` when the workers could not be asked."""
+    """Rank 0's ``facts``, with ``ranks`` (how many answered), ``agree`` (every rank built
+    the same runner and backends) and ``capturing_ranks`` (the ranks holding capture hooks:
+    the generator reads rank 0's captures, and only rank 0 should capture); ``{"error": ...}``
+    when the workers could not be asked."""
     try:
         import cloudpickle
 
@@ -49,4 +53,6 @@ def collect(executor) -> dict:
     first = dict(answers[0])
     first["ranks"] = len(answers)
     first["agree"] = all((a["runner"], a["attention"]) == (first["runner"], first["attention"]) for a in answers)
+    first["capturing_ranks"] = [a["rank"] if a["rank"] is not None else i for i, a in enumerate(answers)
+                                if a.get("capture_hooks")]
     return first
