@@ -1,7 +1,8 @@
 """The ``speculators-patch`` command line: apply, diff, verify, status, revert, list.
 
 Exit codes: 0 success; 1 ``diff`` found changes or ``verify`` found disagreements;
-2 bad input or a refused operation (one line on stderr, nothing changed).
+2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify``: every
+static check passes, but the installed vLLM release has no engine proof (``UNPROVEN``).
 """
 
 from __future__ import annotations
@@ -288,8 +289,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
             for c in checks]
     _mark_edited(changed_sources, rows, "verdict")
-    ok = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
-          and not changed_sources)
+    agrees = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok
+              and not changed_sources)  # every static check
+    ok = agrees and not unproven
+    exit_code = 0 if ok else UNPROVEN if agrees else 1
     data = {
         **_describe(snap),
         "ok": ok,
@@ -333,16 +336,26 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
                           f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
                           f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
-        if unproven:
-            console.print(f"[red]{escape(unproven)}[/]")
         failing = [what for what, bad in (
             ("the patch verdicts (fix column)", any(r["verdict"] != "ok" for r in rows)),
             ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
             ("a user patch's source", bool(changed_sources)), ("no engine proof for this vLLM", bool(unproven))) if bad]
-        console.print("[green]verify: OK[/]" if ok else f"[red]verify: FAILED[/] ({', '.join(failing)})")
+        if ok:
+            console.print("[green]verify: OK[/]")
+        elif agrees:  # one line: what is missing and how to get it
+            console.print(f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(unproven)}", soft_wrap=True)
+        else:
+            if unproven:
+                console.print(f"[red]{escape(unproven)}[/]")
+            console.print(f"[red]verify: FAILED[/] ({', '.join(failing)})")
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
-    return Report(data, 0 if ok else 1, render)
+    return Report(data, exit_code, render)
+
+
+# verify's exit code when every static check passes but the installed vLLM's release has no
+# engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
+UNPROVEN = 3
 
 
 def _release(minor: tuple[int, int] | None) -> str | None:

@@ -120,7 +120,7 @@ def test_apply_compile_verify(envs, release, tmp_path):
     assert report["imports"]["findings"] == []  # and the generator can be imported
     unproven = not proven.proofs_for(release)
     assert bool(report["proven"]["unproven"]) is unproven
-    assert code == (1 if unproven else 0)  # no plain OK where the engine proved nothing
+    assert code == (3 if unproven else 0)  # no plain OK where the engine proved nothing: 3, not proven
     if version_key(release) > proven.newest():
         assert report["proven"]["unproven"] == (
             f"vLLM {release} is newer than the newest release proven on the engine "
@@ -163,12 +163,12 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     code, status = cli("status", "--target", str(env))
     assert {p["id"] for p in status["patches"] if p["state"] == "stale"} == stale
     # The fix verify names clears every verdict and finding; verify passes where the
-    # release was proven on the engine (0.11 was not: exit 1, and it says so).
+    # release was proven on the engine (0.11 was not: exit 3, not proven, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
     assert cli("apply", "--target", str(env))[0] == 0
     code, report = cli("verify", "--target", str(env))
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
-    assert code == (0 if proven.proofs_for(now) else 1)
+    assert code == (0 if proven.proofs_for(now) else 3)
     assert bool(report["proven"]["unproven"]) is not bool(proven.proofs_for(now))
 
 
