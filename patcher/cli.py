@@ -173,6 +173,7 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
     from patcher import engine
 
     engine.check_supported(snap)
+    engine.check_covered(snap)
     _refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
@@ -199,6 +200,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     from patcher import engine
 
     engine.check_supported(snap)
+    engine.check_covered(snap)
     _refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
