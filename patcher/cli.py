@@ -322,7 +322,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
         for f in sorted(facts, key=lambda f: f.patch.id):
             mark = "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
-            table.add_row(f.patch.id, f.fact.symbol, mark, f.evidence.where, f.evidence.found)
+            table.add_row(f.patch.id, escape(f.fact.symbol), mark, escape(f.evidence.where), escape(f.evidence.found))
         console.print(table)
         console.print(f"speculators {snap.speculators_version} patches (installed at {snap.speculators_root})")
         table = Table()
