@@ -31,7 +31,7 @@ import ast
 from typing import Iterator, Mapping
 
 from patcher.target.agent import local_import
-from patcher.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions
+from patcher.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions, vllm_imports
 
 KIND = "missing-attribute"
 
@@ -52,9 +52,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
             tree = None
         if tree is None:
             continue
-        imports = {a.asname or a.name: (node.module, a.name) for node in ast.walk(tree)
-                   if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "vllm"
-                   for a in node.names}
+        imports = {local: (module, name) for local, (module, name, _) in vllm_imports(tree, index).items()}
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
             is_extension = (path, cls.name) in extensions
             findings += _Class(index, path, cls, imports, worker if is_extension else None).check()

@@ -3,7 +3,9 @@
 Independently of the patch list, read speculators' data-generation modules and check each
 call into vLLM against the installed vLLM's source (``ast`` only, nothing imported):
 
-- ``missing-import``: a name imported from vLLM that vLLM no longer defines;
+- ``missing-import``: a name imported from vLLM that vLLM no longer defines (an import in
+  ``try:`` with an ``except ImportError:`` fallback import is judged as it runs: the
+  fallback's names where the ``try`` body's imports do not resolve, else the body's);
 - ``missing-argument``: a required parameter (or dataclass field, init-only ``InitVar``
   included) that the call does not pass;
 - ``unknown-keyword``: a keyword the callee does not take (``ignored-keyword`` when a
@@ -27,7 +29,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.target.agent import bindings, module_paths, speculators_vllm_imports
+from patcher.target.agent import _catches_import_error, bindings, module_paths, speculators_vllm_imports
 from patcher.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"
@@ -390,11 +392,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
             tree = ast.parse(data, filename=path)
         except SyntaxError:
             continue
-        mod = _Module(path, tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "vllm":
-                for a in node.names:
-                    mod.imports[a.asname or a.name] = (node.module, a.name, node.lineno)
+        mod = _Module(path, tree, vllm_imports(tree, index))
         if mod.imports:
             modules.append(mod)
     extensions = _extensions(speculators)
@@ -402,6 +400,39 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
     for mod in modules:
         findings += _check_module(index, mod, extensions, record if record is not None else [])
     return sorted(set(findings), key=lambda f: (f.file, f.line, f.kind, f.detail))
+
+
+def _from_vllm(node: ast.AST) -> list[ast.ImportFrom]:
+    return [n for n in ast.walk(node)
+            if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "vllm"]
+
+
+def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, int]]:
+    """What each name a speculators module imports from vLLM is bound to when the module
+    runs on this vLLM: {local name: (module, name, line)}.
+
+    Every ``from vllm... import`` counts, wherever it is. Under a ``try:`` whose handler
+    catches ImportError, the handler's vLLM imports run only when one of the ``try`` body's
+    vLLM imports does not resolve in ``index``: then their names replace the body's; when
+    every body import resolves, the handler's imports never run and bind nothing.
+    """
+    unused: set[int] = set()
+    fallback: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try):
+            continue
+        caught = [n for h in node.handlers if _catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt)]
+        body = [n for stmt in node.body for n in _from_vllm(stmt)]
+        if caught and body:
+            fails = any(index.resolve(n.module, a.name) is None for n in body for a in n.names)
+            (fallback if fails else unused).update(id(n) for n in caught)
+    bound: dict[str, tuple[str, str, int]] = {}
+    for replacing in (False, True):  # a fallback that runs rebinds what its try body bound
+        for node in _from_vllm(tree):
+            if id(node) not in unused and (id(node) in fallback) is replacing:
+                for a in node.names:
+                    bound[a.asname or a.name] = (node.module, a.name, node.lineno)
+    return bound
 
 
 def _extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.ClassDef]]:

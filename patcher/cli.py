@@ -1,7 +1,8 @@
 """The ``speculators-patch`` command line: apply, diff, verify, status, revert, list.
 
 Exit codes: 0 success; 1 ``diff`` found changes or ``verify`` found disagreements;
-2 bad input or a refused operation (one line on stderr, nothing changed).
+2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify``: every
+static check passes, but the installed vLLM release has no engine proof (``UNPROVEN``).
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
     from patcher import engine
 
     engine.check_supported(snap)
+    engine.check_covered(snap)
     _refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
@@ -198,6 +200,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     from patcher import engine
 
     engine.check_supported(snap)
+    engine.check_covered(snap)
     _refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
@@ -289,8 +292,10 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
             for c in checks]
     _mark_edited(changed_sources, rows, "verdict")
-    ok = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok and not unproven
-          and not changed_sources)
+    agrees = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok
+              and not changed_sources)  # every static check
+    ok = agrees and not unproven
+    exit_code = 0 if ok else UNPROVEN if agrees else 1
     data = {
         **_describe(snap),
         "ok": ok,
@@ -319,7 +324,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
         for f in sorted(facts, key=lambda f: f.patch.id):
             mark = "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
-            table.add_row(f.patch.id, f.fact.symbol, mark, f.evidence.where, f.evidence.found)
+            table.add_row(f.patch.id, escape(f.fact.symbol), mark, escape(f.evidence.where), escape(f.evidence.found))
         console.print(table)
         console.print(f"speculators {snap.speculators_version} patches (installed at {snap.speculators_root})")
         table = Table()
@@ -335,9 +340,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
                           f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
                           f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
-        if unproven:
-            console.print(f"[red]{escape(unproven)}[/]")
-        else:
+        if not unproven:
             gpu = "" if any(d != proven.CPU for d in proof_devices) else (
                 "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
             console.print(f"engine proof for this vLLM release: {escape('; '.join(proof_devices))}{gpu}")
@@ -345,10 +348,22 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             ("the patch verdicts (fix column)", any(r["verdict"] != "ok" for r in rows)),
             ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
             ("a user patch's source", bool(changed_sources)), ("no engine proof for this vLLM", bool(unproven))) if bad]
-        console.print("[green]verify: OK[/]" if ok else f"[red]verify: FAILED[/] ({', '.join(failing)})")
+        if ok:
+            console.print("[green]verify: OK[/]")
+        elif agrees:  # one line: what is missing and how to get it
+            console.print(f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(unproven)}", soft_wrap=True)
+        else:
+            if unproven:
+                console.print(f"[red]{escape(unproven)}[/]")
+            console.print(f"[red]verify: FAILED[/] ({', '.join(failing)})")
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
-    return Report(data, 0 if ok else 1, render)
+    return Report(data, exit_code, render)
+
+
+# verify's exit code when every static check passes but the installed vLLM's release has no
+# engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
+UNPROVEN = 3
 
 
 def _release(minor: tuple[int, int] | None) -> str | None:

@@ -6,8 +6,9 @@ of at most ``jobs`` workers. The workers are forked processes where the platform
 threads would run them one host at a time under the GIL (threads are the fallback).
 A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
 never stops or touches the others. Progress goes to stderr; the end is one summary table
-(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Exit code: 0 when every host succeeded, 2 when any host failed, else the largest
-exit code (1: ``diff`` found changes or ``verify`` disagreements somewhere).
+(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Exit code: 0 when every host succeeded, 2 when any host failed, else 1
+when ``diff`` found changes or ``verify`` disagreements somewhere, else the largest (3: ``verify``
+passed every static check but some host's vLLM has no engine proof).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ DEFAULT_JOBS = 8
 @dataclass
 class HostResult:
     host: str
-    outcome: str  # changed | unchanged | would-change | ok | disagrees | failed
+    outcome: str  # changed | unchanged | would-change | ok | disagrees | unproven | failed
     exit_code: int
     reason: str
     seconds: float
@@ -67,6 +68,8 @@ def classify(data: dict, exit_code: int) -> tuple[str, str]:
     if "ok" in data:  # verify
         if data["ok"]:
             return "ok", ""
+        if exit_code == 3:  # every static check passes; no engine proof for this release
+            return "unproven", (data.get("proven") or {}).get("unproven") or "no engine proof"
         bad = sorted(p["id"] for p in data.get("patches", []) if p.get("verdict") != "ok")
         return "disagrees", "verify failed: " + ", ".join(bad)
     return ("ok", "") if exit_code == 0 else ("failed", f"exit code {exit_code}")
@@ -102,7 +105,7 @@ def _pool(workers: int) -> Executor:
 
 
 _COLORS = {"changed": "green", "unchanged": "dim", "ok": "green", "would-change": "yellow",
-           "disagrees": "red", "failed": "red"}
+           "disagrees": "red", "failed": "red", "unproven": "yellow"}
 
 
 def summary_table(results: list[HostResult]) -> Table:
@@ -172,6 +175,8 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     ordered = [results[h] for h in hosts]
     if any(r.outcome == "failed" for r in ordered):
         code = 2
+    elif any(r.exit_code == 1 for r in ordered):  # a disagreement anywhere outweighs "not proven"
+        code = 1
     else:
         code = max(r.exit_code for r in ordered)
     if as_json:

@@ -2,8 +2,8 @@
 
 vLLM's GPU worker (vllm/v1/worker/gpu_worker.py, ``Worker.__init__``) builds the V1 runner
 (vllm/v1/worker/gpu_model_runner.py) or Model Runner V2 (vllm/v1/worker/gpu/model_runner.py):
-- 0.11-0.12: V1 only (no switch);
-- 0.13-0.21: V2 when ``VLLM_USE_V2_MODEL_RUNNER`` is set and true
+- 0.11: V1 only (no switch);
+- 0.12-0.21: V2 when ``VLLM_USE_V2_MODEL_RUNNER`` is set and true
   (``self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER``);
 - 0.22 and later: ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py) decides: the
   variable when set, else vLLM's own choice -- V2 for the architectures in
@@ -164,7 +164,7 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
             prop, default = _config_property(tree), _default_architectures(tree)
         except SyntaxError:
             pass
-    if prop is None:  # 0.13-0.21: V2 only when the variable says so
+    if prop is None:  # 0.12-0.21: V2 only when the variable says so
         tail = ("either runner works with capture" if capture_v2 else
                 f"a job that sets {VARIABLE}=1 on GPU stops at capture setup")
         return RunnerCheck("note", f"{shown} here: a GPU job gets the V1 model runner (Model Runner V2 only when "

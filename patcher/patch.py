@@ -61,7 +61,7 @@ class Patch:
         speculators: the speculators versions the patch is written for (PEP 440 specifier);
             a speculators version no patch is written for is refused.
         order: position in the sequence applied to a file; lower runs first.
-        portable: the emitted code is right on every vLLM release 0.11-0.32 and with
+        portable: the emitted code is right on every vLLM release 0.11-0.33 and with
             transformers 4 and 5 (e.g. it checks ``hasattr`` or a signature at runtime), so it
             stays correct when vLLM is upgraded or downgraded under it. A non-portable patch
             targets the installed API: ``verify`` reports it stale once the installed vLLM no

@@ -63,14 +63,18 @@ def field_default(path: str, cls: str, name: str, value: str) -> Probe:
 
 
 @_recorded
-def parameter_absent(path: str, qualname: str, param: str) -> Probe:
-    """Holds when function ``qualname`` exists and no longer takes ``param``."""
+def parameter_absent(path: str, qualname: str, param: str, moved_to: str | None = None) -> Probe:
+    """Holds when function ``qualname`` exists and no longer takes ``param``. ``moved_to``:
+    the module that defines ``qualname`` where ``path`` no longer does (both declared in the
+    fact's modules)."""
 
     def probe(src: VllmSource) -> Evidence:
-        fn = src.find_function(path, qualname)
+        where, fn = path, src.find_function(path, qualname)
+        if fn is None and moved_to is not None:
+            where, fn = moved_to, src.find_function(moved_to, qualname)
         if fn is None:
             return _missing(path, qualname)
-        return Evidence(param not in parameter_names(fn), path, fn.lineno, signature(fn, param))
+        return Evidence(param not in parameter_names(fn), where, fn.lineno, signature(fn, param))
 
     return probe
 
@@ -165,5 +169,23 @@ def class_reads(path: str, cls: str, attr: str) -> Probe:
                 if isinstance(read, ast.Attribute) and read.attr == attr and isinstance(read.ctx, ast.Load):
                     return Evidence(True, path, read.lineno, f"{cls}.{fn.name} reads {ast.unparse(read)}")
         return Evidence(False, path, node.lineno, f"class {cls} reads no .{attr}")
+
+    return probe
+
+
+@_recorded
+def function_moved(old_path: str, new_path: str, name: str) -> Probe:
+    """Holds when module ``old_path`` no longer defines the top-level function ``name`` and
+    module ``new_path`` does (evidence: its definition there); where ``old_path`` still
+    defines it, the evidence is that definition."""
+
+    def probe(src: VllmSource) -> Evidence:
+        old = src.find_function(old_path, name)
+        if old is not None:
+            return Evidence(False, old_path, old.lineno, signature(old))
+        new = src.find_function(new_path, name)
+        if new is None:
+            return _missing(new_path, name)
+        return Evidence(True, new_path, new.lineno, f"{signature(new)}, no longer in {old_path.rsplit('/', 1)[-1]}")
 
     return probe

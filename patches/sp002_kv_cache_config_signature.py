@@ -2,7 +2,9 @@
 
 vLLM >= 0.12 (vllm/v1/core/kv_cache_utils.py) has
 `get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory)`;
-the `kv_cache_specs` parameter speculators 0.3.0 passes is gone (TypeError).
+the `kv_cache_specs` parameter speculators 0.3.0 passes is gone (TypeError). vLLM 0.33 moved
+the function, unchanged, to vllm/v1/core/kv_cache_planning.py (line 642; SP023 imports it
+from there), so the fact is read where the function is.
 """
 
 from patcher.codemods import RemoveKeyword
@@ -26,10 +28,11 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="get_kv_cache_config_from_groups no longer takes kv_cache_specs",
-            modules=("vllm/v1/core/kv_cache_utils.py",),
+            modules=("vllm/v1/core/kv_cache_utils.py", "vllm/v1/core/kv_cache_planning.py"),
             symbol="get_kv_cache_config_from_groups",
             first_release="0.12.0",
-            probe=parameter_absent("vllm/v1/core/kv_cache_utils.py", "get_kv_cache_config_from_groups", "kv_cache_specs"),
+            probe=parameter_absent("vllm/v1/core/kv_cache_utils.py", "get_kv_cache_config_from_groups", "kv_cache_specs",
+                                   moved_to="vllm/v1/core/kv_cache_planning.py"),
         ),
     ),
     order=20,

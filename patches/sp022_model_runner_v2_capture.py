@@ -3,7 +3,7 @@
 SP010 reads each step's token layout from the V1 model runner's persistent batch
 (``input_batch.req_id_to_index``, vllm/v1/worker/gpu_model_runner.py) and stops at capture
 setup on any other runner. vLLM's GPU worker builds Model Runner V2
-(vllm/v1/worker/gpu/model_runner.py) when ``VLLM_USE_V2_MODEL_RUNNER=1`` from 0.13 and by its
+(vllm/v1/worker/gpu/model_runner.py) when ``VLLM_USE_V2_MODEL_RUNNER=1`` from 0.12 and by its
 own choice from 0.22 (``VllmConfig.use_v2_model_runner``: Llama on 0.24, every model it
 supports from 0.29), so on today's GPU boxes the patched generator stopped unless the job set
 the variable to 0, and will not run at all once the V1 runner is removed.
@@ -13,8 +13,8 @@ V2 keeps no persistent batch. Each step builds an ``InputBatch``
 prefills by scheduled length, not submission order -- and ``num_scheduled_tokens`` per
 request; the step's tokens are laid out in that order (``query_start_loc`` is their cumulative
 sum, ``GPUModelRunner.prepare_inputs``). ``execute_model`` keeps that batch in
-``self.execute_model_state`` until ``sample_tokens`` takes it: a tuple holding it in 0.13-0.17,
-an ``ExecuteModelState`` with ``.input_batch`` from 0.18 (read in every release 0.13-0.33).
+``self.execute_model_state`` until ``sample_tokens`` takes it: a tuple holding it in 0.12-0.17,
+an ``ExecuteModelState`` with ``.input_batch`` from 0.18 (read in every release 0.12-0.33).
 
 The emitted worker code replaces SP010's ``_track_batch_layout`` with one that reads the
 step's layout from whichever runner vLLM built (``_step_layout``): V1 exactly as SP010 did;
@@ -148,7 +148,7 @@ PATCH = Patch(
             summary="Model Runner V2 keeps each step's InputBatch in execute_model_state (no input_batch)",
             modules=("vllm/v1/worker/gpu/model_runner.py",),
             symbol="GPUModelRunner.execute_model_state",
-            first_release="0.13.0",
+            first_release="0.12.0",
             probe=attribute_stores("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner.execute_model",
                                    "execute_model_state", "input_batch"),
         ),

@@ -38,9 +38,10 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
 
     code, verified = run_json("verify", "--target", str(env))
     assert [f for f in verified["calls"]["findings"] + verified["imports"]["findings"] if f["severity"] == "error"] == []
-    # OK only where 0.4.x itself ran on the engine (vLLM 0.16.0); elsewhere exit 1, saying so.
+    # OK only where 0.4.x itself ran on the engine (vLLM 0.16.0); elsewhere every static check
+    # passes and verify exits 3 (not proven), saying so.
     proven_here = vllm == "0.16.0"
-    assert (code, verified["ok"], verified["proven"]["unproven"] is None) == (0 if proven_here else 1, proven_here, proven_here)
+    assert (code, verified["ok"], verified["proven"]["unproven"] is None) == (0 if proven_here else 3, proven_here, proven_here)
     assert {c["id"] for c in verified["patches"]} == set(PATCHES_04)
     assert all(c["verdict"] == "ok" for c in verified["patches"])
     assert {f["patch"] for f in verified["facts"]} == {"SP015"}  # executors answer available memory
@@ -77,3 +78,25 @@ def test_vllm_0_11_apply_and_revert_work_and_verify_names_the_breaks(tmp_path):
     assert all(c["verdict"] == "ok" for c in verified["patches"])
     assert run_json("revert", "--target", str(env))[0] == 0
     assert tree_digest(site / "speculators") == before
+
+
+def test_vllm_0_33_is_refused_by_apply_with_the_reason(tmp_path):
+    """0.4.x's generator imports the KV cache helpers vLLM 0.33 moved (as 0.3.0's does, which
+    SP023 fixes), but no 0.4.x patch covers that nor the KV cache layout 0.29+ resolves (SP020
+    is 0.3.0's): apply and diff refuse in one line, nothing changes; verify still names the breaks."""
+    from sandbox import make_sandbox, site_packages
+
+    env = make_sandbox(tmp_path / "env", speculators="0.4.0.1", vllm="0.33.0", vllm_dist="vllm", link=True)
+    before = tree_digest(site_packages(env) / "speculators")
+    for command in ("apply", "diff"):
+        proc = run_cli(command, "--target", str(env))
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.strip() == (
+            "error: speculators 0.4.0.1 on vLLM 0.33.0: its generator imports _get_kv_cache_groups_uniform_spec, "
+            "get_kv_cache_config_from_groups and unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which "
+            "this vLLM moved to kv_cache_planning (vllm/v1/core/kv_cache_planning.py:642); no patch for speculators "
+            "0.4.0.1 covers it (SP023 is written for speculators ==0.3.0); nothing was changed")
+    assert tree_digest(site_packages(env) / "speculators") == before
+    code, verified = run_json("verify", "--target", str(env))
+    assert code == 1 and {f["subject"] for f in verified["calls"]["findings"] if f["kind"] == "missing-import"} == {
+        "_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs"}

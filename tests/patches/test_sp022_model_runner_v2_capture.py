@@ -95,7 +95,7 @@ def extension(runner):
 
 
 STATES = [
-    pytest.param(lambda batch: (None, batch, None), id="0.13-0.16 tuple"),
+    pytest.param(lambda batch: (None, batch, None), id="0.12-0.16 tuple"),
     pytest.param(lambda batch: (batch, {}, None, None), id="0.17 tuple"),
     pytest.param(lambda batch: ExecuteModelState(batch, {}, None), id="0.18+ ExecuteModelState"),
 ]

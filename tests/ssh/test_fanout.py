@@ -117,3 +117,31 @@ def test_concurrency_is_bounded(monkeypatch, capsys, jobs):
     assert out["bad"]["reason"] == "bad: no such host"
     assert out["bug"]["reason"].startswith("internal error: KeyError")
     assert all(out[f"h{i}"]["outcome"] == "changed" for i in range(7))
+
+
+def _verify_reports(codes: dict[str, int]):
+    """run_many's command: each host's verify answers with the exit code given (3: every
+    static check passes, no engine proof)."""
+    def command(host: str):
+        from patcher.cli import Report
+        code = codes[host]
+        unproven = "vLLM 0.33.0 is newer than the newest release proven on the engine (0.32.x)" if code == 3 else None
+        return Report({"ok": code == 0, "patches": [], "proven": {"unproven": unproven}}, code)
+    return command
+
+
+@pytest.mark.parametrize(("codes", "combined"), [
+    pytest.param({"a": 0, "b": 3}, 3, id="one host not proven"),
+    pytest.param({"a": 3, "b": 1}, 1, id="a disagreement outweighs not proven"),
+    pytest.param({"a": 0, "b": 0}, 0, id="all ok"),
+])
+def test_unproven_hosts_are_told_apart_from_broken_ones(monkeypatch, capsys, codes, combined):
+    import patcher.fanout as fanout
+
+    monkeypatch.setattr(fanout, "_pool", fanout.ThreadPoolExecutor)
+    assert run_many(list(codes), _verify_reports(codes), as_json=True, jobs=2) == combined
+    out = {h["host"]: h for h in json.loads(capsys.readouterr().out)["hosts"]}
+    for host, code in codes.items():
+        assert out[host]["outcome"] == {0: "ok", 1: "disagrees", 3: "unproven"}[code]
+        if code == 3:
+            assert out[host]["reason"].startswith("vLLM 0.33.0 is newer than the newest release proven")

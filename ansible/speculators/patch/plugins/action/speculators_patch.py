@@ -50,6 +50,7 @@ class ActionModule(ActionBase):
         if args["state"] == "patched":
             def attempt(snap):
                 engine.check_supported(snap)
+                engine.check_covered(snap)
                 plans, cache["state"] = controller.PlanCache().plans(snap, chosen, transport.inspected)
                 return snap, engine.apply(transport, snap, chosen, dry_run=check, plans=plans)
         else:
