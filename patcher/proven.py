@@ -159,17 +159,12 @@ def unproven(versions: list[str], speculators: str | None = None) -> str | None:
         return (f"no vLLM release was proven on the engine with speculators {speculators}: "
                 f"run '{SELFTEST}' on this box to prove it")
     low, high = min(p.minor for p in proofs), max(p.minor for p in proofs)
-    parsed = []
-    for v in versions:
-        try:
-            parsed.append((minor_release(v), v))
-        except InvalidVersion:
-            pass
+    shown = newest_installed(versions)
     span = f"{_shown(low)} to {_shown(high)}" if low != high else _shown(low)
-    if not parsed:
+    if shown is None:
         return (f"vLLM version {', '.join(versions) or 'unknown'} is not a release number: cannot tell whether "
                 f"it is a release proven on the engine ({span}): run '{SELFTEST}' on this box to prove it")
-    minor, shown = max(parsed)
+    minor = minor_release(shown)
     if minor > high:
         where = f"newer than the newest release proven on the engine ({_shown(high)})"
     elif minor < low:
