@@ -36,7 +36,19 @@ VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 WORKER = "vllm/v1/worker/gpu_worker.py"
 CONFIG = "vllm/config/vllm.py"
 EXTENSION = "speculators/data_generation/custom_worker.py"
-FIX = f"set {VARIABLE}=0 in the job's environment, or run speculators-patch apply (SP022)"
+
+
+
+def _fix(patch: str | None) -> str:
+    """The way out when the worker extension cannot read V2's batch: ``patch`` makes it read
+    it (SP022 for speculators 0.3.0), or none is written for the installed speculators."""
+    if patch:
+        return f"set {VARIABLE}=0 in the job's environment, or run speculators-patch apply ({patch})"
+    return f"set {VARIABLE}=0 in the job's environment (no patch here reads V2's batch for this speculators)"
+
+
+CANNOT = ("the installed worker extension does not split captures by Model Runner V2's batch, so under V2 "
+          "capture stops at setup or returns hidden states attributed to the wrong prompts")
 _CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a cached answer is this code's
 
 
@@ -112,25 +124,27 @@ def reads_v2_batch(extension: bytes | None) -> bool:
                or (isinstance(n, ast.Constant) and n.value == "execute_model_state") for n in ast.walk(tree))
 
 
-def check(files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None) -> RunnerCheck | None:
-    """None when this vLLM's worker has no V2 switch (0.11, 0.12) or it cannot be read.
+def check(files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None,
+          fix: str | None = "SP022") -> RunnerCheck | None:
+    """None when this vLLM's worker has no V2 switch (0.11) or it cannot be read.
     ``files``: vLLM's ``WORKER`` and ``CONFIG`` sources; ``extension``: the installed
-    ``EXTENSION`` source. The answer is a function of those bytes and ``env_value``; it is
-    kept in the controller cache under their digests (parsing the worker took ~10 ms per
+    ``EXTENSION`` source; ``fix``: the patch that makes it read V2's batch for the installed
+    speculators (None: there is none). The answer is a function of those and ``env_value``; it
+    is kept in the controller cache under their digests (parsing the worker took ~10 ms per
     host and run)."""
     sources = [files.get(WORKER), files.get(CONFIG), extension]
     digests = [None if s is None else hashlib.sha256(s).hexdigest() for s in sources]
-    key = cache.key(["model-runner", _CODE, digests, env_value])
+    key = cache.key(["model-runner", _CODE, digests, env_value, fix])
     stored = cache.load("model-runner", key)
     if isinstance(stored, dict) and "check" in stored:
         found = stored["check"]
         return None if found is None else RunnerCheck(**{**found, "v2_for": tuple(found.get("v2_for", ()))})
-    found = _check(files, env_value, reads_v2_batch(extension))
+    found = _check(files, env_value, reads_v2_batch(extension), _fix(fix))
     cache.store("model-runner", key, {"check": None if found is None else asdict(found)})
     return found
 
 
-def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2: bool) -> RunnerCheck | None:
+def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2: bool, fix: str) -> RunnerCheck | None:
     data = files.get(WORKER)
     if data is None:
         return None
@@ -153,8 +167,8 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
         if capture_v2:
             return RunnerCheck("note", f"{shown} here: a GPU job with this environment gets Model Runner V2; {works}",
                                WORKER, switch.lineno, found, runner, capture_v2=True)
-        return RunnerCheck("error", f"{shown} here: a GPU job with this environment gets Model Runner V2, whose "
-                           f"batch the installed worker cannot read; hidden-state capture stops at setup. {FIX}",
+        return RunnerCheck("error", f"{shown} here: a GPU job with this environment gets Model Runner V2, and "
+                           f"{CANNOT}. {fix}",
                            WORKER, switch.lineno, found, runner)
     prop, default = None, None
     config = files.get(CONFIG)
@@ -176,6 +190,6 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
     if capture_v2:
         return RunnerCheck("note", f"{shown} here: on GPU vLLM builds {which}; hidden-state capture works with "
                            "both", CONFIG, prop.lineno, evidence, runner, tuple(default or ()), True)
-    return RunnerCheck("warning", f"{shown} here: on GPU vLLM builds {which}; the installed worker cannot read V2's "
-                       f"batch, so capture then stops at setup. {FIX}", CONFIG, prop.lineno, evidence, runner,
+    return RunnerCheck("warning", f"{shown} here: on GPU vLLM builds {which}; {CANNOT}. {fix}",
+                       CONFIG, prop.lineno, evidence, runner,
                        tuple(default or ()))

@@ -112,6 +112,12 @@ class CallsCheck:
         return self.runner is None or self.runner.severity != "error"
 
 
+def _v2_fix(snap: Snapshot) -> str | None:
+    """The patch that makes the installed speculators read Model Runner V2's batch (SP022,
+    written for 0.3.0), or None for a speculators no such patch is written for (0.4.x)."""
+    return next((p.id for p in written_for(snap.speculators_version, all_patches()) if p.id == "SP022"), None)
+
+
 def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
@@ -129,7 +135,8 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     if stored is not None:
         findings, checked, imports, vllm = stored
-        runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION))
+        runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION),
+                                    _v2_fix(snap))
         return CallsCheck(findings, checked, None, imports, runner)
     if answer.get("unchanged"):  # an entry that cannot be read back: read in full
         answer = transport.request("sources", **request)
@@ -138,7 +145,8 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     index = callsite.Index(vllm)  # each vLLM module parsed once for both checks
     findings = callsite.check(speculators, vllm, checked, index) + attribute_reads.check(speculators, vllm, index)
     imports = import_path.check(answer["import_path"])
-    runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION))
+    runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION),
+                                _v2_fix(snap))
     if not runtime:
         calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
         return CallsCheck(findings, checked, None, imports, runner)

@@ -1,0 +1,50 @@
+"""verify's model-runner line: which runner a GPU job gets, and whether capture works with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from patcher import model_runner
+
+WORKER_022 = b"class Worker:\n    def __init__(self, vllm_config):\n        self.use_v2_model_runner = vllm_config.use_v2_model_runner\n"
+WORKER_013 = b"import vllm.envs as envs\nclass Worker:\n    def __init__(self):\n        self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER\n"
+CONFIG_024 = (b'DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})\n'
+              b"class VllmConfig:\n    @property\n    def use_v2_model_runner(self):\n        return True\n")
+CONFIG_029 = b"class VllmConfig:\n    @property\n    def use_v2_model_runner(self):\n        return True\n"
+READS_V2 = b'def _step_layout(self):\n    state = getattr(self.model_runner, "execute_model_state", None)\n'
+READS_V1 = b"def _track(self):\n    return self.model_runner.input_batch.req_id_to_index\n"
+
+
+def check(worker, config, env, extension, fix="SP022"):
+    return model_runner._check({model_runner.WORKER: worker, model_runner.CONFIG: config}, env,
+                               model_runner.reads_v2_batch(extension), model_runner._fix(fix))
+
+
+@pytest.mark.parametrize("env", [None, "0", "1"])
+def test_a_worker_that_reads_v2s_batch_is_only_ever_a_note(env):
+    found = check(WORKER_022, CONFIG_024, env, READS_V2)
+    assert found.severity == "note" and "works with" in found.message
+
+
+def test_vllms_own_choice_names_the_architectures_and_the_line_that_decides():
+    found = check(WORKER_022, CONFIG_024, None, READS_V2)
+    assert (found.runner, found.v2_for) == ("by-model", ("LlamaForCausalLM", "Qwen3ForCausalLM"))
+    assert found.where == "vllm/config/vllm.py:4" and "V1 for other models" in found.message
+    assert check(WORKER_022, CONFIG_029, None, READS_V2).runner == "v2"  # 0.29+: every model
+
+
+def test_a_worker_that_cannot_read_v2s_batch():
+    assert check(WORKER_022, CONFIG_024, None, READS_V1).severity == "warning"  # vLLM may pick V2 itself
+    broken = check(WORKER_022, CONFIG_024, "1", READS_V1)
+    assert broken.severity == "error" and "speculators-patch apply (SP022)" in broken.message
+    assert check(WORKER_022, CONFIG_024, "0", READS_V1).severity == "note"
+    assert check(WORKER_013, None, None, READS_V1).severity == "note"  # 0.13-0.21: V2 only when asked
+
+
+def test_no_patch_is_offered_where_none_is_written_for_the_installed_speculators():
+    found = check(WORKER_022, CONFIG_024, "1", READS_V1, fix=None)
+    assert "speculators-patch apply" not in found.message and "VLLM_USE_V2_MODEL_RUNNER=0" in found.message
+
+
+def test_no_switch_no_line():
+    assert check(b"class Worker:\n    pass\n", None, None, READS_V1) is None
