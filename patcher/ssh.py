@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shlex
 import subprocess
 
@@ -393,30 +392,24 @@ class BootstrapTransport(Transport):
         super().__init__()
         self.target = target
         self.connections = 0
-        self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
-        self._synced = False
         self._where = self._header_where = self.label
 
     def __enter__(self) -> "BootstrapTransport":
         super().__enter__()
         self.connections += 1
-        assert self._proc is not None
         header = json.dumps({"target": self.target, "agent": AGENT_PROGRAM, "where": self._header_where,
                              "marker": self._marker.decode()}).encode()
-        try:
-            self._proc.stdin.write(b"%d\n" % len(header) + header)
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # reported by the first request, with the command's own message
+        # Written with the first request, back to back: starting the agent costs no round trip.
+        self._preamble = b"%d\n" % len(header) + header
+        self._header_size = b"%d" % len(header)
         return self
 
-    def _read_answer_line(self) -> bytes:
-        while not self._synced:  # skip what the remote shell's rc files printed
-            noise = self._proc.stdout.readline()
-            if not noise:
-                return b""
-            self._synced = noise.rstrip(b"\r\n") == self._marker
-        return self._proc.stdout.readline()
+    def _where_text(self) -> str:
+        return self._where
+
+    def _is_echo(self, line: bytes) -> bool:
+        """Also the header's length line coming back (``cat`` sends it first)."""
+        return super()._is_echo(line) or line.rstrip(b"\r\n") == self._header_size
 
     def _no_answer(self, op: str) -> str:
         return self._failure(op)

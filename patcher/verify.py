@@ -36,10 +36,11 @@ class FactCheck:
 class PatchCheck:
     """``verdict``: ``ok`` | ``missing`` (needed, not applied) | ``stale`` (applied by us
     for another vLLM, not portable, and the installed vLLM does not need it: its code
-    targets an API this vLLM lacks) | ``refused`` (unrecognised code)."""
+    targets an API this vLLM lacks) | ``refused`` (unrecognised code) | ``fact-missing``
+    (a symbol its fact is about is gone from this vLLM; ``needed`` is then None: unknown)."""
 
     patch: Patch
-    needed: bool
+    needed: bool | None
     state: str
     verdict: str
     hint: str = ""
@@ -56,7 +57,10 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
         recorded = snap.recorded(file_plan.path)
         for o in file_plan.outcomes:
             needed = o.state != "not-needed"
-            if o.state == "pending":
+            if o.state == "fact-missing":
+                checks.append(PatchCheck(o.patch, None, "applied" if o.patch.id in recorded else "not applied",
+                                         "fact-missing", o.detail))
+            elif o.state == "pending":
                 checks.append(PatchCheck(o.patch, needed, o.state, "missing", "speculators-patch apply"))
             elif o.state == "refused":
                 checks.append(PatchCheck(o.patch, needed, o.state, "refused", o.detail))
@@ -112,6 +116,25 @@ class CallsCheck:
         return self.runner is None or self.runner.severity != "error"
 
 
+def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:
+    """The ``sources`` request of ``verify_calls`` (without ``expect``) and the cached entry
+    whose ``reads`` it sends as ``expect`` (None: read in full)."""
+    from patcher import calls_cache, callsite, import_path, model_runner
+
+    request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
+                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
+                   import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
+    return request, None if runtime else calls_cache.lookup(snap, request)
+
+
+def send_calls_ahead(transport: Transport, snap: Snapshot) -> None:
+    """Have ``verify_calls``'s ``sources`` request ride on the transport's next request
+    (``Transport.send_ahead``): ``apply`` sends it with its commit, so checking the
+    install it just wrote costs no round trip of its own."""
+    request, earlier = _sources_request(snap)
+    transport.send_ahead("sources", **request, expect=earlier["reads"] if earlier else None)
+
+
 def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
@@ -121,10 +144,7 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     agent confirms that nothing they were computed from changed (``patcher.calls_cache``)."""
     from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
 
-    request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
-                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
-                   import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
-    earlier = None if runtime else calls_cache.lookup(snap, request)
+    request, earlier = _sources_request(snap, runtime)
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     if stored is not None:

@@ -106,7 +106,9 @@ def test_apply_compile_verify(envs, release, tmp_path):
     env = tmp_path / "env"
     copy_env(envs[release], env)
     code, report = cli("apply", "--target", str(env))
-    assert code == 0, report
+    # apply ends with verify's verdict: on 0.11-0.14 only the engine proof is missing
+    assert report["verify"]["failing"] in ([], ["no engine proof for this vLLM"]), report
+    assert code == (1 if report["verify"]["failing"] else 0), report
     applied = {p["id"] for p in report["patches"] if p["state"] == "applied-now"}
     api = {p for p in applied if p in API_PATCHES}
     assert api == api_needed(release)
@@ -157,7 +159,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     stale = {p["id"] for p in report["patches"] if p["verdict"] == "stale"}
     portable = {p.id for p in all_patches() if p.portable}
     assert stale == (api_needed(patched_on) - api_needed(now)) - portable
-    assert all(p["hint"] == "speculators-patch revert && speculators-patch apply"
+    assert all(p["hint"] == f"speculators-patch revert --target {env} && speculators-patch apply --target {env}"
                for p in report["patches"] if p["verdict"] == "stale")
     assert breaks(report)  # the stale code breaks calls, and the check names them
     code, status = cli("status", "--target", str(env))
@@ -165,7 +167,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     # The fix verify names clears every verdict and finding; verify passes where the
     # release was proven on the engine (0.11 was not: exit 1, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
-    assert cli("apply", "--target", str(env))[0] == 0
+    assert cli("apply", "--target", str(env))[0] == (0 if proven.proofs_for(now) else 1)
     code, report = cli("verify", "--target", str(env))
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
     assert code == (0 if proven.proofs_for(now) else 1)
@@ -242,7 +244,7 @@ def test_vllm_033_source_is_not_vouched_for_and_each_break_is_named(tmp_path):
     """vLLM 0.33.0 is published as a CUDA wheel only (torch 2.14; nothing here runs it): after
     `apply` the static checks name what no shipped patch covers, and verify exits 1."""
     env = make_sandbox(tmp_path / "env", "0.3.0", "0.33.0", "5.19.0", link=True, vllm_dist="vllm")
-    assert cli("apply", "--target", str(env))[0] == 0
+    assert cli("apply", "--target", str(env))[0] == 1  # and apply says so first
     code, report = cli("verify", "--target", str(env))
     assert code == 1 and "newer than the newest release proven" in report["proven"]["unproven"]
     found = {(f["kind"], f["subject"]) for f in report["calls"]["findings"] if f["severity"] == "error"}
