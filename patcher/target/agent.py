@@ -423,7 +423,12 @@ class _Env:
             made = self.makedirs(parent)
         if not os.path.isdir(path):
             _step("mkdir " + path)
-            os.mkdir(path)
+            try:
+                os.mkdir(path)
+            except FileExistsError:  # another run made it first (state is made again after a full revert)
+                if not os.path.isdir(path):
+                    raise
+                return made
             self.own(path, is_dir=True)
             made.append(path)
         return made
