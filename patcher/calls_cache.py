@@ -53,6 +53,12 @@ def _latest_key(request: dict) -> str:
     return cache.key({"code": _code_digest(), "latest": {k: v for k, v in request.items() if k != "site_packages"}})
 
 
+def lock(request: dict):
+    """The controller cache's lock of the entry any target may try for ``request``
+    (``cache.locked``; a context manager)."""
+    return cache.locked(KIND, _latest_key(request))
+
+
 def lookup(snap: Snapshot, request: dict) -> dict | None:
     """The stored entry for this target and request ({"reads", ...}), else the last one
     stored for the same request on any target, or None."""

@@ -111,6 +111,7 @@ class Transport:
         self._started = 0.0
         self._abandoned = False  # a commit outlived --timeout: leave the agent to finish it
         self._preamble = b""  # bytes to write before the first request (a bootstrap's header)
+        self.held: list = []  # context managers (cache locks) this run holds until it ends
         self._ahead: list[dict] = []  # requests to send with the next one (``send_ahead``)
         self._answers: dict[str, dict] = {}  # their answers, until asked for
 
@@ -157,6 +158,8 @@ class Transport:
     EXIT_WAIT = 10
 
     def __exit__(self, *exc: object) -> None:
+        while self.held:  # a lock another host waits on is never kept past this run
+            self.held.pop().__exit__(None, None, None)
         if self._proc is None:
             return
         try:
@@ -222,7 +225,7 @@ class Transport:
             if "error" in early:
                 raise UserError(early["error"])
             return early["ok"]
-        ahead, self._ahead = self._ahead, []
+        ahead, self._ahead = [a for a in self._ahead if self._key(a) != self._key(message)], []
         if ahead:
             message["then"] = ahead
         self.exchanges += 1

@@ -127,11 +127,32 @@ def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict 
     return request, None if runtime else calls_cache.lookup(snap, request)
 
 
+def _first_reader(transport: Transport, snap: Snapshot, runtime: bool) -> tuple[dict, dict | None]:
+    """``_sources_request``, and where the controller holds no entry for it: the lock of
+    the request's entry (``calls_cache.lock``), held by ``transport`` until
+    ``verify_calls`` has stored what it read. Of several hosts with the same files (a
+    fan-out's forked workers), the first reads in full and the others wait, then send its
+    record as ``expect`` and are answered ``unchanged``: eight identical hosts cost one
+    call check, as they cost one plan."""
+    from patcher import calls_cache
+
+    request, earlier = _sources_request(snap, runtime)
+    if earlier is None and not runtime and getattr(transport, "held", None) is not None:
+        lock = calls_cache.lock(request)
+        lock.__enter__()
+        request, earlier = _sources_request(snap, runtime)  # stored by another host meanwhile?
+        if earlier is None:
+            transport.held.append(lock)
+        else:
+            lock.__exit__(None, None, None)
+    return request, earlier
+
+
 def send_calls_ahead(transport: Transport, snap: Snapshot) -> None:
     """Have ``verify_calls``'s ``sources`` request ride on the transport's next request
     (``Transport.send_ahead``): ``apply`` sends it with its commit, so checking the
     install it just wrote costs no round trip of its own."""
-    request, earlier = _sources_request(snap)
+    request, earlier = _first_reader(transport, snap, False)
     transport.send_ahead("sources", **request, expect=earlier["reads"] if earlier else None)
 
 
@@ -142,9 +163,17 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
     agent confirms that nothing they were computed from changed (``patcher.calls_cache``)."""
+    request, earlier = _first_reader(transport, snap, runtime)
+    try:
+        return _verify_calls(transport, snap, runtime, request, earlier)
+    finally:  # what was read is stored (or failed): hosts waiting for it go on
+        while getattr(transport, "held", None):
+            transport.held.pop().__exit__(None, None, None)
+
+
+def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None) -> CallsCheck:
     from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
 
-    request, earlier = _sources_request(snap, runtime)
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     if stored is not None:
