@@ -1,7 +1,9 @@
 """The ``speculators-patch`` command line: apply, diff, verify, status, revert, list.
 
-Exit codes: 0 success; 1 ``diff`` found changes or ``verify`` found disagreements;
-2 bad input or a refused operation (one line on stderr, nothing changed).
+Exit codes: 0 success; 1 ``diff`` found changes, ``verify`` found disagreements, ``apply``
+left an install that fails verify's checks, or ``repair`` found a file nothing kept restores;
+2 bad input or a refused operation (one line on stderr, nothing changed); 130 Ctrl-C (one
+line saying whether anything changed).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ threads would run them one host at a time under the GIL (threads are the fallbac
 A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
 never stops or touches the others. Progress goes to stderr; the end is one summary table
 (or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Exit code: 0 when every host succeeded, 2 when any host failed, else the largest
-exit code (1: ``diff`` found changes or ``verify`` disagreements somewhere).
+exit code (1: ``diff`` found changes, ``verify`` disagreements, or an ``apply`` whose result
+fails verify's checks, somewhere); 130 after Ctrl-C.
 """
 
 from __future__ import annotations
