@@ -361,6 +361,7 @@ class InstallCheck:
 
     @property
     def ok(self) -> bool:
+        """True when no part failed (``verify``'s exit 0)."""
         return not self.failing
 
     def line(self) -> str:
@@ -408,6 +409,7 @@ def _render_findings(console: Console, check: InstallCheck, snap: Snapshot, tran
 
 
 def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
+    """``verify``: every check of ``check_install`` with its evidence; exit 1 when one fails."""
     from patcher import engine, proven
 
     engine.check_supported(snap)

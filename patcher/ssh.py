@@ -156,6 +156,7 @@ class Resolved(dict):
             self.setdefault(key, value)
 
     def values_of(self, key: str) -> list[str]:
+        """Every value ``ssh -G`` printed for ``key``, in order ([] when none)."""
         return [v for k, v in self.lines if k == key]
 
 
