@@ -46,10 +46,27 @@ def _key(snap: Snapshot, request: dict) -> str:
                       "target": [snap.label, snap.python, snap.site_packages, snap.speculators_root, snap.vllm_root]})
 
 
+def _latest_key(request: dict) -> str:
+    """The entry any target may try: the agent names what it read relative to the package
+    roots, so a fresh copy of an environment or another host with the same files is
+    answered ``unchanged`` by it (and a target with other files is read in full)."""
+    return cache.key({"code": _code_digest(), "latest": {k: v for k, v in request.items() if k != "site_packages"}})
+
+
+def lock(request: dict):
+    """The controller cache's lock of the entry any target may try for ``request``
+    (``cache.locked``; a context manager)."""
+    return cache.locked(KIND, _latest_key(request))
+
+
 def lookup(snap: Snapshot, request: dict) -> dict | None:
-    """The stored entry for this target and request ({"reads", ...}), or None."""
-    entry = cache.load(KIND, _key(snap, request))
-    return entry if isinstance(entry, dict) and isinstance(entry.get("reads"), dict) else None
+    """The stored entry for this target and request ({"reads", ...}), else the last one
+    stored for the same request on any target, or None."""
+    for key in (_key(snap, request), _latest_key(request)):
+        entry = cache.load(KIND, key)
+        if isinstance(entry, dict) and isinstance(entry.get("reads"), dict):
+            return entry
+    return None
 
 
 def save(snap: Snapshot, request: dict, reads: dict | None, findings: list[Finding], checked: list[Checked],
@@ -59,14 +76,16 @@ def save(snap: Snapshot, request: dict, reads: dict | None, findings: list[Findi
         return
     runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode()
                     for p in (model_runner.WORKER, model_runner.CONFIG)}
-    cache.store(KIND, _key(snap, request), {
+    entry = {
         "reads": reads,
         "findings": [f.__dict__ for f in findings],
         "checked": [[c.file, c.line, c.label, list(c.target)] for c in checked],
         "imports": {"findings": [f.__dict__ for f in imports.findings], "modules": imports.modules,
                     "checked": imports.checked},
         "runner_files": runner_files,
-    })
+    }
+    cache.store(KIND, _key(snap, request), entry)
+    cache.store(KIND, _latest_key(request), entry)
 
 
 def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck, dict[str, bytes | None]] | None:

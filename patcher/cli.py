@@ -1,8 +1,10 @@
 """The ``speculators-patch`` command line: apply, diff, verify, status, revert, list.
 
-Exit codes: 0 success; 1 ``diff`` found changes or ``verify`` found disagreements;
-2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify``: every
-static check passes, but the installed vLLM release has no engine proof (``UNPROVEN``).
+Exit codes: 0 success; 1 ``diff`` found changes, ``verify`` found disagreements, ``apply``
+left an install that fails verify's checks, or ``repair`` found a file nothing kept restores;
+2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify`` (and
+``apply``): every static check passes, but the installed vLLM release has no engine proof
+(``UNPROVEN``); 130 Ctrl-C (one line saying whether anything changed).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 import patcher
-from patcher.errors import UserError
+from patcher.errors import Interrupted, UserError
 from patcher.selftest.remote.tiny_models import ARCHS as _TINY_ARCHS
 
 # Imported where used, not here: ``--version`` imports none of these, read-only commands
@@ -41,6 +43,24 @@ def _console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 120)
+
+
+def print_out(render: Callable[[Console], None]) -> None:
+    """Run ``render`` on the standard output console. Piped or redirected (no terminal), the
+    text is 120 columns wide and every line loses the trailing spaces rich pads tables
+    and titles with, so ``grep``, ``diff`` and logs see only what was written; on a terminal
+    it prints as it renders. (What ``render`` writes to ``sys.stdout`` itself, a diff, is
+    passed through untouched.)"""
+    console = _console()
+    if sys.stdout.isatty():
+        render(console)
+        return
+    with console.capture() as captured:
+        render(console)
+    text = captured.get()
+    if text:
+        sys.stdout.write("\n".join(line.rstrip() for line in text.split("\n")))
+        sys.stdout.flush()
 
 
 def select(only: tuple[str, ...], skip: tuple[str, ...]):
@@ -69,7 +89,31 @@ class Report:
 
 def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> tuple[Transport, str | None]:
     """A transport to the target's agent and, for a bare site-packages target, its path.
-    ``host`` is an SSH host, or an ``--exec`` command (``patcher.exec_transport.ExecTarget``)."""
+    ``host`` is an SSH host, or an ``--exec`` command (``patcher.exec_transport.ExecTarget``).
+    Its waits are this command's ``--connect-timeout`` and ``--timeout`` (seconds)."""
+    transport, site_packages = _connect(target, host, ssh_config)
+    ctx = click.get_current_context(silent=True)
+    for attribute, key, variable in (("connect_timeout", "speculators_patch.connect_timeout", "SPECULATORS_PATCH_CONNECT_TIMEOUT"),
+                                     ("timeout", "speculators_patch.timeout", "SPECULATORS_PATCH_TIMEOUT")):
+        value = ctx.meta.get(key) if ctx else None
+        if value is None and os.environ.get(variable) and not (ctx and key in ctx.meta):
+            value = _seconds(os.environ[variable], variable)  # selftest: its --timeout is its own run's
+        if value is not None:
+            setattr(transport, attribute, float(value))
+    return transport, site_packages
+
+
+def _seconds(text: str, variable: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 86400:
+        raise UserError(f"${variable} is {text!r}: expected seconds between 1 and 86400")
+    return value
+
+
+def _connect(target: str | None, host: str | None, ssh_config: str | None) -> tuple[Transport, str | None]:
     from patcher.exec_transport import ExecTarget
 
     if isinstance(host, ExecTarget):
@@ -161,27 +205,42 @@ def _outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = 
         # long origins (paths) fold rather than lose their middle, and never squeeze the ids
         table.add_column(col, no_wrap=col == "patch" and users, overflow="fold" if col == "origin" else "ellipsis")
     colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
-              "stale": "red"}
+              "stale": "red", "fact-missing": "red", "source-changed": "red"}
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])
+        if r.get("file_modified"):
+            word, r = f"{word} (file modified)", {**r, "state": "refused"}  # red: not vouched for
         origin = (escape(describe(by_id[r["id"]])) if by_id[r["id"]].origin != "shipped" else "",) if users else ()
         table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", by_id[r["id"]].title, *origin)
     return table
 
 
 def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False) -> Report:
+    """``apply``, then (unless ``dry_run``) every check ``verify`` makes on the result: when
+    the install is not OK it ends with verify's one-line verdict and verify's exit code (1, or
+    ``UNPROVEN`` when only the engine proof is missing; its ``sources`` request rides on the
+    commit, so it costs no round trip of its own)."""
     from patcher import engine
+    from patcher.verify import send_calls_ahead
 
     engine.check_supported(snap)
     engine.check_covered(snap)
     _refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
+    if not dry_run:
+        send_calls_ahead(transport, snap)
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = _outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
-    data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "patches": rows}
+    check = None if dry_run else check_install(transport, engine.after(snap, result), {p.id for p in chosen})
+    modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
+    for row in rows:
+        if row["file"] in modified:
+            row["file_modified"] = True
+    data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
+            "verify": None if check is None else {"ok": check.ok, "failing": check.failing}}
 
     def render(console: Console) -> None:
         words = DRY_RUN_WORDS if dry_run else APPLY_WORDS
@@ -190,10 +249,21 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
             console.print(f"dry run: {len(changed)} file(s) would change, nothing written")
         elif result.written:
             console.print(f"patched {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
+        if result.adopted:
+            console.print(f"adopted {len(result.adopted)} file(s) as they are, as their new pristine copy (every patch "
+                          f"needed is already in them): {', '.join(result.adopted)}")
+        elif dry_run or result.written:
+            pass
+        elif modified:
+            console.print(f"nothing written: {', '.join(sorted(modified))} changed after patching (below)")
         else:
             console.print("nothing to do: every needed patch is already applied")
+        if check is not None and not check.ok:
+            _render_findings(console, check, snap, transport)
+            console.print(check.line())
+            console.print(f"[dim]`{escape(_again('verify', transport))}` shows the evidence[/]")
 
-    return Report(data, 0, render)
+    return Report(data, 0 if check is None else check.exit_code, render)
 
 
 def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
@@ -238,7 +308,8 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
             console.print(f"  {path}: {state}")
         console.print(_outcome_table(rows, "patches"))
         if any(r["state"] == "stale" for r in rows):
-            console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; fix: {STALE_FIX}")
+            console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
+                          f"fix: {escape(_with_target(STALE_FIX, transport))}")
 
     return Report(data, 0, render)
 
@@ -277,41 +348,124 @@ def _mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
                 f"'revert --only {row['id']}', then apply the new one")
 
 
-def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
-    from patcher import engine, proven
+@dataclass
+class InstallCheck:
+    """What ``verify`` checks, for one target: the vLLM facts and the patch verdicts (rows,
+    narrowed by ``--only``/``--skip``), the call, import and model-runner checks, the engine
+    proof (``unproven``: why there is none; ``devices``: where the release was proven), user
+    patches whose source changed, and files modified after patching. ``failing`` names each
+    failed part in words; ``ok`` when none failed."""
+
+    facts: list
+    rows: list[dict]
+    calls: CallsCheck
+    unproven: str | None
+    changed_sources: list[dict]
+    modified: list[str]
+    failing: list[str]
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no part failed (``verify``'s exit 0)."""
+        return not self.failing
+
+    @property
+    def only_unproven(self) -> bool:
+        """Every static check passes; only the engine proof is missing."""
+        return self.failing == [NO_PROOF]
+
+    @property
+    def exit_code(self) -> int:
+        """0 OK, ``UNPROVEN`` (3) when only the engine proof is missing, else 1."""
+        return 0 if self.ok else UNPROVEN if self.only_unproven else 1
+
+    def line(self) -> str:
+        """The one-line verdict ``verify`` ends with (``apply`` too, when it is not OK)."""
+        if self.ok:
+            return "[green]verify: OK[/]"
+        if self.only_unproven:  # what is missing and how to get it
+            return f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(self.unproven)}"
+        return f"[red]verify: FAILED[/] ({', '.join(self.failing)})"
+
+
+NO_PROOF = "no engine proof for this vLLM"
+
+
+def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: bool = False) -> InstallCheck:
+    """Every check ``verify`` makes on ``snap`` (one ``sources`` exchange, or none when it
+    was sent ahead: ``verify.send_calls_ahead``). ``ids``: the patches whose verdicts count."""
+    from patcher import proven
     from patcher.verify import verify, verify_calls
 
-    engine.check_supported(snap)
     facts, checks = verify(snap)
-    ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime)
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in _source_changes(snap) if c["id"] in ids]
-    rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
-            for c in checks]
+    rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict,
+             "hint": _with_target(c.hint, transport)} for c in checks]
     _mark_edited(changed_sources, rows, "verdict")
-    agrees = (all(c.verdict == "ok" for c in checks) and calls.ok and calls.imports_ok and calls.runner_ok
-              and not changed_sources)  # every static check
-    ok = agrees and not unproven
-    exit_code = 0 if ok else UNPROVEN if agrees else 1
+    modified = sorted(p for p in (snap.manifest or {}).get("files", {}) if snap.file_state(p) == "modified")
+    failing = [what for what, bad in (
+        ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
+        ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
+        ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
+        (NO_PROOF, bool(unproven))) if bad]
+    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices)
+
+
+def _render_findings(console: Console, check: InstallCheck, snap: Snapshot, transport: Transport) -> None:
+    """What failed besides the tables: user patch sources, modified files; the proof."""
+    from patcher import proven
+
+    for c in check.changed_sources:
+        console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
+                      f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
+                      f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
+    for path in check.modified:
+        console.print(f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
+                      f"file, so the patches recorded for it are not vouched for): "
+                      f"`{escape(_again('apply', transport))} --adopt` keeps it as the new pristine copy and patches it; "
+                      f"`{escape(_again('revert', transport))} --force` restores the kept copy (the edit is lost)",
+                      soft_wrap=True)
+    if check.unproven and not check.only_unproven:  # else the verdict line says it
+        console.print(f"[red]{escape(check.unproven)}[/]")
+    elif not check.unproven:
+        gpu = "" if any(d != proven.CPU for d in check.devices) else (
+            "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
+        console.print(f"engine proof for this vLLM release: {escape('; '.join(check.devices))}{gpu}")
+
+
+def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
+    """``verify``: every check of ``check_install`` with its evidence; exit 1 when one fails,
+    ``UNPROVEN`` (3) when only the engine proof is missing."""
+    from patcher import engine, proven
+
+    engine.check_supported(snap)
+    ids = {p.id for p in chosen}  # --only/--skip narrow the patch checks, not the call check
+    check = check_install(transport, snap, ids, runtime)
+    facts, rows, calls, unproven, changed_sources = check.facts, check.rows, check.calls, check.unproven, check.changed_sources
+    ok = check.ok
     data = {
         **_describe(snap),
         "ok": ok,
         "facts": [{"patch": f.patch.id, "symbol": f.fact.symbol, "summary": f.fact.summary, "holds": f.evidence.holds,
-                   "file": f.evidence.file, "line": f.evidence.line, "found": f.evidence.found,
-                   "first_release": f.fact.first_release} for f in facts],
+                   "missing": f.evidence.missing, "file": f.evidence.file, "line": f.evidence.line,
+                   "found": f.evidence.found, "first_release": f.fact.first_release} for f in facts],
         "patches": rows,
         "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
                   "runtime": calls.runtime.as_dict() if calls.runtime else None},
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
         "user_patch_sources_changed": changed_sources,
+        "modified_files": check.modified,
+        "failing": check.failing,
         "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
                    "newest": _release(proven.newest(snap.speculators_version)),
                    "unproven": unproven,
-                   "devices": proof_devices,
+                   "devices": check.devices,
                    "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by,
                                  "where": p.where, "speculators": p.speculators} for p in proven.PROVEN]},
     }
@@ -323,7 +477,7 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
         for col in ("patch", "vLLM symbol", "holds", "evidence", "found"):
             table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
         for f in sorted(facts, key=lambda f: f.patch.id):
-            mark = "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
+            mark = "[red]missing[/]" if f.evidence.missing else "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
             table.add_row(f.patch.id, escape(f.fact.symbol), mark, escape(f.evidence.where), escape(f.evidence.found))
         console.print(table)
         console.print(f"speculators {snap.speculators_version} patches (installed at {snap.speculators_root})")
@@ -332,38 +486,52 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
             table.add_column(col, overflow="fold")
         for r in sorted(rows, key=lambda r: r["id"]):
             color = "green" if r["verdict"] == "ok" else "red"
-            table.add_row(r["id"], "yes" if r["needed"] else "no", r["state"], f"[{color}]{r['verdict']}[/]", r["hint"])
+            needed = "?" if r["needed"] is None else "yes" if r["needed"] else "no"
+            table.add_row(r["id"], needed, r["state"], f"[{color}]{r['verdict']}[/]", escape(r["hint"]))
         console.print(table)
         _render_calls(console, calls, snap)
         _render_imports_and_runner(console, calls)
-        for c in changed_sources:
-            console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
-                          f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
-                          f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
-        if not unproven:
-            gpu = "" if any(d != proven.CPU for d in proof_devices) else (
-                "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
-            console.print(f"engine proof for this vLLM release: {escape('; '.join(proof_devices))}{gpu}")
-        failing = [what for what, bad in (
-            ("the patch verdicts (fix column)", any(r["verdict"] != "ok" for r in rows)),
-            ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
-            ("a user patch's source", bool(changed_sources)), ("no engine proof for this vLLM", bool(unproven))) if bad]
-        if ok:
-            console.print("[green]verify: OK[/]")
-        elif agrees:  # one line: what is missing and how to get it
-            console.print(f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(unproven)}", soft_wrap=True)
-        else:
-            if unproven:
-                console.print(f"[red]{escape(unproven)}[/]")
-            console.print(f"[red]verify: FAILED[/] ({', '.join(failing)})")
+        _render_findings(console, check, snap, transport)
+        console.print(check.line())
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
-    return Report(data, exit_code, render)
+    return Report(data, check.exit_code, render)
 
 
 # verify's exit code when every static check passes but the installed vLLM's release has no
 # engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
 UNPROVEN = 3
+
+
+def _again(subcommand: str, transport: Transport) -> str:
+    """``speculators-patch SUBCOMMAND`` as this run reached its target (``--host``/``--exec``,
+    ``--ssh-config``, ``--target``, ``--patch-file``): advice copied from the output acts on
+    the environment that was checked, not on the active one."""
+    import shlex
+
+    from patcher.exec_transport import ExecTransport
+    from patcher.ssh import SshTransport
+
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx else {}
+    words = ["speculators-patch", subcommand]
+    if isinstance(transport, ExecTransport):
+        words += ["--exec", transport.command]
+    elif isinstance(transport, SshTransport):
+        words += ["--host", transport.host] + (["--ssh-config", transport.ssh_config] if transport.ssh_config else [])
+    target = params.get("target")
+    if target:
+        words += ["--target", target]
+    for path in (ctx.meta.get("speculators_patch.patch_files") if ctx else None) or ():
+        words += ["--patch-file", path]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _with_target(hint: str, transport: Transport) -> str:
+    """A hint's ``speculators-patch apply``/``revert`` with this run's target options."""
+    for sub in ("revert", "apply"):
+        hint = hint.replace(f"speculators-patch {sub}", _again(sub, transport))
+    return hint
 
 
 def _release(minor: tuple[int, int] | None) -> str | None:
@@ -419,8 +587,11 @@ def _render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
 def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:
     from patcher import engine
 
-    if partial:  # the patches kept are applied again from the pristine files
-        _refuse_edited_user_patches(snap, snap.applied_ids() - {p.id for p in chosen}, "this revert")
+    if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
+        ids = {p.id for p in chosen}
+        entries = (snap.manifest or {}).get("files", {})
+        replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
+        _refuse_edited_user_patches(snap, replayed - ids, "this revert")
     result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
     changed = [p.path for p in result.plans if p.changed]
     data = {**_describe(snap), "dry_run": dry_run, "written": result.written, "would_change": changed}
@@ -445,7 +616,7 @@ def run_on_target(target, host, ssh_config, action: Callable[[Transport, Snapsho
 
     transport, site_packages = connect(target, host, ssh_config)
     with transport:
-        snap = engine.read_snapshot(transport, site_packages)
+        snap = _first_snapshot(transport, site_packages)
         for attempt in range(1, 6):  # concurrent writers: each retry follows another's success
             try:
                 report = action(transport, snap)
@@ -459,6 +630,23 @@ def run_on_target(target, host, ssh_config, action: Callable[[Transport, Snapsho
         return report
 
 
+def _first_snapshot(transport: Transport, site_packages: str | None) -> Snapshot:
+    """``engine.read_snapshot``; where no target was named and none is active, a missing
+    speculators is said to be missing from the tool's own environment, with the way out."""
+    from patcher import engine
+
+    try:
+        return engine.read_snapshot(transport, site_packages)
+    except UserError as e:
+        if getattr(transport, "tool_env", False) and str(e).startswith("no speculators installed"):
+            prefix = os.path.dirname(os.path.dirname(sys.executable))
+            raise UserError(f"no speculators installed in {prefix}, the environment speculators-patch itself runs in "
+                            f"(no --target given, and neither $VIRTUAL_ENV nor $CONDA_PREFIX is set); pass "
+                            f"--target PATH: the venv or conda prefix, site-packages directory or Python interpreter "
+                            f"of the environment that has speculators") from None
+        raise
+
+
 def _emit(report: Report, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({**report.data, "notes": report.notes, "exit_code": report.exit_code}, indent=1))
@@ -468,13 +656,13 @@ def _emit(report: Report, as_json: bool) -> None:
 
             for note in report.notes:
                 Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}")
-        report.render(_console())
+        print_out(report.render)
 
 
 def target_options(f):
     f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
     f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
-    return patch_file_option(connection_options(f))
+    return timeout_option(patch_file_option(connection_options(f)))
 
 
 def _to_meta(key: str):
@@ -512,8 +700,20 @@ def _exec_targets() -> list[str]:
     return [ExecTarget(c) for c in commands]
 
 
+def timeout_option(f):
+    """``--timeout SECONDS``: the longest wait for each answer of the target's agent."""
+    return click.option("--timeout", type=click.FloatRange(1, 86400), metavar="SECONDS", expose_value=False,
+                        envvar="SPECULATORS_PATCH_TIMEOUT", callback=_to_meta("speculators_patch.timeout"),
+                        help="Give up when the target's agent does not answer a request within this time "
+                             "(default 600; a commit keeps going on the target and finishes or rolls back).")(f)
+
+
 def connection_options(f):
     f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
+    f = click.option("--connect-timeout", type=click.FloatRange(1, 3600), metavar="SECONDS", expose_value=False,
+                     envvar="SPECULATORS_PATCH_CONNECT_TIMEOUT", callback=_to_meta("speculators_patch.connect_timeout"),
+                     help="Give up when the target's agent has not started within this time: the SSH connection, "
+                          "the --exec command, the interpreter (default 30).")(f)
     f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
     f = click.option("--ssh-persist", type=click.IntRange(0, 86400), metavar="SECONDS", expose_value=False,
                      envvar="SPECULATORS_PATCH_SSH_PERSIST", callback=_to_meta("speculators_patch.ssh_persist"),
@@ -536,17 +736,31 @@ def connection_options(f):
 
 
 def _read_hosts_file(path: str) -> list[str]:
-    """One host per line; blank lines and ``#`` comments (whole-line or trailing) ignored."""
+    """One host per line; blank lines and ``#`` comments (whole-line or trailing) ignored.
+    Raises ``UserError`` naming ``FILE:LINE`` for a line that is not text or not a host."""
+    from patcher.ssh import parse_host
+
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise UserError(f"cannot read hosts file {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"hosts file {path} is not UTF-8 text") from None
-    if any("\0" in line for line in lines):
-        raise UserError(f"hosts file {path} is not text (it has NUL bytes)")
-    return [h for h in (line.split("#", 1)[0].strip() for line in lines) if h]
+    hosts = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}:{number}: not UTF-8 text") from None
+        if "\0" in text:
+            raise UserError(f"{path}:{number}: not text (a NUL byte)")
+        host = text.split("#", 1)[0].strip()
+        if host:
+            try:
+                parse_host(host)
+            except UserError as e:
+                raise UserError(f"{path}:{number}: {e}") from None
+            hosts.append(host)
+    return hosts
 
 
 def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str | None], Report], as_json: bool) -> None:
@@ -577,6 +791,10 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
 
             sys.exit(run_many(all_hosts, command, as_json))
         report = command(all_hosts[0] if all_hosts else None)
+    except KeyboardInterrupt:
+        _interrupted(as_json, None)
+    except Interrupted as e:  # during a commit: what became of it
+        _interrupted(as_json, str(e))
     except UserError as e:
         message = str(e).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever the input
         if as_json:
@@ -586,6 +804,31 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
         sys.exit(2)
     _emit(report, as_json)
     sys.exit(report.exit_code)
+
+
+# The exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED_EXIT = 130
+
+
+def interrupted_message() -> str:
+    """After Ctrl-C outside a commit: what this run had already written, or that it wrote nothing."""
+    from patcher.transport import COMMITTED
+
+    done = [(label, files) for label, files in COMMITTED if files]
+    if not done:
+        return "interrupted (Ctrl-C) before anything was written: nothing changed"
+    return "interrupted (Ctrl-C) after this run's commit: " + "; ".join(
+        f"{label}: {len(files)} file(s) written ({', '.join(files)})" for label, files in done)
+
+
+def _interrupted(as_json: bool, message: str | None) -> None:
+    """Ctrl-C: one line saying whether anything changed, exit 130."""
+    message = message or interrupted_message()
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": INTERRUPTED_EXIT}))
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(INTERRUPTED_EXIT)
 
 
 class _Group(click.Group):
@@ -607,9 +850,9 @@ class _Group(click.Group):
         except click.ClickException as e:
             click.echo(f"error: {e.format_message()}".replace("\n", " "), err=True)
             sys.exit(2)
-        except click.Abort:
-            click.echo("error: aborted", err=True)
-            sys.exit(2)
+        except click.Abort:  # Ctrl-C before a command ran (during ones, ``_main`` answers)
+            click.echo(f"error: {interrupted_message()}", err=True)
+            sys.exit(INTERRUPTED_EXIT)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -632,6 +875,7 @@ def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, a
 @main.command()
 @connection_options
 @patch_file_option
+@timeout_option
 def repair(target, hosts, hosts_file, ssh_config, as_json):
     """Rebuild a damaged or lost record from the files and the verified pristine copies."""
 
@@ -642,18 +886,24 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
             raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
         transport, site_packages = connect(target, host, ssh_config)
         with transport:
-            snap, lines = engine.repair(transport, site_packages)
-            data = {**_describe(snap), "was": snap.state_problem, "files": lines, "exchanges": transport.exchanges}
+            result = engine.repair(transport, site_packages)
+            snap, lines = result.snap, result.lines
+            data = {**_describe(snap), "was": snap.state_problem, "files": lines, "unrestorable": result.unrestorable,
+                    "exchanges": transport.exchanges}
 
         def render(console: Console) -> None:
             if snap.state_problem:
                 console.print(f"was: {escape(snap.state_problem)}", soft_wrap=True)
             for line in lines:
-                console.print(f"  {escape(line)}")
-            console.print("repaired: the record matches the files" if snap.state_problem
-                          else "nothing to repair: the record already matched the files; checked again")
+                console.print(f"  {escape(line)}", soft_wrap=True)  # commands in them stay whole
+            if result.unrestorable:
+                console.print(f"repair: {len(result.unrestorable)} file(s) differ from what pip installed and nothing "
+                              f"kept here restores them (listed above); the record covers the rest")
+            else:
+                console.print("repaired: the record matches the files" if snap.state_problem
+                              else "nothing to repair: the record already matched the files; checked again")
 
-        return Report(data, 0, render)
+        return Report(data, 1 if result.unrestorable else 0, render)
 
     _main(hosts, hosts_file, command, as_json)
 
@@ -759,7 +1009,7 @@ def list_command(as_json):
         origin = (escape(users.get(r["id"], "shipped")),) if users else ()
         table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or r["depends_on"] or "speculators' own logic",
                       *origin)
-    _console().print(table)
+    print_out(lambda console: console.print(table))
 
 
 @main.command()
@@ -778,6 +1028,18 @@ def new(patch_id, file, output, speculators, force):
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    import importlib.util
+    import shlex
+
+    python = shlex.quote(sys.executable)
+    run_tests = f"`{python} -m pytest {shlex.quote(str(test_path))}` (the Python speculators-patch runs in)"
+    try:
+        has_pytest = importlib.util.find_spec("pytest") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
+        has_pytest = False
+    if not has_pytest:  # `pip install .` brings no pytest
+        run_tests = (f"`{python} -m pip install pytest` (the Python speculators-patch runs in has none), then "
+                     f"`{python} -m pytest {shlex.quote(str(test_path))}`")
     click.echo(f"wrote {patch_path} and {test_path}\n"
-               f"next: edit both, `{sys.executable} -m pytest {test_path}` (the Python speculators-patch runs in), then "
-               f"`speculators-patch diff --patch-file {patch_path} --target ...`")
+               f"next: edit both, {run_tests}, then "
+               f"`speculators-patch diff --patch-file {shlex.quote(str(patch_path))} --target ...`")

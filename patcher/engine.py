@@ -124,6 +124,7 @@ class Snapshot:
     backups: dict[str, list[bytes]] = field(default_factory=dict)
     record: dict[str, str] = field(default_factory=dict)
     dist_info: str | None = None
+    record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
@@ -158,16 +159,24 @@ class Snapshot:
         return {pid for path in (self.manifest or {}).get("files", {}) for pid in self.recorded(path)}
 
 
-def read_snapshot(transport: Transport, site_packages: str | None = None, tolerate_damage: bool = False) -> Snapshot:
-    """One ``inspect`` exchange. Raises ``UserError`` when the target has no speculators, or
-    (unless ``tolerate_damage``: ``repair``) when its state is inconsistent: one line naming
-    the file at fault and the way out."""
+def read_snapshot(transport: Transport, site_packages: str | None = None, tolerate_damage: bool = False,
+                  record_check: bool = False) -> Snapshot:
+    """One ``inspect`` exchange. The files read are those the patches of this run name and
+    every file the target's state names (a user patch on any file, applied earlier, is
+    read without its source). ``record_check`` (``repair``): also list the speculators
+    files whose bytes differ from pip's RECORD (``Snapshot.record_differs``). Raises
+    ``UserError`` when the target has no speculators, or (unless ``tolerate_damage``:
+    ``repair``) when its state is inconsistent: one line naming the file at fault and the
+    way out."""
     patches = all_patches()
-    answer, contents = _inspect(transport, dict(
+    request = dict(
         site_packages=site_packages,
         speculators_files=sorted({p.file for p in patches}),
         vllm_files=sorted({m for p in patches for f in p.facts for m in f.modules}),
-    ))
+    )
+    if record_check:
+        request["record_check"] = True
+    answer, contents = _inspect(transport, request)
     spec, vllm = answer["speculators"], answer["vllm"]
     vllm_source = None
     if vllm is not None:
@@ -193,6 +202,7 @@ def read_snapshot(transport: Transport, site_packages: str | None = None, tolera
         backups=contents["backups"],
         record=spec.get("record") or {},
         dist_info=spec.get("dist_info"),
+        record_differs=answer.get("record_differs"),
     )
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)
@@ -272,7 +282,8 @@ class Outcome:
 
     state: ``pending`` (would change the file), ``applied`` (satisfied, recorded by us),
     ``satisfied`` (fix already present, not by us), ``not-needed`` (the installed vLLM
-    does not have the incompatibility), ``refused`` (unknown code; ``detail`` says where).
+    does not have the incompatibility), ``fact-missing`` (a symbol its fact is about is not
+    in the installed vLLM: ``fact_missing``), ``refused`` (unknown code; ``detail`` says where).
     """
 
     patch: Patch
@@ -361,24 +372,55 @@ def needed(snap: Snapshot, patch: Patch) -> bool:
     return all(snap.evidence[(patch.id, f.symbol)].holds for f in patch.facts)
 
 
+def fact_missing(snap: Snapshot, patch: Patch) -> str:
+    """Why ``patch`` can be neither needed nor not needed here: a fact's symbol is not in
+    the installed vLLM at all (``Evidence.missing``), one line; "" when every symbol is there."""
+    for f in patch.facts:
+        e = snap.evidence[(patch.id, f.symbol)]
+        if e.missing:
+            return (f"vLLM {snap.vllm.version if snap.vllm else ''} has no {f.symbol} ({e.where}: {e.found}): "
+                    f"the code {patch.id} rewrites uses it, so it breaks with or without {patch.id}; "
+                    f"no patch here handles this vLLM yet (verify's call check names the calls)")
+    return ""
+
+
+def need_state(snap: Snapshot, patch: Patch) -> str:
+    """``needed`` | ``not-needed`` | ``fact-missing`` (see ``fact_missing``)."""
+    if fact_missing(snap, patch):
+        return "fact-missing"
+    return "needed" if needed(snap, patch) else "not-needed"
+
+
 NOT_NEEDED = "the installed vLLM does not need it"
 
 
 def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
-              recorded: dict[str, int], only_needed: bool = True) -> FilePlan:
+              recorded: dict[str, int], only_needed: bool = True, adopting: bool = False) -> FilePlan:
     """Run the chosen patches for ``path`` in order on ``source`` (deterministic).
 
     With ``only_needed`` (the default) a patch the installed vLLM does not need is skipped
     as ``not-needed``; ``revert --only`` replays the recorded patches regardless.
+    ``adopting`` (``apply --adopt``): a modified file is planned afresh, so a recorded user
+    patch whose source is not loaded refuses (it would have to run) instead of being shown
+    as applied.
     """
     plan = FilePlan(path, source, source)
     module = parse(path, source, snap.python_version)
     for patch in (p for p in chosen if p.file == path):
+        gone = fact_missing(snap, patch) if only_needed else ""
+        if gone:  # neither needed nor not needed: never shown as calm (verify's verdict fails)
+            plan.outcomes.append(Outcome(patch, "fact-missing", gone))
+            continue
         if only_needed and not needed(snap, patch):
             plan.outcomes.append(Outcome(patch, "not-needed", NOT_NEEDED))
             continue
         if patch.origin == "recorded" and patch.id in recorded:  # a user patch whose source is not at hand
             plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded"))
+            continue
+        if (patch.origin == "recorded" and only_needed and not adopting and snap.file_state(path) == "modified"
+                and patch.id in ((snap.manifest or {}).get("files", {}).get(path) or {}).get("patches", {})):
+            # edited since: the record is all there is to show; apply/verify say the file is modified
+            plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded; the file was modified since"))
             continue
         verdict, module, detail = transform(patch, module)
         if verdict == "changed":
@@ -392,9 +434,9 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
     return plan
 
 
-def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
-    """Plan every file the chosen patches written for the installed speculators touch.
-    Raises ``UserError`` for a missing file."""
+def plan(snap: Snapshot, chosen: tuple[Patch, ...], adopting: bool = False) -> list[FilePlan]:
+    """Plan every file the chosen patches written for the installed speculators touch
+    (``adopting``: see ``plan_file``). Raises ``UserError`` for a missing file."""
     plans = []
     fitting = written_for(snap.speculators_version, chosen)
     if chosen and not fitting:
@@ -412,6 +454,9 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...]) -> list[FilePlan]:
             raise UserError(f"{path} not found under {snap.speculators_root}: "
                             f"not a speculators {snap.speculators_version} layout")
         recorded = snap.recorded(path)
+        if adopting and snap.file_state(path) == "modified":
+            plans.append(plan_file(snap, path, source, chosen, recorded, adopting=True))
+            continue
         known = fast_path.outcomes(snap, path, source, chosen, recorded)
         plans.append(plan_cache.plan_file(snap, path, source, chosen, recorded) if known is None
                      else FilePlan(path, source, source, known))
@@ -434,9 +479,27 @@ def _guard_modified(snap: Snapshot, paths: list[str]) -> None:
 
 @dataclass
 class CommitResult:
+    """``written``: the paths the commit wrote; ``manifest``: the manifest it wrote (None:
+    none, or no commit: ``committed`` False)."""
+
     written: list[str]
     plans: list[FilePlan]
     recovered: bool = False
+    manifest: dict | None = None
+    committed: bool = False
+    adopted: list[str] = field(default_factory=list)  # apply --adopt: files kept as they are, as new pristine
+
+
+def after(snap: Snapshot, result: CommitResult) -> Snapshot:
+    """``snap`` as the target is once ``result``'s commit is done (the files it wrote, the
+    manifest it wrote), for checking what was written without reading it again."""
+    if not result.committed:
+        return snap
+    import dataclasses
+
+    files = dict(snap.files)
+    files.update({p.path: p.after for p in result.plans if p.path in result.written})
+    return dataclasses.replace(snap, files=files, manifest=result.manifest, manifest_sha256=None)
 
 
 def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False,
@@ -449,16 +512,21 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
     Raises ``UserError`` on refusal, on a file modified after patching (unless ``adopt``),
     or when the agent cannot write; in every such case no file changed.
     """
-    plans = plan(snap, chosen) if plans is None else plans
+    plans = plan(snap, chosen, adopting=adopt) if plans is None else plans
     refused = refusals(plans)
     if refused:
         raise UserError(refused[0])
     changed = [p for p in plans if p.changed]
     if not adopt:
         _guard_modified(snap, [p.path for p in changed])
-    if dry_run or not changed:
+    # --adopt on a modified file that needs no patch: it becomes the new pristine file as
+    # it is (no record left; the copy of the old one goes, at the user's word).
+    adopted = sorted(p.path for p in plans if adopt and not p.changed and snap.file_state(p.path) == "modified")
+    if dry_run or not (changed or adopted):
         return CommitResult([], plans)
     files = dict((snap.manifest or {}).get("files", {}))
+    for path in adopted:
+        files.pop(path, None)
     pristine: dict[str, str] = {}
     for p in changed:
         keep = snap.recorded(p.path)
@@ -473,7 +541,10 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
         if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
             files[p.path]["checked"] = checked
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
-    return _commit(transport, snap, changed, pristine, _manifest(snap, files, fresh), plans)
+    result = _commit(transport, snap, changed, pristine, _manifest(snap, files, fresh), plans,
+                     **({"adopted": adopted} if adopted else {}))
+    result.adopted = adopted
+    return result
 
 
 def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], pristine: dict[str, str],
@@ -491,7 +562,7 @@ def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], prist
         manifest_expect_sha256=snap.manifest_sha256,
         **extra,
     )
-    return CommitResult(answer["written"], plans, answer["recovered"])
+    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True)
 
 
 def _manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
@@ -524,9 +595,13 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
             f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files)"
         )
     plans, files, fresh = [], {}, {}
+    chosen_ids = {p.id for p in chosen}
     for path in sorted(entries):
         state, current = snap.file_state(path), snap.files.get(path)
         if state in ("pristine", "reinstalled") or current is None:
+            continue
+        if partial and not set(entries[path]["patches"]) & chosen_ids:
+            files[path] = entries[path]  # none of the chosen patches is on it: left as it is, edited or not
             continue
         if state == "modified" and not force:
             raise UserError(f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
@@ -553,27 +628,41 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
     changed = [p for p in plans if p.changed]
     manifest = _manifest(snap, files, fresh)
     same_record = {k: v["patches"] for k, v in files.items()} == {
-        k: v["patches"] for k, v in entries.items() if snap.file_state(k) == "patched"}
+        k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")}
     if dry_run or (not changed and same_record):
         return CommitResult([], plans)
     return _commit(transport, snap, changed, {}, manifest, plans)
 
 
-def repair(transport: Transport, site_packages: str | None) -> tuple[Snapshot, list[str]]:
+@dataclass
+class RepairResult:
+    """What ``repair`` did: ``lines``, one per file; ``unrestorable``: files of the install
+    that differ from pip's RECORD with neither a record nor a kept copy (edited outside
+    this tool, or a copy lost to an earlier version of it): no command here can restore
+    them, reinstalling speculators does."""
+
+    snap: Snapshot
+    lines: list[str]
+    unrestorable: list[str]
+
+
+def repair(transport: Transport, site_packages: str | None) -> RepairResult:
     """Rebuild a consistent state from what is on disk, changing no speculators file except
     to finish rolling back an interrupted commit where the files allow it.
 
     Per file: the installed bytes equal to a verified pristine copy (or to pip's RECORD) ->
-    no record; equal to a verified copy with a set of patches replayed -> that record;
-    otherwise, with a verified copy, a record under which ``status`` says ``modified``.
-    Copies nothing references are deleted. Returns the snapshot read before and one line
-    per file describing what was done.
+    no record; equal to what the manifest records as patched, with that record's verified
+    copy -> that record, kept (a user patch whose source is not at hand included); equal
+    to a verified copy with a set of patches replayed -> that record; otherwise, with a
+    verified copy, a record under which ``status`` says ``modified``. Copies nothing
+    references are deleted. Every other speculators file is compared with pip's RECORD.
+    Returns the snapshot read before, one line per file, and the unrestorable files.
     Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
     reinstall speculators, then ``repair`` again), or when the state cannot be written.
     """
     first = read_snapshot(transport, site_packages, tolerate_damage=True)
     transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
-    snap = read_snapshot(transport, site_packages, tolerate_damage=True)
+    snap = read_snapshot(transport, site_packages, tolerate_damage=True, record_check=True)
     entries = (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
     files, lines = {}, []
     paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))
@@ -592,6 +681,13 @@ def repair(transport: Transport, site_packages: str | None) -> tuple[Snapshot, l
         digest = sha256(current)
         if digest == record or any(digest == sha256(c) for c in copies):
             lines.append(f"{path}: pristine")
+            continue
+        entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
+        patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
+        if (entry.get("patched_sha256") == digest and patches and all(isinstance(v, int) for v in patches.values())
+                and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))):
+            files[path] = dict(entry)  # the record it has still describes the file and its copy
+            lines.append(f"{path}: patched ({', '.join(sorted(patches))}), as recorded")
             continue
         found = None
         for copy in copies:
@@ -630,4 +726,9 @@ def repair(transport: Transport, site_packages: str | None) -> tuple[Snapshot, l
     manifest = _manifest(snap, files, loaded)
     transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,
                       manifest=manifest, manifest_expect_sha256=snap.manifest_sha256, repair=True)
-    return first, lines
+    unrestorable = [p for p in (snap.record_differs or []) if p not in files]
+    for path in unrestorable:
+        lines.append(f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
+                     f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
+                     f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does")
+    return RepairResult(first, lines, unrestorable)

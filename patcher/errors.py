@@ -3,3 +3,7 @@
 
 class UserError(Exception):
     """Bad input or a refused operation; nothing on the target was changed."""
+
+
+class Interrupted(UserError):
+    """Ctrl-C during a commit, with what became of it (one line); the CLI exits 130."""

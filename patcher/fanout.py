@@ -7,8 +7,9 @@ threads would run them one host at a time under the GIL (threads are the fallbac
 A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
 never stops or touches the others. Progress goes to stderr; the end is one summary table
 (or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Exit code: 0 when every host succeeded, 2 when any host failed, else 1
-when ``diff`` found changes or ``verify`` disagreements somewhere, else the largest (3: ``verify``
-passed every static check but some host's vLLM has no engine proof).
+when ``diff`` found changes, ``verify`` disagreements or an ``apply`` whose result fails
+verify's checks somewhere, else the largest (3: every static check passed but some host's vLLM
+has no engine proof); 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from patcher.errors import UserError
+from patcher.errors import Interrupted, UserError
 
 DEFAULT_JOBS = 8
 
@@ -35,7 +36,7 @@ DEFAULT_JOBS = 8
 @dataclass
 class HostResult:
     host: str
-    outcome: str  # changed | unchanged | would-change | ok | disagrees | unproven | failed
+    outcome: str  # changed | unchanged | would-change | ok | disagrees (verify, or apply then verify) | unproven | failed
     exit_code: int
     reason: str
     seconds: float
@@ -54,9 +55,15 @@ def classify(data: dict, exit_code: int) -> tuple[str, str]:
         if data.get("dry_run"):
             pending = data.get("would_change") or sorted({p["file"] for p in data.get("patches", []) if p["state"] == "pending"})
             return ("would-change", f"{len(pending)} file(s)") if pending else ("unchanged", "")
-        if data["written"]:
-            return "changed", f"{len(data['written'])} file(s) written"
-        return "unchanged", ""
+        outcome, reason = ("changed", f"{len(data['written'])} file(s) written") if data["written"] else ("unchanged", "")
+        if data.get("adopted"):
+            outcome, reason = "changed", "; ".join(filter(None, [reason, f"{len(data['adopted'])} file(s) adopted"]))
+        checked = data.get("verify")
+        if isinstance(checked, dict) and not checked.get("ok", True) and exit_code == 3:  # only the proof is missing
+            return "unproven", "; ".join(filter(None, [reason, "verify: NOT PROVEN (every static check passes)"]))
+        if isinstance(checked, dict) and not checked.get("ok", True):  # apply: the install still fails verify
+            return "disagrees", "; ".join(filter(None, [reason, f"verify: FAILED ({', '.join(checked['failing'])})"]))
+        return outcome, reason
     if "diff" in data:
         return ("would-change", "diff printed in --json") if data["changed"] else ("unchanged", "")
     if "selftest" in data:
@@ -79,6 +86,12 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
     start = time.monotonic()
     try:
         report = command(host)
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group)
+        from patcher.cli import interrupted_message
+
+        return HostResult(host, "failed", 130, interrupted_message(), time.monotonic() - start)
+    except Interrupted as e:  # during this host's commit: what became of it
+        return HostResult(host, "failed", 130, str(e), time.monotonic() - start)
     except UserError as e:
         return HostResult(host, "failed", 2, str(e), time.monotonic() - start)
     except Exception as e:  # a bug must not take the other hosts down
@@ -140,6 +153,38 @@ def _warm() -> None:
         pass
 
 
+_UNKNOWN = "interrupted (Ctrl-C) while working on this host; what it did there is not known here: run `speculators-patch status` on it"
+_NOT_STARTED = "interrupted (Ctrl-C) before this host was contacted: nothing changed there"
+
+
+def _collect_interrupted(futures: dict, results: dict, wait: float = 45.0) -> None:
+    """After Ctrl-C: the answers of hosts already running, for up to ``wait`` seconds (a
+    second Ctrl-C stops waiting). Every host gets a result: its own answer (a commit in
+    flight waited for and reported), unknown, or never contacted."""
+    from concurrent.futures import CancelledError
+
+    deadline = time.monotonic() + wait
+    stop = False
+    for future, host in futures.items():
+        if host in results:
+            continue
+        if future.cancel() or future.cancelled():
+            results[host] = HostResult(host, "failed", 130, _NOT_STARTED, 0.0)
+            continue
+        if stop:
+            results[host] = HostResult(host, "failed", 130, _UNKNOWN, 0.0)
+            continue
+        try:
+            results[host] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            stop = True
+            results[host] = HostResult(host, "failed", 130, _UNKNOWN, 0.0)
+        except CancelledError:
+            results[host] = HostResult(host, "failed", 130, _NOT_STARTED, 0.0)
+        except Exception:  # timed out, or the worker died of the interrupt
+            results[host] = HostResult(host, "failed", 130, _UNKNOWN, 0.0)
+
+
 def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, jobs: int | None = None) -> int:
     """Run ``command`` on every host, at most ``jobs`` at once; print progress and a summary.
 
@@ -154,6 +199,8 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     _COMMAND = command
     _warm()
     pool = _pool(workers)
+    interrupted = False
+    futures: dict = {}
     try:
         futures = {pool.submit(_run_inherited, h): h for h in hosts}  # workers start here, before any progress thread
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -169,11 +216,20 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
                 progress.console.print(f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {escape(r.host)}"
                                        + (f": {escape(r.reason)}" if r.reason else ""))
                 progress.advance(task)
+    except KeyboardInterrupt:
+        # Each worker got the Ctrl-C too and answers for its host (a commit in flight is
+        # waited for, then reported); hosts not started yet are not contacted.
+        interrupted = True
+        _collect_interrupted(futures, results)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=not interrupted, cancel_futures=True)
         _COMMAND = None
+    for host in hosts:
+        results.setdefault(host, HostResult(host, "failed", 130, _NOT_STARTED, 0.0))
     ordered = [results[h] for h in hosts]
-    if any(r.outcome == "failed" for r in ordered):
+    if interrupted:
+        code = 130
+    elif any(r.outcome == "failed" for r in ordered):
         code = 2
     elif any(r.exit_code == 1 for r in ordered):  # a disagreement anywhere outweighs "not proven"
         code = 1
@@ -182,7 +238,9 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     if as_json:
         click.echo(json.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
     else:
-        Console(highlight=False, width=None if sys.stdout.isatty() else 120).print(summary_table(ordered))
+        from patcher.cli import print_out
+
+        print_out(lambda console: console.print(summary_table(ordered)))
         counts = {o: sum(r.outcome == o for r in ordered) for o in dict.fromkeys(r.outcome for r in ordered)}
         click.echo(f"{len(hosts)} hosts: " + ", ".join(f"{n} {o}" for o, n in counts.items()))
     return code

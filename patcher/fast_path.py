@@ -80,7 +80,7 @@ def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...]
              recorded: dict[str, int]) -> list[Outcome] | None:
     """The outcomes ``engine.plan_file`` would give, from the manifest's record, or None
     when the record does not answer for these bytes, patches, tool and grammar."""
-    from patcher.engine import NOT_NEEDED, Outcome, needed
+    from patcher.engine import NOT_NEEDED, Outcome, fact_missing, needed
 
     if not cache.enabled():
         return None
@@ -96,6 +96,10 @@ def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...]
         return None  # a loaded user patch is run: its source may differ from the one the record saw
     found = []
     for patch in (p for p in chosen if p.file == path):
+        gone = fact_missing(snap, patch)
+        if gone:
+            found.append(Outcome(patch, "fact-missing", gone))
+            continue
         if not needed(snap, patch):
             found.append(Outcome(patch, "not-needed", NOT_NEEDED))
             continue
@@ -122,6 +126,6 @@ def evidence(files: dict[str, bytes | None], compute) -> dict:
             except TypeError:
                 pass
         found = compute()
-        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found]]
+        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found, e.missing]]
                                     for (pid, symbol), e in found.items()])
         return found

@@ -23,7 +23,7 @@ from patcher.patch import Patch, VllmFact
 KIND = "patch-index"
 # Tool modules whose code decides what a codemod does or how its outcome is reported.
 TOOL_FILES = ("patch.py", "codemod_base.py", "codemods.py", "cst_helpers.py", "probes.py", "engine.py",
-              "patch_index.py", "registry.py", "fast_path.py", "plan_cache.py")
+              "patch_index.py", "registry.py", "fast_path.py", "plan_cache.py", "vllm_source.py")
 
 
 def tool_digest(package: str) -> str | None:

@@ -32,12 +32,14 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
     from patcher import engine
 
     tool = fast_path.tool()
-    if tool is None or not cache.enabled():
-        return engine.plan_file(snap, path, source, chosen, recorded)
     mine = [p for p in chosen if p.file == path]
+    if tool is None or not cache.enabled() or any(p.origin == "recorded" for p in mine):
+        # A stand-in (a recorded user patch whose source is not loaded) never runs, not even
+        # by way of a plan its source made earlier: it shares that source's digest.
+        return engine.plan_file(snap, path, source, chosen, recorded)
     key = cache.key({"tool": tool, "python": snap.python_version, "path": path,
                      "source": hashlib.sha256(source).hexdigest(), "recorded": recorded,
-                     "patches": [[p.id, p.version, engine.needed(snap, p), *([p.source_sha256] if p.source_sha256 else [])]
+                     "patches": [[p.id, p.version, engine.need_state(snap, p), *([p.origin, p.source_sha256] if p.source_sha256 else [])]
                                  for p in mine]})  # a user patch is its source: same id and version, other code
     with cache.locked(KIND, key):
         stored = _load(cache.load(KIND, key), path, source, mine)

@@ -30,7 +30,13 @@ def _recorded(builder: Callable[..., Probe]) -> Callable[..., Probe]:
 
 
 def _missing(path: str, what: str) -> Evidence:
+    """``what`` is absent, an answer to the question the probe asks (a feature not there)."""
     return Evidence(False, path, None, f"{what} not found")
+
+
+def _gone(path: str, what: str) -> Evidence:
+    """``what``, the symbol the fact is about, is not in this vLLM (``Evidence.missing``)."""
+    return Evidence(False, path, None, f"{what} not found", missing=True)
 
 
 @_recorded
@@ -38,6 +44,8 @@ def init_field_required(path: str, cls: str, name: str) -> Probe:
     """Holds when dataclass ``cls`` declares ``name: InitVar[...]`` without a default."""
 
     def probe(src: VllmSource) -> Evidence:
+        if src.find_class(path, cls) is None:
+            return _gone(path, cls)
         field = src.class_fields(path, cls).get(name)
         if field is None:
             return _missing(path, f"{cls}.{name}")
@@ -53,6 +61,8 @@ def field_default(path: str, cls: str, name: str, value: str) -> Probe:
     """Holds when ``cls.name`` defaults to ``value`` (source text, e.g. ``True``)."""
 
     def probe(src: VllmSource) -> Evidence:
+        if src.find_class(path, cls) is None:
+            return _gone(path, cls)
         field = src.class_fields(path, cls).get(name)
         if field is None:
             return _missing(path, f"{cls}.{name}")
@@ -73,7 +83,7 @@ def parameter_absent(path: str, qualname: str, param: str, moved_to: str | None 
         if fn is None and moved_to is not None:
             where, fn = moved_to, src.find_function(moved_to, qualname)
         if fn is None:
-            return _missing(path, qualname)
+            return _gone(path, qualname)
         return Evidence(param not in parameter_names(fn), where, fn.lineno, signature(fn, param))
 
     return probe
@@ -86,7 +96,7 @@ def parameter_required(path: str, qualname: str, param: str) -> Probe:
     def probe(src: VllmSource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
-            return _missing(path, qualname)
+            return _gone(path, qualname)
         return Evidence(param in required_parameters(fn), path, fn.lineno, signature(fn, param))
 
     return probe
@@ -113,7 +123,7 @@ def returns_not_list(path: str, qualname: str) -> Probe:
     def probe(src: VllmSource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
-            return _missing(path, qualname)
+            return _gone(path, qualname)
         returns = ast.unparse(fn.returns) if fn.returns is not None else ""
         return Evidence(not returns.lower().startswith("list"), path, fn.lineno, signature(fn, "unique_reply_rank"))
 
@@ -127,7 +137,7 @@ def class_lacks_base(path: str, cls: str, base: str) -> Probe:
     def probe(src: VllmSource) -> Evidence:
         node = src.find_class(path, cls)
         if node is None:
-            return _missing(path, cls)
+            return _gone(path, cls)
         bases = [ast.unparse(b) for b in node.bases]
         return Evidence(base not in bases, path, node.lineno, f"class {cls}({', '.join(bases)})")
 

@@ -176,8 +176,11 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
     known = {p.id for p in patches} | {p.name for p in patches}
     unknown = [x for x in (*only, *skip) if x not in known]
     if unknown:
+        users = [x for x in unknown if re.fullmatch(r"[A-Z]+[0-9]+", x) and not _ID.match(x)]
+        why = (f": no --patch-file or installed pack defines {', '.join(users)}, and this target's record names "
+               f"no such patch (never applied here, or already reverted)" if users else "")
         raise UserError(
-            f"unknown patch id {', '.join(unknown)} (known: {', '.join(sorted(p.id for p in patches))}; "
+            f"unknown patch id {', '.join(unknown)}{why} (known: {', '.join(sorted(p.id for p in patches))}; "
             f"or a name from 'speculators-patch list')"
         )
     chosen = [p for p in patches if not only or p.id in only or p.name in only]

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shlex
 import subprocess
 
@@ -143,7 +142,25 @@ def parse_host(spec: str) -> tuple[str | None, str, int | None]:
     return m["user"], m["host"].strip("[]"), int(m["port"]) if m["port"] else None
 
 
-def _resolved(base: list[str], host: str) -> dict[str, str]:
+class Resolved(dict):
+    """``ssh -G``'s options for a host: the first value of each key (as ssh uses it), and
+    ``lines``, every ``(key, value)`` printed (``identityfile``, ``certificatefile``,
+    ``setenv``... may appear several times)."""
+
+    lines: list[tuple[str, str]]
+
+    def __init__(self, lines: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.lines = lines
+        for key, value in lines:
+            self.setdefault(key, value)
+
+    def values_of(self, key: str) -> list[str]:
+        """Every value ``ssh -G`` printed for ``key``, in order ([] when none)."""
+        return [v for k, v in self.lines if k == key]
+
+
+def _resolved(base: list[str], host: str) -> Resolved:
     """``ssh -G``: the options ssh will use for ``host`` (reads config only; no connection)."""
     try:
         proc = subprocess.run([*base, "-G", "--", host], capture_output=True, text=True, timeout=30)
@@ -151,11 +168,88 @@ def _resolved(base: list[str], host: str) -> dict[str, str]:
         raise UserError("no `ssh` client on this machine: install OpenSSH (e.g. apt-get install openssh-client)") from None
     if proc.returncode != 0:
         raise UserError(f"ssh cannot use host {host}: {_last_line(proc.stderr) or 'ssh -G failed'}")
-    options: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        options.setdefault(key, value)
-    return options
+    return Resolved([(k, v) for k, _, v in (line.partition(" ") for line in proc.stdout.splitlines())])
+
+
+def _expand(path: str, options: dict[str, str]) -> str:
+    """A file option as ssh reads it: ``~`` and the tokens ssh_config allows in file names
+    (``%d`` home, ``%u`` local user, ``%h`` host name, ``%p`` port, ``%r`` remote user,
+    ``%n`` the name given, ``%l``/``%L`` local host, ``%i`` uid, ``%%``) and ``${VAR}``."""
+    import getpass
+    import socket
+
+    home = os.path.expanduser("~")
+    local = socket.gethostname()
+    tokens = {"d": home, "u": getpass.getuser(), "h": options.get("hostname", ""), "p": options.get("port", ""),
+              "r": options.get("user", ""), "n": options.get("host", ""), "l": local, "L": local.split(".")[0],
+              "i": str(os.getuid()), "%": "%"}
+    path = re.sub(r"%(.)", lambda m: tokens.get(m[1], m[0]), path)
+    path = re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m[1], ""), path)
+    return os.path.expanduser(path)
+
+
+def _file_fingerprint(path: str, content: bool) -> str:
+    """What a trusted file is now: its sha256 (``content``) or its identity and age
+    (device, inode, size, mtime: a private key is never read), or ``absent``."""
+    try:
+        if content:
+            with open(path, "rb") as f:
+                return hashlib.sha256(f.read()).hexdigest()
+        st = os.stat(path)
+        return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return "absent"
+
+
+def trust_material(resolved: dict[str, str]) -> list | None:
+    """Everything a connection to this host was trusted with, as it is now: the resolved
+    options, the content of every known_hosts file ssh reads for it (user and global) and
+    of ``RevokedHostKeys``, each identity and certificate file (identity and age, public
+    halves by content), and the keys ssh-agent offers. A master is reused only while all
+    of it is unchanged (``reuse_options``). None when it cannot be known without
+    connecting: a ``KnownHostsCommand`` answers only when run for a key, so such hosts get
+    no shared connection."""
+    if resolved.get("knownhostscommand", "none").lower() != "none":
+        return None
+    lines = resolved.lines if isinstance(resolved, Resolved) else sorted(resolved.items())
+    values = resolved.values_of if isinstance(resolved, Resolved) else (lambda k: [resolved[k]] if k in resolved else [])
+    material: list = [lines]
+    for key in ("userknownhostsfile", "globalknownhostsfile", "revokedhostkeys"):
+        for value in values(key):
+            for name in value.split():
+                if name.lower() != "none":
+                    path = _expand(name, resolved)
+                    material.append([key, path, _file_fingerprint(path, content=True)])
+    for key in ("identityfile", "certificatefile"):
+        for value in values(key):
+            path = _expand(value, resolved)
+            material.append([key, path, _file_fingerprint(path, content=False),
+                             _file_fingerprint(path + ".pub", content=True), _file_fingerprint(path + "-cert.pub", content=True)])
+    material.append(["agent", _agent_keys(resolved)])
+    return material
+
+
+def _agent_keys(resolved: dict[str, str]) -> str:
+    """sha256 of the public keys ssh-agent offers for this host (``ssh-add -L``; a local
+    question, a few ms), or why there are none: adding or removing a key in the agent is a
+    change of identity too."""
+    agent = resolved.get("identityagent", "SSH_AUTH_SOCK")
+    if agent.lower() == "none":
+        return "none"
+    if agent == "SSH_AUTH_SOCK":
+        sock = os.environ.get("SSH_AUTH_SOCK", "")
+    elif agent.startswith("$"):
+        sock = os.environ.get(agent[1:], "")
+    else:
+        sock = _expand(agent, resolved)
+    if not sock:
+        return "no agent"
+    env = {**os.environ, "SSH_AUTH_SOCK": sock}
+    try:
+        listed = subprocess.run(["ssh-add", "-L"], capture_output=True, timeout=10, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return "agent not asked"
+    return f"{listed.returncode}:" + hashlib.sha256(listed.stdout).hexdigest()
 
 
 def _last_line(text: str) -> str:
@@ -200,21 +294,28 @@ def reuse_options(resolved: dict[str, str], persist: int) -> list[str]:
     exchange and authentication (measured on loopback with OpenSSH 9.2: 0.2 s and 0.09 s
     of client CPU per connection, ~0.03 s and 0.02 s reused).
 
-    A master serves only runs whose resolved options (``resolved``: ``ssh -G``'s output)
-    are identical: the socket is named by their sha256, so two aliases of one machine with
-    different ``SetEnv``, user or key never share a connection (OpenSSH's own ``%C`` would
-    let them: a session through a master gets the master's settings).
+    A master serves only runs that trust exactly what it was opened with: the socket is
+    named by the sha256 of ``trust_material`` -- the resolved options (``resolved``: ``ssh
+    -G``'s output, every line), the known_hosts files' content, the identity files and the
+    agent's keys -- so two aliases of one machine with different ``SetEnv``, user or key
+    never share a connection (OpenSSH's own ``%C`` would let them: a session through a
+    master gets the master's settings), and a host key replaced in known_hosts is checked
+    by a new connection at once. The host's masters opened under other trust are stopped.
 
     Returns ``[]`` -- a connection of its own per run, as ssh does by default -- when
     ``persist`` is 0, when the host's ssh_config sets its own ``ControlPath`` (the user's
-    multiplexing then applies unchanged; ``user_multiplexing`` also sees ``none``), or
-    when the socket directory (``$SPECULATORS_PATCH_CACHE/ssh``, mode 0700) cannot be made
-    private to this user or its path is too long for a unix socket.
+    multiplexing then applies unchanged; ``user_multiplexing`` also sees ``none``), when
+    it uses a ``KnownHostsCommand``, or when the socket directory
+    (``$SPECULATORS_PATCH_CACHE/ssh``, mode 0700) cannot be made private to this user or
+    its path is too long for a unix socket.
     """
     if persist <= 0 or "controlpath" in resolved:
         return []
     folder = cache.base() / "ssh"
     if len(str(folder)) > _SOCKET_PATH_MAX:
+        return []
+    trust = trust_material(resolved)
+    if trust is None:
         return []
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -224,8 +325,31 @@ def reuse_options(resolved: dict[str, str], persist: int) -> list[str]:
     # Whoever can connect to a master socket can run commands on the host as this user.
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
         return []
-    name = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:32]
+    # <host>-<trust>: a master serves only runs trusting exactly what it was opened with;
+    # one of the same host opened under other trust is told to stop (``_retire``).
+    host = hashlib.sha256(json.dumps([resolved.get(k) for k in ("host", "hostname", "user", "port")]).encode())
+    name = f"{host.hexdigest()[:10]}-{hashlib.sha256(json.dumps(trust).encode()).hexdigest()[:21]}"
+    _retire(folder, name)
     return ["-o", "ControlMaster=auto", "-o", f"ControlPersist={persist}s", "-o", f"ControlPath={folder}/{name}"]
+
+
+def _retire(folder, name: str) -> None:
+    """Stop every kept master of the same host whose trust differs from ``name``'s: a
+    changed known_hosts entry, key, agent or option must not be ridden through a
+    connection authenticated before the change. ``ssh -O stop`` (a local request to the
+    master): it takes no new session and exits once those in flight have ended."""
+    prefix = name.split("-", 1)[0] + "-"
+    try:
+        others = [p for p in folder.iterdir() if p.name.startswith(prefix) and p.name != name]
+    except OSError:
+        return
+    for sock in others:
+        try:
+            if sock.is_socket():
+                subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "stop", "retired"],
+                               capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 _MARK = "speculators-patch-unset"
@@ -269,30 +393,24 @@ class BootstrapTransport(Transport):
         super().__init__()
         self.target = target
         self.connections = 0
-        self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
-        self._synced = False
         self._where = self._header_where = self.label
 
     def __enter__(self) -> "BootstrapTransport":
         super().__enter__()
         self.connections += 1
-        assert self._proc is not None
         header = json.dumps({"target": self.target, "agent": AGENT_PROGRAM, "where": self._header_where,
                              "marker": self._marker.decode()}).encode()
-        try:
-            self._proc.stdin.write(b"%d\n" % len(header) + header)
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # reported by the first request, with the command's own message
+        # Written with the first request, back to back: starting the agent costs no round trip.
+        self._preamble = b"%d\n" % len(header) + header
+        self._header_size = b"%d" % len(header)
         return self
 
-    def _read_answer_line(self) -> bytes:
-        while not self._synced:  # skip what the remote shell's rc files printed
-            noise = self._proc.stdout.readline()
-            if not noise:
-                return b""
-            self._synced = noise.rstrip(b"\r\n") == self._marker
-        return self._proc.stdout.readline()
+    def _where_text(self) -> str:
+        return self._where
+
+    def _is_echo(self, line: bytes) -> bool:
+        """Also the header's length line coming back (``cat`` sends it first)."""
+        return super()._is_echo(line) or line.rstrip(b"\r\n") == self._header_size
 
     def _no_answer(self, op: str) -> str:
         return self._failure(op)

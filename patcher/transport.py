@@ -10,14 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
+import secrets
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
-from patcher.errors import UserError
+from patcher.errors import Interrupted, UserError
 
 AGENT_SOURCE = (Path(__file__).parent / "target" / "agent.py").read_text(encoding="utf-8")
 
@@ -61,8 +64,31 @@ AGENT_PROGRAM = _LOADER.replace("DIGEST", repr(hashlib.sha256(AGENT_SOURCE.encod
 """What ``python -c`` runs: the agent, from the target machine's compiled-code cache."""
 
 
+# Seconds to wait for the far side to start the agent (``--connect-timeout``): for SSH the
+# connection, authentication and the remote shell; for ``--exec`` the command's start;
+# locally the interpreter's. Seconds to wait for each answer once it runs (``--timeout``):
+# the longest exchange is a commit waiting for another run's lock (the agent gives up
+# after 120 s) on a slow file system. Measured figures: docs/design.md (timeouts).
+DEFAULT_CONNECT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 600.0
+
+
+# Commits this process saw answered (label, files written): after a Ctrl-C, the message
+# says what this run had already changed.
+COMMITTED: list[tuple[str, list[str]]] = []
+
+
+class _Deadline(Exception):
+    """No line from the far side before the deadline."""
+
+
 class Transport:
-    """A live agent process. Use as a context manager; ``request`` is one exchange."""
+    """A live agent process. Use as a context manager; ``request`` is one exchange.
+
+    Every wait is bounded: ``connect_timeout`` seconds for the agent to start (its marker
+    line, the handshake), ``timeout`` seconds for each answer; past either, ``request``
+    raises ``UserError`` naming what did not answer. A far side that sends our own bytes
+    back (an ``--exec`` command that is ``cat``, a shell that echoes) is told at once."""
 
     label = "local"
 
@@ -73,9 +99,21 @@ class Transport:
     def __init__(self) -> None:
         self.exchanges = 0
         self.on_progress: Callable[[str], None] | None = None
+        self.connect_timeout = DEFAULT_CONNECT_TIMEOUT
+        self.timeout = DEFAULT_TIMEOUT
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: list[bytes] = []
         self._drain: threading.Thread | None = None
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
+        self._synced = False
+        self._noise: list[bytes] = []  # what the far side printed before the marker
+        self._started = 0.0
+        self._abandoned = False  # a commit outlived --timeout: leave the agent to finish it
+        self._preamble = b""  # bytes to write before the first request (a bootstrap's header)
+        self.held: list = []  # context managers (cache locks) this run holds until it ends
+        self._ahead: list[dict] = []  # requests to send with the next one (``send_ahead``)
+        self._answers: dict[str, dict] = {}  # their answers, until asked for
 
     def _argv(self) -> list[str]:
         raise NotImplementedError
@@ -84,14 +122,23 @@ class Transport:
         return None
 
     def __enter__(self) -> "Transport":
+        self._started = time.monotonic()
         self._proc = subprocess.Popen(
             self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._env()
         )
         # Drain stderr as it comes: a long child (selftest) would otherwise block on a full
-        # pipe, and an SSH ControlPersist master may keep it open after ssh exits.
+        # pipe, and an SSH ControlPersist master may keep it open after ssh exits. Stdout is
+        # read by a thread too, so that every wait for a line can be bounded.
         self._drain = threading.Thread(target=self._read_stderr, daemon=True)
         self._drain.start()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
         return self
+
+    def _read_stdout(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in iter(self._proc.stdout.readline, b""):
+            self._lines.put(line)
+        self._lines.put(b"")  # end of output
 
     def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -111,28 +158,86 @@ class Transport:
     EXIT_WAIT = 10
 
     def __exit__(self, *exc: object) -> None:
+        while self.held:  # a lock another host waits on is never kept past this run
+            self.held.pop().__exit__(None, None, None)
         if self._proc is None:
             return
         try:
             self._proc.stdin.close()
-        except BrokenPipeError:  # the agent is already gone; its error was reported
+        except (BrokenPipeError, OSError):  # the agent is already gone; its error was reported
             pass
+        if self._abandoned:
+            return
         try:
             self._proc.wait(timeout=self.EXIT_WAIT)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
 
-    def request(self, op: str, **payload: object) -> dict:
-        """Send one request; return the agent's answer. Raises ``UserError`` on failure."""
-        assert self._proc is not None and self._proc.stdin and self._proc.stdout
-        self.exchanges += 1
+    def _write(self, data: bytes, deadline: float) -> None:
+        """Write and flush ``data`` to the agent's stdin by ``deadline`` (a far side that
+        does not read would block a plain write for ever). Raises ``BrokenPipeError`` when
+        it has ended, ``_Deadline`` when the write did not complete in time."""
+        failure: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                self._proc.stdin.write(data)
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError) as e:
+                failure.append(e)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        writer.join(max(0.0, deadline - time.monotonic()))
+        if writer.is_alive():
+            raise _Deadline()
+        if failure:
+            raise BrokenPipeError(str(failure[0]))
+
+    def _next_line(self, deadline: float) -> bytes:
         try:
-            self._proc.stdin.write(json.dumps({"op": op, **payload}).encode() + b"\n")
-            self._proc.stdin.flush()
-            line = self._read_answer_line()
-        except BrokenPipeError:  # it ended first; what it said before ending (a bootstrap's refusal) still counts
-            line = self._read_answer_line()
+            return self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise _Deadline() from None
+
+    def _handshake_deadline(self) -> float:
+        return self._started + self.connect_timeout
+
+    def send_ahead(self, op: str, **payload: object) -> None:
+        """Have ``op`` ride on the next request: the agent runs it right after that one
+        succeeds and answers both in one line; a later ``request(op, **payload)`` with the
+        same payload gets that answer without an exchange. Used by ``apply``, whose
+        verdict check reads the files its commit wrote."""
+        self._ahead.append({"op": op, **payload})
+
+    @staticmethod
+    def _key(message: dict) -> str:
+        return json.dumps(message, sort_keys=True)
+
+    def request(self, op: str, **payload: object) -> dict:
+        """Send one request; return the agent's answer. Raises ``UserError`` on failure,
+        ``Interrupted`` on Ctrl-C (saying whether a commit in flight was finished)."""
+        assert self._proc is not None and self._proc.stdin and self._proc.stdout
+        message = {"op": op, **payload}
+        early = self._answers.pop(self._key(message), None)
+        if early is not None:  # sent with an earlier request (send_ahead)
+            if "error" in early:
+                raise UserError(early["error"])
+            return early["ok"]
+        ahead, self._ahead = [a for a in self._ahead if self._key(a) != self._key(message)], []
+        if ahead:
+            message["then"] = ahead
+        self.exchanges += 1
+        wait = self.timeout
+        if op == "run_python":  # the agent bounds its child by the request's own timeout
+            wait = max(wait, float(payload.get("timeout") or 600) + 60)
+        try:
+            line = self._exchange(op, json.dumps(message).encode() + b"\n", wait)
+        except KeyboardInterrupt:
+            if op != "commit":
+                raise
+            raise Interrupted(self._interrupted_commit()) from None
         if not line:
             raise UserError(self._no_answer(op))
         try:
@@ -142,13 +247,111 @@ class Transport:
             raise UserError(self._not_json(line)) from None
         if "error" in answer:
             raise UserError(answer["error"])
+        for sent, got in zip(ahead, answer.get("then") or []):
+            self._answers[self._key(sent)] = got
+        if op == "commit":
+            COMMITTED.append((self.label, list(answer["ok"].get("written") or [])))
         return answer["ok"]
 
-    def _read_answer_line(self) -> bytes:
-        return self._proc.stdout.readline()
+    def _exchange(self, op: str, data: bytes, wait: float) -> bytes:
+        """Write one request and read its answer line (b"" when the agent ended first)."""
+        data, self._preamble = self._preamble + data, b""
+        try:
+            try:
+                self._write(data, self._handshake_deadline() if not self._synced else time.monotonic() + wait)
+            except BrokenPipeError:  # it ended first; what it said before ending (a refusal) still counts
+                pass
+            if not self._sync():
+                return b""
+            return self._next_line(time.monotonic() + wait)
+        except _Deadline:
+            raise UserError(self._timed_out(op, wait)) from None
+
+    def _sync(self) -> bool:
+        """Skip what the far side prints before the agent's marker line (login banners, a
+        shell's rc files), within ``connect_timeout``. False when it ended first. Raises
+        ``UserError`` when it sends back our own bytes (it echoes instead of running
+        Python), ``_Deadline`` past ``connect_timeout``."""
+        while not self._synced:
+            line = self._next_line(self._handshake_deadline())
+            if not line:
+                return False
+            if self._is_echo(line):
+                self._proc.kill()
+                raise UserError(self._echoed())
+            self._noise.append(line)
+            self._synced = line.rstrip(b"\r\n") == self._marker
+        return True
+
+    def _is_echo(self, line: bytes) -> bool:
+        """A line carrying our marker inside other text (the header or a request sent back),
+        or starting like a request: the far side echoes its input."""
+        stripped = line.rstrip(b"\r\n")
+        return (self._marker in line and stripped != self._marker) or stripped.startswith(b'{"op": ')
+
+    def _echoed(self) -> str:
+        return (f"{self._where_text()}: it sent our own input back instead of running the agent (a command that "
+                f"echoes, such as cat or a shell reading stdin); nothing reached a Python, nothing changed")
+
+    def _where_text(self) -> str:
+        return f"{self.label}: {self._argv()[0]}"
+
+    def _timed_out(self, op: str, wait: float) -> str:
+        """The one line for a far side that did not answer in time; the process is killed,
+        except during a commit (the agent finishes or rolls back that by itself)."""
+        where = self._where_text()
+        if not self._synced:
+            self._proc.kill()
+            seconds = self.connect_timeout
+            if not self._noise and not self.stderr_text().strip():
+                what = ("it printed nothing and was still running (silent: not a Python that runs the program given "
+                        "to it? if it is only slow to start, raise --connect-timeout)")
+            else:
+                last = (b"".join(self._noise).decode(errors="replace").strip().splitlines() or
+                        self.stderr_text().strip().splitlines() or [""])[-1]
+                what = f"it printed output but never started the agent (last: {last[:120]!r})"
+            return (f"{where}: no answer within {seconds:g} s (--connect-timeout) while starting the agent: {what}; "
+                    f"nothing was sent to the target, nothing changed")
+        if op == "commit":
+            self._abandoned = True
+            return (f"{where}: no answer to the commit within {wait:g} s (--timeout); a commit that had started "
+                    f"finishes or rolls back on the target by itself: run `speculators-patch status` to see which")
+        self._proc.kill()
+        return f"{where}: no answer to {op} within {wait:g} s (--timeout); nothing was written by this run"
+
+    # Seconds to wait, after Ctrl-C, for the answer to a commit in flight (a second Ctrl-C stops waiting).
+    INTERRUPT_WAIT = 30
+
+    def _interrupted_commit(self) -> str:
+        """After Ctrl-C during a commit: wait for its answer (the agent ignores SIGINT and
+        hang-ups once it has the request), and say what happened in one line."""
+        where = self._where_text()
+        try:
+            line = self._next_line(time.monotonic() + self.INTERRUPT_WAIT)
+        except (_Deadline, KeyboardInterrupt):
+            line = None
+        try:
+            answer = json.loads(line) if line else None
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and "ok" in answer:
+            written = answer["ok"].get("written") or []
+            COMMITTED.append((self.label, list(written)))
+            return (f"interrupted (Ctrl-C) while {where} was committing; the commit was finished first: "
+                    f"{len(written)} file(s) written ({', '.join(written)})")
+        if isinstance(answer, dict) and "error" in answer:
+            return (f"interrupted (Ctrl-C) while {where} was committing; the commit did not happen "
+                    f"({answer['error']}); nothing changed")
+        return (f"interrupted (Ctrl-C) while {where} was committing; its outcome is not known here: a commit "
+                f"that reached the target finishes or rolls back there by itself; run `speculators-patch status` "
+                f"to see which")
 
     def _no_answer(self, op: str) -> str:
         """The one-line message when the agent ended without answering ``op``."""
+        printed = [n for n in self._noise if n.strip()]
+        if not self._synced and printed:  # something that is not our agent talked back
+            self._proc.kill()
+            return self._not_json(printed[0])
         try:
             self._proc.wait(timeout=self.EXIT_WAIT)
         except subprocess.TimeoutExpired:
@@ -178,10 +381,11 @@ class LocalTransport(Transport):
         super().__init__()
         self.python = python
         self.site_packages = site_packages
+        self.tool_env = False  # True: the interpreter running this tool, chosen for want of a target
 
     def _argv(self) -> list[str]:
         flags = ["-I", "-S"] if self.site_packages else []
-        return [self.python, *flags, "-c", AGENT_PROGRAM]
+        return [self.python, *flags, "-c", AGENT_PROGRAM, self._marker.decode()]
 
     def _env(self) -> dict[str, str]:
         # The caller's PYTHONPATH must not decide which tree is patched (the state would go
@@ -210,7 +414,9 @@ def local_transport(target: str | None) -> tuple[LocalTransport, str | None]:
                 if not python.exists():
                     raise UserError(f"${variable} is {prefix}, which has no bin/python; pass --target")
                 return LocalTransport(str(python)), None
-        return LocalTransport(sys.executable), None
+        own = LocalTransport(sys.executable)
+        own.tool_env = True  # nothing named a target: an error about it should say so
+        return own, None
     path = Path(target).expanduser()
     try:
         if not path.exists():

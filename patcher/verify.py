@@ -36,10 +36,11 @@ class FactCheck:
 class PatchCheck:
     """``verdict``: ``ok`` | ``missing`` (needed, not applied) | ``stale`` (applied by us
     for another vLLM, not portable, and the installed vLLM does not need it: its code
-    targets an API this vLLM lacks) | ``refused`` (unrecognised code)."""
+    targets an API this vLLM lacks) | ``refused`` (unrecognised code) | ``fact-missing``
+    (a symbol its fact is about is gone from this vLLM; ``needed`` is then None: unknown)."""
 
     patch: Patch
-    needed: bool
+    needed: bool | None
     state: str
     verdict: str
     hint: str = ""
@@ -56,7 +57,10 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
         recorded = snap.recorded(file_plan.path)
         for o in file_plan.outcomes:
             needed = o.state != "not-needed"
-            if o.state == "pending":
+            if o.state == "fact-missing":
+                checks.append(PatchCheck(o.patch, None, "applied" if o.patch.id in recorded else "not applied",
+                                         "fact-missing", o.detail))
+            elif o.state == "pending":
                 checks.append(PatchCheck(o.patch, needed, o.state, "missing", "speculators-patch apply"))
             elif o.state == "refused":
                 checks.append(PatchCheck(o.patch, needed, o.state, "refused", o.detail))
@@ -118,6 +122,46 @@ def _v2_fix(snap: Snapshot) -> str | None:
     return next((p.id for p in written_for(snap.speculators_version, all_patches()) if p.id == "SP022"), None)
 
 
+def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:
+    """The ``sources`` request of ``verify_calls`` (without ``expect``) and the cached entry
+    whose ``reads`` it sends as ``expect`` (None: read in full)."""
+    from patcher import calls_cache, callsite, import_path, model_runner
+
+    request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
+                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
+                   import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
+    return request, None if runtime else calls_cache.lookup(snap, request)
+
+
+def _first_reader(transport: Transport, snap: Snapshot, runtime: bool) -> tuple[dict, dict | None]:
+    """``_sources_request``, and where the controller holds no entry for it: the lock of
+    the request's entry (``calls_cache.lock``), held by ``transport`` until
+    ``verify_calls`` has stored what it read. Of several hosts with the same files (a
+    fan-out's forked workers), the first reads in full and the others wait, then send its
+    record as ``expect`` and are answered ``unchanged``: eight identical hosts cost one
+    call check, as they cost one plan."""
+    from patcher import calls_cache
+
+    request, earlier = _sources_request(snap, runtime)
+    if earlier is None and not runtime and getattr(transport, "held", None) is not None:
+        lock = calls_cache.lock(request)
+        lock.__enter__()
+        request, earlier = _sources_request(snap, runtime)  # stored by another host meanwhile?
+        if earlier is None:
+            transport.held.append(lock)
+        else:
+            lock.__exit__(None, None, None)
+    return request, earlier
+
+
+def send_calls_ahead(transport: Transport, snap: Snapshot) -> None:
+    """Have ``verify_calls``'s ``sources`` request ride on the transport's next request
+    (``Transport.send_ahead``): ``apply`` sends it with its commit, so checking the
+    install it just wrote costs no round trip of its own."""
+    request, earlier = _first_reader(transport, snap, False)
+    transport.send_ahead("sources", **request, expect=earlier["reads"] if earlier else None)
+
+
 def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
@@ -125,12 +169,17 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
     agent confirms that nothing they were computed from changed (``patcher.calls_cache``)."""
+    request, earlier = _first_reader(transport, snap, runtime)
+    try:
+        return _verify_calls(transport, snap, runtime, request, earlier)
+    finally:  # what was read is stored (or failed): hosts waiting for it go on
+        while getattr(transport, "held", None):
+            transport.held.pop().__exit__(None, None, None)
+
+
+def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None) -> CallsCheck:
     from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
 
-    request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
-                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
-                   import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
-    earlier = None if runtime else calls_cache.lookup(snap, request)
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     if stored is not None:

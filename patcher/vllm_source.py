@@ -16,12 +16,21 @@ from patcher.errors import UserError
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a probe found. ``file`` is relative to site-packages; ``line`` is 1-based."""
+    """What a probe found. ``file`` is relative to site-packages; ``line`` is 1-based.
+
+    ``missing``: the symbol the fact is about (the function whose signature it reads, the
+    class whose field it reads) is not in this vLLM at all. Then the fact neither holds nor
+    fails: speculators' code that the patch rewrites uses that symbol, so it breaks here
+    whether the patch is applied or not, and the engine reports the patch ``fact-missing``
+    (never ``not-needed``). A probe that detects a feature (``method_defined``) reports an
+    absent method as ``holds=False``, not as missing.
+    """
 
     holds: bool
     file: str
     line: int | None
     found: str
+    missing: bool = False
 
     @property
     def where(self) -> str:

@@ -30,7 +30,8 @@ SLOW = {"SPECULATORS_PATCH_NO_FAST_PATH": "1"}
 
 def _apply(env: Path, *args: str, cache: Path) -> None:
     result = run_cli("apply", "--target", str(env), *args, env={"SPECULATORS_PATCH_CACHE": str(cache)})
-    assert result.returncode == 0, result.stderr
+    # a partial apply writes and then says verify would fail (exit 1): the state is partial on purpose
+    assert result.returncode == (1 if "--only" in args else 0), result.stdout + result.stderr
 
 
 def _swap_vllm(env: Path, tmp: Path, release: str) -> None:

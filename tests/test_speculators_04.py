@@ -29,18 +29,20 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
     assert sorted(p["id"] for p in diff["patches"]) == PATCHES_04  # no 0.3.0 patch is offered
     assert tree_digest(site / "speculators") == before
 
+    # apply ends with verify's verdict: OK (exit 0) only where 0.4.x ran on the engine (0.16.0)
+    proven_here = vllm == "0.16.0"
     code, applied = run_json("apply", "--target", str(env))
-    assert code == 0 and applied["written"] == [GENERATOR]
+    assert code == (0 if proven_here else 3) and applied["written"] == [GENERATOR]
+    assert applied["verify"]["failing"] == ([] if proven_here else ["no engine proof for this vLLM"])
     assert sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
     compile((site / GENERATOR).read_bytes(), GENERATOR, "exec")
     code, again = run_json("apply", "--target", str(env))
-    assert code == 0 and again["written"] == [] and {p["state"] for p in again["patches"]} == {"applied"}
+    assert code == (0 if proven_here else 3) and again["written"] == [] and {p["state"] for p in again["patches"]} == {"applied"}
 
     code, verified = run_json("verify", "--target", str(env))
     assert [f for f in verified["calls"]["findings"] + verified["imports"]["findings"] if f["severity"] == "error"] == []
     # OK only where 0.4.x itself ran on the engine (vLLM 0.16.0); elsewhere every static check
     # passes and verify exits 3 (not proven), saying so.
-    proven_here = vllm == "0.16.0"
     assert (code, verified["ok"], verified["proven"]["unproven"] is None) == (0 if proven_here else 3, proven_here, proven_here)
     assert {c["id"] for c in verified["patches"]} == set(PATCHES_04)
     assert all(c["verdict"] == "ok" for c in verified["patches"])
@@ -71,7 +73,8 @@ def test_vllm_0_11_apply_and_revert_work_and_verify_names_the_breaks(tmp_path):
     site = site_packages(env)
     before = tree_digest(site / "speculators")
     code, applied = run_json("apply", "--target", str(env))
-    assert code == 0 and sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
+    assert code == 1 and sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
+    assert "the calls" in applied["verify"]["failing"]  # apply says what verify says next
     code, verified = run_json("verify", "--target", str(env))
     breaks = [f["call"] for f in verified["calls"]["findings"] if f["severity"] == "error"]
     assert code == 1 and not verified["ok"] and "self.executor.sample_tokens(...)" in breaks

@@ -51,3 +51,32 @@ def installed_state(site: Path) -> dict:
     for entry in (record or {}).get("files", {}).values():
         entry.pop("checked", None)
     return {"files": files, "manifest": record}
+
+
+# A user's fix on a file no shipped patch touches (issue 23): a header comment on
+# speculators' logging utilities, as a newcomer writes it after `speculators-patch new`.
+LOGGING_UTILS = "speculators/data_generation/logging_utils.py"
+FIX002_HEADER = "# FIX002: reviewed for this vLLM"
+FIX002 = f'''"""FIX002: a header comment on speculators' logging utilities (a file no shipped patch touches)."""
+import libcst as cst
+
+from patcher import Patch, PatchCodemod
+
+HEADER = {FIX002_HEADER!r}
+
+
+class Fix002Codemod(PatchCodemod):
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if any(line.comment is not None and line.comment.value == HEADER for line in tree.header):
+            self.already_satisfied("the header is there")
+        return tree.with_changes(header=[cst.EmptyLine(comment=cst.Comment(HEADER)), *tree.header])
+
+
+PATCH = Patch(id="FIX002", name="logging-header", version=1, title="logging_utils: a header comment",
+              file={LOGGING_UTILS!r}, codemod=Fix002Codemod, speculators="==0.3.0", order=1000)
+'''
+
+
+def write_fix002(directory: Path, name: str = "fix002.py", source: str = FIX002) -> Path:
+    """Write FIX002 (or ``source``) as ``directory/name``; returns the path."""
+    return write_fix001(directory, name, source)

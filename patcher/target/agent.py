@@ -220,11 +220,14 @@ def inspect(request):
     state = os.path.join(state_parent, STATE_DIR)
     recovered, problem = _heal(state, spec_root)
     have = set(request.get("have") or ())
-    wanted = [p for p in request.get("speculators_files", [])]
-    files = {p: _read(os.path.join(spec_root, p)) for p in wanted}
     manifest, manifest_sha, pristine, backups, found = _load_state(state, spec_root)
     if problem is None:
         problem = found
+    # The files asked for, and every file the state names (a manifest entry, a kept copy),
+    # whether or not the caller knows a patch for it: a user patch on any file of the
+    # install is read, shown and reverted without its patch file at hand.
+    wanted = sorted(set(request.get("speculators_files", [])) | _state_paths(manifest, backups))
+    files = {p: _read(os.path.join(spec_root, p)) for p in wanted}
 
     return {
         "python": sys.executable,
@@ -251,7 +254,38 @@ def inspect(request):
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
         "state_problem": problem,
         "recovered": recovered,
+        "record_differs": _record_differs(spec_root, dist_dir) if request.get("record_check") else None,
     }
+
+
+def _state_paths(manifest, backups):
+    """The speculators paths the state names: manifest entries and kept copies (valid
+    paths only; a malformed manifest is reported by ``_load_state``)."""
+    named = set(backups)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if isinstance(files, dict):
+        named |= set(files)
+    out = set()
+    for path in named:
+        try:
+            out.add(_check_rel(path))
+        except AgentError:
+            pass
+    return out
+
+
+def _record_differs(spec_root, dist_info):
+    """``repair``: every speculators ``.py`` file pip's RECORD lists whose installed bytes
+    differ from the digest recorded there (or that is missing), sorted. [] without a RECORD
+    (an editable install lists no source files)."""
+    raw = _read(os.path.join(dist_info, "RECORD")) if dist_info else None
+    paths = set()
+    for line in (raw or b"").decode("utf-8", "replace").splitlines():
+        path = line.rsplit(",", 2)[0]
+        if path.startswith("speculators/") and path.endswith(".py"):
+            paths.add(path)
+    recorded = _record_digests(dist_info, paths)
+    return sorted(p for p, d in recorded.items() if _digest_of(os.path.join(spec_root, p)) != d)
 
 
 # --- State: validated as a whole ----------------------------------------------------------
@@ -389,7 +423,12 @@ class _Env:
             made = self.makedirs(parent)
         if not os.path.isdir(path):
             _step("mkdir " + path)
-            os.mkdir(path)
+            try:
+                os.mkdir(path)
+            except FileExistsError:  # another run made it first (state is made again after a full revert)
+                if not os.path.isdir(path):
+                    raise
+                return made
             self.own(path, is_dir=True)
             made.append(path)
         return made
@@ -415,21 +454,40 @@ class _Lock:
         self.path = os.path.join(state, "lock")
         self.env = env
 
-    def __enter__(self):
+    def _open(self):
         created = not os.path.exists(self.path)
         try:
+            if self.env is not None and not os.path.isdir(os.path.dirname(self.path)):
+                self.env.makedirs(os.path.dirname(self.path))  # removed by a full revert meanwhile
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             if created and self.env is not None:
                 self.env.own(self.path)
         except OSError as e:  # e.g. a read-only file system
             raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror))
+
+    def _same_file(self):
+        """True when the path still names the file this descriptor locks: a full revert
+        removes the lock file (docs/design.md), so a waiter that got the lock on the
+        removed file must take it again on the new one."""
+        try:
+            here, there = os.fstat(self.fd), os.stat(self.path)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+    def __enter__(self):
+        self._open()
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while True:
             try:
                 if os.environ.get("SPECULATORS_PATCH_FAULT") == "enolck":
                     raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
                 fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
+                if self._same_file():
+                    return self
+                os.close(self.fd)
+                self._open()
+                continue
             except OSError as e:
                 if e.errno not in (errno.EACCES, errno.EAGAIN):
                     os.close(self.fd)
@@ -640,6 +698,8 @@ def _finish(state, journal, cleanup_path):
     _prune_empty(os.path.join(state, "pristine"))
     _unlink(cleanup_path)
     _fsync_dir(state)
+    if journal.get("manifest_new") is None:  # a full revert: leave no empty state behind
+        _remove_empty_state(state)
 
 
 def _prune_empty(top):
@@ -664,9 +724,14 @@ def _recover(state, root, salvage=False):
         return False
     journal = _load_journal(jpath)
     jroot = journal["root"]
-    if os.path.realpath(jroot) != os.path.realpath(root) and not salvage:
-        raise AgentError("%s records a commit under %s but speculators is now at %s: not rolling it back over "
-                         "another install; %s" % (jpath, jroot, root, REPAIR_HINT))
+    if os.path.realpath(jroot) != os.path.realpath(root):
+        if not salvage:
+            raise AgentError("%s records a commit under %s but speculators is now at %s: not rolling it back over "
+                             "another install; %s" % (jpath, jroot, root, REPAIR_HINT))
+        # ``repair``: the environment was moved or copied with its state; the journal's
+        # paths are relative, and every file is checked against its digests before any
+        # rename, so it is salvaged here, never under the old location.
+        jroot = root
     actions = []
     entries = list(journal["files"].items())
     entries.append((None, {"old": journal["manifest_old"], "new": journal["manifest_new"]}))
@@ -798,16 +863,21 @@ def commit(request):
               "pristine": {path: base64}  (originals to keep; stored by digest),
               "manifest": dict or None (None deletes it: after a full revert),
               "manifest_expect_sha256": sha256 of the manifest the caller read (None: absent),
-              "repair": bool (``repair``: the old state may be damaged; salvage, then rebuild)}
+              "repair": bool (``repair``: the old state may be damaged; salvage, then rebuild),
+              "adopted": optional [path]: files whose current bytes the user takes as their new
+                         pristine file (``apply --adopt``): their old copies may go}
     Returns {"written": [paths], "recovered": bool}.
     Raises AgentError("changed-since-read: ...") when a file or the manifest is not what the
     caller read (nothing is written; read again), and AgentError for anything else that
     stops it (nothing changed: a failure after the first write is rolled back).
     """
     state, root = request["state_dir"], request["root"]
-    # All data is in hand: finish even if the SSH session that sent it drops now.
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # All data is in hand: finish even if the SSH session that sent it drops now, or the
+    # user presses Ctrl-C (the terminal sends SIGINT to a local agent too): the caller
+    # then waits for, and reports, this commit's outcome.
+    for name in ("SIGHUP", "SIGINT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
     for path in list(writes) + list(keep):
         _check_rel(path)
@@ -870,6 +940,7 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
             raise AgentError("%s: no verified pristine copy of %s to keep (nothing changed)" % (state, path))
         needed.add(name if name in to_back else hit[0])
     drop = sorted(n for n in _list_backups(state) if n not in needed)
+    _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, set(request.get("adopted") or ()))
     journal = {"root": root, "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
                "manifest_old": m_sha, "manifest_new": None if m_new is None else sha256(m_new),
                "new_backups": sorted(to_back), "drop": drop}
@@ -923,6 +994,75 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
     except OSError:
         pass  # committed; what is left is deleted by the next command
     return {"written": sorted(datas), "recovered": recovered}
+
+
+def _copy_path(name):
+    """The speculators path a kept copy (``pristine/<name>``) is a copy of."""
+    return name.partition(".sha256-")[0]
+
+
+def _installed_version(state):
+    """speculators' version from the dist-info next to the state directory, or None."""
+    found = _dist_infos("speculators", [os.path.dirname(state)])
+    return found[0][1] if found else None
+
+
+def _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, adopted=frozenset()):
+    """No commit drops a pristine copy that is still the only way back: one whose file,
+    after this commit, differs from it while the new manifest has no record of that file.
+    A copy may go when the file will be that copy's bytes, when the new record keeps the
+    file (with its own copy), when the file is what pip installed (its RECORD digest), or
+    when the copies are of another speculators release (reinstalled since), or when the
+    request names the file ``adopted`` (``apply --adopt``: the user takes its current bytes
+    as the new pristine file). Raises AgentError naming the file (nothing written); a
+    missing file keeps its copy."""
+    kept = set((manifest or {}).get("files", {})) | set(adopted)
+    old_version = None
+    try:
+        old_version = json.loads(m_raw.decode("utf-8")).get("speculators_version") if m_raw else None
+    except (ValueError, AttributeError):
+        pass
+    if old_version is not None and old_version != _installed_version(state):
+        return
+    dist = _dist_infos("speculators", [os.path.dirname(state)])
+    for name in list(drop):
+        path = _copy_path(name)
+        if path in kept:
+            continue
+        after = datas[path] if path in datas else _read(os.path.join(root, path))
+        if after is None:  # the file is gone: its copy stays, it may be all that is left of it
+            drop.remove(name)
+            continue
+        copy = _read(os.path.join(state, "pristine", name))
+        if copy is None or after == copy:
+            continue
+        if _record_digests(dist[0][0] if dist else None, {path}).get(path) == sha256(after):
+            continue
+        raise AgentError("refusing to drop the kept pristine copy of %s: the file differs from it and the new "
+                         "record keeps no entry for it, so nothing could restore it (nothing changed); "
+                         "run `speculators-patch status` on the target and report this" % path)
+
+
+def _remove_empty_state(state):
+    """After a full revert (no manifest, no copies left): the state directory's empty
+    ``pristine/``, the lock and the directory itself go, so the install is as pip left it.
+    Run under the lock; a waiter notices the lock file changed and takes it again
+    (``_Lock._same_file``). Anything else in the directory keeps it."""
+    top = os.path.join(state, "pristine")
+    if os.path.isdir(top):
+        _prune_empty(top)
+        if os.listdir(top):
+            return
+        _step("rmdir " + top)
+        os.rmdir(top)
+    if any(n != "lock" for n in os.listdir(state)):
+        return
+    _unlink(os.path.join(state, "lock"))
+    try:
+        _step("rmdir " + state)
+        os.rmdir(state)
+    except OSError:
+        pass
 
 
 def repair(request):
@@ -1183,11 +1323,33 @@ class _Reads(object):
         return data
 
     def listing(self, kind, path, compute):
-        found = self.dirs[kind + ":" + path] = compute(path)
+        found = compute(path)
+        self.dirs[kind + ":" + path] = _relative_listing(found, path)
         return found
 
     def as_dict(self):
-        return {"roots": self.roots, "files": self.files, "dirs": self.dirs}
+        """Paths named relative to the package roots (``vllm:vllm/config/cache.py``): the
+        record then fits any install of the same files wherever it lives, so a fresh copy
+        of an environment, or a second host, is answered ``unchanged`` too."""
+        return {"roots": sorted(k for k, v in self.roots.items() if v), "files": {self._rel(p): d for p, d in self.files.items()},
+                "dirs": {k.partition(":")[0] + ":" + self._rel(k.partition(":")[2]): v for k, v in self.dirs.items()}}
+
+    def _rel(self, path):
+        best = None
+        for name, root in self.roots.items():
+            if root and (path == root or path.startswith(root.rstrip(os.sep) + os.sep)):
+                if best is None or len(root) > len(self.roots[best]):
+                    best = name
+        return path if best is None else best + ":" + os.path.relpath(path, self.roots[best])
+
+
+def _absolute_read(name, roots):
+    """A path of a ``_Reads.as_dict`` record, made absolute with this target's roots; None
+    when its root is not installed here."""
+    head, sep, rel = name.partition(":")
+    if not sep or head not in roots:
+        return name if os.path.isabs(name) else None
+    return os.path.join(roots[head], rel) if roots[head] else None
 
 
 def _py_files(directory):
@@ -1208,17 +1370,24 @@ def _py_tree(top):
 def _still(expect, roots):
     """True when ``expect`` (a ``_Reads.as_dict()`` from an earlier answer) still describes
     this target: same roots, every file the same bytes, every listing the same names."""
-    if not isinstance(expect, dict) or expect.get("roots") != roots:
+    if not isinstance(expect, dict) or expect.get("roots") != sorted(k for k, v in roots.items() if v):
         return False
-    for path, digest in (expect.get("files") or {}).items():
-        if _digest_of(path) != digest:
+    for name, digest in (expect.get("files") or {}).items():
+        path = _absolute_read(name, roots)
+        if path is None or _digest_of(path) != digest:
             return False
     computes = {"py_files": _py_files, "py_tree": _py_tree}
     for key, names in (expect.get("dirs") or {}).items():
-        kind, _, path = key.partition(":")
-        if kind not in computes or computes[kind](path) != names:
+        kind, _, name = key.partition(":")
+        path = _absolute_read(name, roots)
+        if kind not in computes or path is None or _relative_listing(computes[kind](path), path) != names:
             return False
     return bool(expect.get("files"))
+
+
+def _relative_listing(names, top):
+    """A listing as ``_Reads`` records it: ``_py_tree`` gives absolute paths, made relative to ``top``."""
+    return [os.path.relpath(n, top) if os.path.isabs(n) else n for n in names]
 
 
 def sources(request):
@@ -1482,7 +1651,18 @@ HANDLERS = {"inspect": inspect, "commit": commit, "repair": repair, "sources": s
 
 def handle(message):
     """Dispatch one request dict ``{"op": ..., ...}``; return ``{"ok": ...}`` or ``{"error": ...}``.
-    An unexpected failure is answered as one line too (never a traceback on the wire)."""
+    ``"then": [request, ...]``: run each after this one succeeded, in order, answered in
+    the same line as ``"then": [answer, ...]`` (``apply``'s verdict check rides on its
+    commit: no extra round trip). An unexpected failure is answered as one line too
+    (never a traceback on the wire)."""
+    answer = _handle_one(message)
+    if "ok" in answer and isinstance(message.get("then"), list):
+        answer["then"] = [_handle_one(m) if isinstance(m, dict) else {"error": "not a request"}
+                          for m in message["then"]]
+    return answer
+
+
+def _handle_one(message):
     try:
         return {"ok": HANDLERS[message["op"]](message)}
     except AgentError as e:
@@ -1499,6 +1679,11 @@ def main():
     # ``speculators`` directory there must not decide which tree is patched.
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]
+    # A local agent is started as ``python -c PROGRAM MARKER``: the marker line says it
+    # runs (the handshake the caller times; the bootstrap prints it for remote ones).
+    if len(sys.argv) > 1 and sys.argv[1].startswith("speculators-patch-agent-"):
+        sys.stdout.write("\n" + sys.argv[1] + "\n")
+        sys.stdout.flush()
     for line in sys.stdin:
         if line.strip():
             try:

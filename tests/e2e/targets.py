@@ -83,3 +83,20 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> 
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "patcher", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=timeout)
+
+
+def applied(proc: subprocess.CompletedProcess, partial: bool) -> bool:
+    """``apply`` wrote what it was asked to: exit 0, or for a partial selection (``--only``,
+    ``--skip``) exit 1 with verify's FAILED verdict, which a partial install may earn."""
+    if proc.returncode == 0:
+        return True
+    return partial and proc.returncode == 1 and "verify: FAILED" in proc.stdout + json_verdict(proc.stdout)
+
+
+def json_verdict(stdout: str) -> str:
+    try:
+        import json
+
+        return "verify: FAILED" if json.loads(stdout).get("verify", {}).get("ok") is False else ""
+    except ValueError:
+        return ""

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-from targets import ROOT, cli, engine_environ, ensure_engine_env, make_target, speculators_wheel  # noqa: E402
+from targets import ROOT, applied, cli, engine_environ, ensure_engine_env, make_target, speculators_wheel  # noqa: E402
 from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -43,7 +43,7 @@ def patched_target(tmp_path_factory, vllm: str, *apply_args: str) -> Path:
     target = make_target(tmp_path_factory.mktemp(f"selftest-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
     if apply_args != ("--none",):
         proc = cli("apply", "--target", str(target), *apply_args)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert applied(proc, partial=bool(apply_args)), proc.stdout + proc.stderr
     return target
 
 

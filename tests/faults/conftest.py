@@ -22,6 +22,17 @@ def reqs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def user_reqs(tmp_path_factory):
+    """The same, for a commit that also carries FIX002, a user patch on a file no shipped
+    patch touches (speculators/data_generation/logging_utils.py)."""
+    from sandbox import make_sandbox
+    from userfix import write_fix002
+
+    top = tmp_path_factory.mktemp("faults-user")
+    return capture(make_sandbox(top / "env"), (write_fix002(top),))
+
+
+@pytest.fixture(scope="session")
 def figures():
     return FIGURES
 

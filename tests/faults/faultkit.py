@@ -73,12 +73,24 @@ class Requests:
     patched_tree: dict | None = None  # site-relative path -> bytes (None: a directory) after a clean apply
 
 
-def capture(sandbox: Path) -> Requests:
+def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     """Build the apply and revert commit requests with the real engine on ``sandbox``
-    (the sandbox is left as found)."""
-    from patcher import engine
+    (the sandbox is left as found). ``patch_files``: user patches applied with the shipped
+    ones (loaded for this capture only; the registry is left as found)."""
+    from patcher import engine, registry
     from patcher.registry import select
     from patcher.transport import local_transport
+
+    loaded = registry.use_patch_files([str(p) for p in patch_files])
+    try:
+        return _capture(sandbox, engine, select, local_transport)
+    finally:
+        for patch in loaded:
+            registry._user.pop(patch.id, None)
+        registry._all = None
+
+
+def _capture(sandbox, engine, select, local_transport) -> Requests:
 
     sent = []
 

@@ -43,9 +43,17 @@ def _tried(points: list, of: int) -> str:
 
 
 @pytest.mark.parametrize("which,start_patched", [("apply", False), ("revert", True)], ids=["commit", "revert"])
-def test_kill_at_every_step(reqs, tmp_path, figures, which, start_patched):
+@pytest.mark.parametrize("carrying", ["shipped", "user"], ids=["shipped-patches", "with-a-user-patch-on-another-file"])
+def test_kill_at_every_step(request, tmp_path, figures, which, start_patched, carrying):
+    """``user``: the commit also carries FIX002 on logging_utils.py, a file no shipped
+    patch touches (its pristine copy, its manifest entry and its record go through the
+    same journal)."""
+    reqs = request.getfixturevalue("reqs" if carrying == "shipped" else "user_reqs")
+    if carrying == "user":
+        assert "speculators/data_generation/logging_utils.py" in reqs.apply["writes"]
     steps, points, outcomes, bad = _kill_sweep(Tree(tmp_path, reqs), which, start_patched)
-    figures[f"kill points tried ({'commit' if which == 'apply' else 'revert'})"] = \
+    what = "commit" if which == "apply" else "revert"
+    figures[f"kill points tried ({what}{', with FIX002 on logging_utils.py' if carrying == 'user' else ''})"] = \
         f"{_tried(points, len(steps))}: {outcomes['pristine']} pristine, {outcomes['patched']} patched, " \
         f"{outcomes['corrupt'] + outcomes['litter']} corrupt, {outcomes['needs repair']} needing repair"
     assert not bad, "\n".join(bad)
@@ -53,9 +61,11 @@ def test_kill_at_every_step(reqs, tmp_path, figures, which, start_patched):
     assert outcomes["pristine"] and outcomes["patched"]
 
 
-def test_kill_at_every_step_of_recovery(reqs, tmp_path, figures):
+@pytest.mark.parametrize("carrying", ["shipped", "user"], ids=["shipped-patches", "with-a-user-patch-on-another-file"])
+def test_kill_at_every_step_of_recovery(request, tmp_path, figures, carrying):
     """A commit killed at each step that leaves a journal, then the recovery killed at each
     of its steps: the command after that ends whole."""
+    reqs = request.getfixturevalue("reqs" if carrying == "shipped" else "user_reqs")
     tree = Tree(tmp_path / "t", reqs)
     tree.reset()
     commit_steps = tree.steps(tree.request("apply"))
@@ -83,7 +93,7 @@ def test_kill_at_every_step_of_recovery(reqs, tmp_path, figures):
             verdict = tree.verdict() if answer["ok"]["state_problem"] is None else f"needs repair: {answer}"
             if verdict not in ("pristine", "patched"):
                 bad.append(f"commit killed at {k}, recovery killed at {r} ({recovery_steps[r - 1]}): {verdict}")
-    figures["kill points tried (recovery)"] = \
+    figures[f"kill points tried (recovery{', with FIX002 on logging_utils.py' if carrying == 'user' else ''})"] = \
         f"{tried} (every recovery step, from {states} interrupted commits: commit killed at {len(starts)} of " \
         f"{len(commit_steps)} steps{'' if FULL_SWEEP else ', sampled'}), {len(bad)} corrupt or needing repair"
     assert tried > 0 and not bad, "\n".join(bad)
@@ -102,9 +112,11 @@ def _restore(tree: Tree, saved: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["enospc", "eacces", "eperm"])
-def test_error_at_every_step_is_rolled_back_at_once(reqs, tmp_path, figures, kind):
+@pytest.mark.parametrize("carrying", ["shipped", "user"], ids=["shipped-patches", "with-a-user-patch-on-another-file"])
+def test_error_at_every_step_is_rolled_back_at_once(request, tmp_path, figures, kind, carrying):
     """An OSError at any step before the commit point: the agent answers one error and the
     tree is as it was; after it: the commit stands (clean-up is finished by the next command)."""
+    reqs = request.getfixturevalue("reqs" if carrying == "shipped" else "user_reqs")
     tree = Tree(tmp_path, reqs)
     counts = {}
     for which, start in (("apply", False), ("revert", True)):
@@ -124,7 +136,7 @@ def test_error_at_every_step_is_rolled_back_at_once(reqs, tmp_path, figures, kin
                 bad.append(f"{which} {kind} at step {k} ({steps[k - 1]}): {verdict}; answer {answer}")
         counts[which] = _tried(points, len(steps))
         assert not bad, "\n".join(bad)
-    figures[f"{kind} injected"] = f"apply {counts['apply']}, revert {counts['revert']}; 0 half-done (each rolled back " \
+    figures[f"{kind} injected{' (with FIX002 on logging_utils.py)' if carrying == 'user' else ''}"] = f"apply {counts['apply']}, revert {counts['revert']}; 0 half-done (each rolled back " \
         "at once before the commit point, standing after it)"
 
 

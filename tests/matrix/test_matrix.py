@@ -115,7 +115,9 @@ def test_apply_compile_verify(envs, release, tmp_path):
     env = tmp_path / "env"
     copy_env(envs[release], env)
     code, report = cli("apply", "--target", str(env))
-    assert code == 0, report
+    # apply ends with verify's verdict: on 0.11-0.14 only the engine proof is missing
+    assert report["verify"]["failing"] in ([], ["no engine proof for this vLLM"]), report
+    assert code == (1 if report["verify"]["failing"] else 0), report
     applied = {p["id"] for p in report["patches"] if p["state"] == "applied-now"}
     api = {p for p in applied if p in API_PATCHES}
     assert api == api_needed(release)
@@ -166,7 +168,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     stale = {p["id"] for p in report["patches"] if p["verdict"] == "stale"}
     portable = {p.id for p in all_patches() if p.portable}
     assert stale == (api_needed(patched_on) - api_needed(now)) - portable
-    assert all(p["hint"] == "speculators-patch revert && speculators-patch apply"
+    assert all(p["hint"] == f"speculators-patch revert --target {env} && speculators-patch apply --target {env}"
                for p in report["patches"] if p["verdict"] == "stale")
     assert breaks(report)  # the stale code breaks calls, and the check names them
     code, status = cli("status", "--target", str(env))
@@ -174,7 +176,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     # The fix verify names clears every verdict and finding; verify passes where the
     # release was proven on the engine (0.11 was not: exit 3, not proven, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
-    assert cli("apply", "--target", str(env))[0] == 0
+    assert cli("apply", "--target", str(env))[0] == (0 if proven.proofs_for(now) else 1)
     code, report = cli("verify", "--target", str(env))
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
     assert code == (0 if proven.proofs_for(now) else 3)

@@ -180,3 +180,98 @@ def test_a_patched_install_is_the_same_either_way(tmp_path, ssh_config, cache):
         assert sorted(run(ssh_config, "apply", env, reuse(cache), *extra)["written"]) == PATCHED_FILES
     assert len(sockets(cache)) == 1
     assert tree_digest(site_packages(a)) == tree_digest(site_packages(b))
+
+
+# --- A kept connection never outlives a change in what it was trusted with (issue 23) ---
+
+def _own_trust(tmp_path: Path, sshd, where: str = "user", extra: str = "") -> tuple[Path, Path, Path]:
+    """A config for ``trusting-box`` whose known_hosts file (``where``: the user's or the
+    global one) and identity file are copies of its own, so a test can swap them."""
+    known = tmp_path / f"{where}_known_hosts"
+    known.write_text(sshd.known_hosts.read_text())
+    key = tmp_path / "id_ed25519"
+    shutil.copy(sshd.user_key, key)
+    shutil.copy(f"{sshd.user_key}.pub", f"{key}.pub")
+    os.chmod(key, 0o600)
+    block = sshd.host_block("trusting-box", key=key, known_hosts=known if where == "user" else Path("/dev/null"))
+    if where == "global":
+        block = block.replace("GlobalKnownHostsFile /dev/null", f"GlobalKnownHostsFile {known}")
+    config = tmp_path / "ssh_config"
+    config.write_text(block + extra)
+    return config, known, key
+
+
+def _status(config: Path, sandbox: Path, cache: Path):
+    return remote(config, "status", "--host", "trusting-box", "--target", str(sandbox), env=reuse(cache))
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("where", ["user", "global"])
+def test_a_host_key_swapped_under_a_live_master_is_checked_again(tmp_path, sandbox, sshd, keys, cache, where):
+    """The user replaces the host's known_hosts entry with another key while the first
+    run's master is alive: the next run is refused as with a connection of its own (it was
+    ridden for a minute), and the master trusted under the old entry is stopped."""
+    config, known, _ = _own_trust(tmp_path, sshd, where)
+    assert _status(config, sandbox, cache).returncode == 0
+    [first] = sockets(cache)
+    pid = master_pid(first)
+    right = known.read_text()
+    wrong = " ".join(Path(f"{keys['stranger']}.pub").read_text().split()[:2])
+    known.write_text(f"[127.0.0.1]:{sshd.port} {wrong}\n")
+    before = sshd.connections()
+    r = _status(config, sandbox, cache)
+    assert r.returncode == 2 and "the host key CHANGED" in r.stderr, r.stderr
+    assert sshd.connections() == before  # nothing authenticated: the new key was checked, not ridden
+    assert _gone(pid) and not first.exists()
+    known.write_text(right)  # the right key again: a new connection, the same answer
+    assert _status(config, sandbox, cache).returncode == 0
+    assert sshd.connections() == before + 1
+
+
+def test_an_identity_swapped_under_a_live_master_authenticates_again(tmp_path, sandbox, sshd, keys, cache):
+    config, _, key = _own_trust(tmp_path, sshd)
+    assert _status(config, sandbox, cache).returncode == 0
+    [first] = sockets(cache)
+    pid = master_pid(first)
+    shutil.copy(keys["stranger"], key)  # a key the server does not accept
+    shutil.copy(f"{keys['stranger']}.pub", f"{key}.pub")
+    r = _status(config, sandbox, cache)
+    assert r.returncode == 2 and "authentication failed" in r.stderr, r.stderr
+    assert _gone(pid)
+
+
+def test_changed_options_for_the_same_alias_stop_the_old_master(tmp_path, sandbox, sshd, cache):
+    config, _, _ = _own_trust(tmp_path, sshd)
+    assert _status(config, sandbox, cache).returncode == 0
+    [first] = sockets(cache)
+    pid = master_pid(first)
+    config.write_text(config.read_text() + "  ServerAliveInterval 7\n")
+    before = sshd.connections()
+    assert _status(config, sandbox, cache).returncode == 0
+    assert sshd.connections() == before + 1 and _gone(pid)
+    [second] = sockets(cache)
+    assert second != first
+    assert _status(config, sandbox, cache).returncode == 0 and sshd.connections() == before + 1  # kept while unchanged
+
+
+def test_a_known_hosts_command_gets_no_kept_connection(tmp_path, sandbox, sshd, cache):
+    """What a KnownHostsCommand answers is only known by running it for the key the server
+    shows, which a kept master never does again: such hosts connect afresh every run."""
+    config, known, _ = _own_trust(tmp_path, sshd, extra="")
+    config.write_text(config.read_text().replace(f"UserKnownHostsFile {known}", "UserKnownHostsFile /dev/null")
+                      + f"  KnownHostsCommand /bin/cat {known}\n")
+    before = sshd.connections()
+    for _ in range(2):
+        r = _status(config, sandbox, cache)
+        assert r.returncode == 0, r.stderr
+    assert sshd.connections() == before + 2 and sockets(cache) == []

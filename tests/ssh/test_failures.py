@@ -133,3 +133,30 @@ def test_missing_ssh_config_file_and_missing_ssh_client(sandbox, tmp_path):
                                   "--ssh-config", str(tmp_path / "nope")), "Can't open user config file")
     assert_one_line_error(run_cli("status", "--host", "gpu-box", "--target", str(sandbox),
                                   env={"PATH": str(tmp_path)}), "no `ssh` client on this machine")
+
+
+@pytest.fixture(scope="module")
+def odd_servers(tmp_path_factory, keys):
+    """sshd servers whose every session runs a fixed command instead of ours (sshd
+    ``ForceCommand``): ``cat`` sends our input back, ``sleep`` never answers."""
+    from loopback import LoopbackSshd, write_ssh_config
+
+    root = tmp_path_factory.mktemp("odd")
+    with LoopbackSshd(root / "echo", user_key=keys["user"], extra_config="ForceCommand cat\n") as echo, \
+            LoopbackSshd(root / "silent", user_key=keys["user"], extra_config="ForceCommand sleep 600\n") as silent:
+        yield write_ssh_config(root / "ssh_config", [echo.host_block("echo-box"), silent.host_block("silent-box")])
+
+
+def test_a_host_that_echoes_or_stays_silent_is_one_line_within_the_bound(odd_servers):
+    import time
+
+    start = time.monotonic()
+    r = remote(odd_servers, "status", "--host", "echo-box")
+    assert r.returncode == 2 and "echo-box (" in r.stderr and "it sent our own input back" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and time.monotonic() - start < 10
+    start = time.monotonic()
+    r = remote(odd_servers, "status", "--host", "silent-box", "--connect-timeout", "3")
+    took = time.monotonic() - start
+    assert r.returncode == 2 and "no answer within 3 s (--connect-timeout) while starting the agent: it printed nothing" \
+        in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and 3 <= took < 12

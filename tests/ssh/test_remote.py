@@ -25,10 +25,15 @@ MAX_EXCHANGES = 3  # per subcommand and host, whatever the number of patches or 
 
 
 def _same_report(remote_report: dict, local_report: dict) -> None:
-    """Reports equal but for the target's label; the same (small) number of exchanges."""
+    """Reports equal but for the target's label and the fix column's commands, which name
+    the host they were checked on; the same (small) number of exchanges."""
     def strip(report):
-        return {k: v for k, v in report.items() if k != "target"}
+        rows = [{k: v for k, v in r.items() if k != "hint"} for r in report.get("patches", [])]
+        return {**{k: v for k, v in report.items() if k != "target"}, "patches": rows}
     assert strip(remote_report) == strip(local_report)
+    for row in remote_report.get("patches", []):
+        if "speculators-patch apply" in row.get("hint", ""):
+            assert "--host gpu-box" in row["hint"], row  # copied from the output, it patches that host
     assert remote_report["exchanges"] <= MAX_EXCHANGES
 
 

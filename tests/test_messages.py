@@ -1,0 +1,119 @@
+"""Issue 23, item 5: what a new user copies from the output acts on what was checked, and
+every message says what happened: the fix column names the target; no target and no active
+environment is said to be the tool's own; ``new``'s hint works where pytest is missing;
+Ctrl-C says whether anything changed; a hosts file's bad line is named; a full revert
+leaves no state directory; piped tables carry no trailing spaces."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from support import CLI, PATCHED_FILES, ROOT, run_cli, run_json
+
+
+def _one_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_the_fix_column_names_the_target_it_checked(sandbox):
+    code, report = run_json("verify", "--target", str(sandbox))
+    hints = {r["hint"] for r in report["patches"] if r["verdict"] == "missing"}
+    assert code == 1 and hints == {f"speculators-patch apply --target {sandbox}"}
+
+
+def test_no_target_and_no_active_environment_names_the_tools_own(tmp_path):
+    result = run_cli("status", env={"VIRTUAL_ENV": "", "CONDA_PREFIX": ""})
+    line = _one_line(result)
+    assert result.returncode == 2
+    assert f"no speculators installed in {Path(sys.executable).parent.parent}, the environment speculators-patch " \
+           "itself runs in" in line
+    assert "pass --target PATH" in line
+
+
+def test_new_hint_installs_pytest_where_the_tool_has_none(tmp_path):
+    """After `pip install .` the tool's Python has no pytest: the hint says to install it."""
+    blocker = ("import importlib.abc, sys\n"
+               "class NoPytest(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name == 'pytest' or name.startswith('pytest.') or name == '_pytest':\n"
+               "            raise ModuleNotFoundError(name)\n"
+               "sys.meta_path.insert(0, NoPytest())\n"
+               "from patcher.cli import main\n"
+               "main()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    without = subprocess.run([sys.executable, "-c", blocker, "new", "FIX001", "--file",
+                              "speculators/data_generation/logging_utils.py", "-o", str(tmp_path / "a" / "fix001.py")],
+                             capture_output=True, text=True, env=env)
+    assert without.returncode == 0, without.stderr
+    assert f"`{sys.executable} -m pip install pytest`" in without.stdout
+    with_pytest = run_cli("new", "FIX001", "--file", "speculators/data_generation/logging_utils.py",
+                          "-o", str(tmp_path / "b" / "fix001.py"))
+    assert "pip install pytest" not in with_pytest.stdout and f"`{sys.executable} -m pytest " in with_pytest.stdout
+
+
+def _interrupt_when(args: list[str], ready, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Start the CLI in its own process group, wait for ``ready()``, then send SIGINT to the
+    whole group, as a terminal's Ctrl-C does (the local agent gets it too)."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+                            cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ctrl_c_during_a_commit_waits_for_it_and_says_it_finished(sandbox, site):
+    journal = site / ".speculators-patch" / "journal.json"
+    result = _interrupt_when(["apply", "--target", str(sandbox)], journal.exists,
+                             env={"SPECULATORS_PATCH_FAULT": "pause-mid-write", "SPECULATORS_PATCH_FAULT_SECONDS": "2"})
+    assert result.returncode == 130
+    line = _one_line(result)
+    assert "interrupted (Ctrl-C) while" in line and f"the commit was finished first: {len(PATCHED_FILES)} file(s) written" in line
+    status = run_cli("status", "--target", str(sandbox))
+    assert status.returncode == 0 and status.stdout.count(": patched") == len(PATCHED_FILES)
+
+
+def test_ctrl_c_before_a_commit_says_nothing_changed(sandbox, site, tmp_path):
+    started = tmp_path / "started"
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\ntouch {started}\nsleep 30\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    result = _interrupt_when(["apply", "--exec", str(slow), "--target", str(sandbox)], started.exists)
+    assert result.returncode == 130 and result.stderr.startswith("error: ")  # no blank line first
+    assert _one_line(result) == "error: interrupted (Ctrl-C) before anything was written: nothing changed"
+    assert not (site / ".speculators-patch").exists()
+
+
+def test_a_bad_line_in_a_hosts_file_is_named(tmp_path):
+    hosts = tmp_path / "nodes.txt"
+    for content, says in ((b"node1\n# spare\ngpu box\n", f"{hosts}:3: not a host: 'gpu box'"),
+                          (b"node1\nno\0de\n", f"{hosts}:2: not text (a NUL byte)"),
+                          (b"node1\nn\xffde\n", f"{hosts}:2: not UTF-8 text")):
+        hosts.write_bytes(content)
+        result = run_cli("status", "--hosts-file", str(hosts))
+        assert result.returncode == 2 and _one_line(result).startswith(f"error: {says}"), result.stderr
+
+
+def test_a_full_revert_leaves_no_state_directory(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    assert (site / ".speculators-patch" / "lock").exists()
+    assert run_cli("revert", "--target", str(sandbox)).returncode == 0
+    assert not (site / ".speculators-patch").exists()  # no lock, no empty pristine/
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0  # and the next commit makes it again
+
+
+def test_piped_tables_carry_no_trailing_spaces(sandbox):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    for args in (("status", "--target", str(sandbox)), ("verify", "--target", str(sandbox)), ("list",)):
+        out = run_cli(*args).stdout
+        assert out.strip() and [line for line in out.splitlines() if line != line.rstrip()] == [], args
