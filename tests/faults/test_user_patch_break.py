@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import kill_points
+from faultkit import FULL_SWEEP, kill_points
 from sandbox import make_sandbox, site_packages
 from support import CLI, ROOT
 from userfix import LOGGING_UTILS, write_fix001, write_fix002
@@ -378,7 +378,7 @@ def test_each_write_of_a_user_patch_commit_killed(tmp_path, figures):
             findings += found
         assert len(ends) >= 1, (state, command)  # the sweep reached the commit
     figures["break test: user-patch commits killed at each step"] = \
-        f"{tried} kills tried ({len(KILLED)} commands, sampled kill points), {clean} clean"
+        f"{tried} kills tried ({len(KILLED)} commands, {'every step' if FULL_SWEEP else 'sampled kill points'}), {clean} clean"
     assert not findings, "\n".join(findings)
 
 
