@@ -90,13 +90,15 @@ def parameter_absent(path: str, qualname: str, param: str, moved_to: str | None 
 
 
 @_recorded
-def parameter_required(path: str, qualname: str, param: str) -> Probe:
-    """Holds when function ``qualname`` takes ``param`` without a default."""
+def parameter_required(path: str, qualname: str, param: str, optional: bool = False) -> Probe:
+    """Holds when function ``qualname`` takes ``param`` without a default. ``optional``: the
+    function itself is new in some releases (absent there: the fact does not hold, an
+    ordinary answer); otherwise its absence is ``Evidence.missing``."""
 
     def probe(src: VllmSource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
-            return _gone(path, qualname)
+            return _missing(path, qualname) if optional else _gone(path, qualname)
         return Evidence(param in required_parameters(fn), path, fn.lineno, signature(fn, param))
 
     return probe

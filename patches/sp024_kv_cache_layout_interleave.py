@@ -93,7 +93,9 @@ PATCH = Patch(
             modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.set_kv_cache_layout",
             first_release="0.33.0",
-            probe=parameter_required("vllm/v1/executor/abstract.py", "Executor.set_kv_cache_layout", PARAM),
+            # set_kv_cache_layout itself is new in 0.29 (SP020 calls it only where it exists).
+            probe=parameter_required("vllm/v1/executor/abstract.py", "Executor.set_kv_cache_layout", PARAM,
+                                     optional=True),
         ),
     ),
     order=180,
