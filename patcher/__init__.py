@@ -4,7 +4,8 @@ The public API for patch authors (``--patch-file`` files and installed packs)::
 
     from patcher import Patch, PatchCodemod, VllmFact, AddKeyword, RemoveKeyword, Replace
 
-``Patch``, ``PatchCodemod``, ``PatchRefused`` and ``VllmFact`` are in ``patcher.patch``;
+``Patch``, ``PatchCodemod`` and ``VllmFact`` are in ``patcher.patch`` (``PatchRefused`` in
+``patcher.errors``);
 the declarative codemods ``AddKeyword``, ``RemoveKeyword`` and ``Replace`` in
 ``patcher.codemods``; ``run_codemod(patch, source_bytes) -> (verdict, new_bytes, detail)``
 (for a patch's own tests) in ``patcher.engine``. They are imported on first use, so
@@ -14,7 +15,7 @@ the declarative codemods ``AddKeyword``, ``RemoveKeyword`` and ``Replace`` in
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Patch": "patcher.patch", "PatchCodemod": "patcher.patch", "PatchRefused": "patcher.patch",
+    "Patch": "patcher.patch", "PatchCodemod": "patcher.patch", "PatchRefused": "patcher.errors",
     "VllmFact": "patcher.patch", "AddKeyword": "patcher.codemods", "RemoveKeyword": "patcher.codemods",
     "Replace": "patcher.codemods", "run_codemod": "patcher.engine", "load_patch_file": "patcher.userpatches.loader",
 }

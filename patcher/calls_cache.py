@@ -11,18 +11,16 @@ stand. Any difference, and the agent answers in full as before. ``verify --runti
 always reads in full (it needs the parsed calls).
 
 The cache entry is named by the target (its label, interpreter, site-packages and roots),
-the request and the digest of the checking code; it lives in ``patcher.cache``.
+the request and the digest of the tool's code (``patcher.digest``); it lives in ``patcher.cache``.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from patcher import cache, model_runner
+from patcher.digest import tool as tool_digest
 from patcher.callsite import Checked, Finding
 from patcher.import_path import ImportFinding, ImportPathCheck
 
@@ -30,19 +28,8 @@ if TYPE_CHECKING:
     from patcher.engine import Snapshot
 
 KIND = "verify-calls"
-CODE = ("target/agent.py", "callsite.py", "attribute_reads.py", "import_path.py", "model_runner.py", "calls_cache.py", "verify.py")
-
-
-@lru_cache(maxsize=1)
-def _code_digest() -> str:
-    h = hashlib.sha256()
-    for name in CODE:
-        h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def _key(snap: Snapshot, request: dict) -> str:
-    return cache.key({"code": _code_digest(), "request": request,
+    return cache.key({"code": tool_digest(), "request": request,
                       "target": [snap.label, snap.python, snap.site_packages, snap.speculators_root, snap.vllm_root]})
 
 
@@ -50,7 +37,7 @@ def _latest_key(request: dict) -> str:
     """The entry any target may try: the agent names what it read relative to the package
     roots, so a fresh copy of an environment or another host with the same files is
     answered ``unchanged`` by it (and a target with other files is read in full)."""
-    return cache.key({"code": _code_digest(), "latest": {k: v for k, v in request.items() if k != "site_packages"}})
+    return cache.key({"code": tool_digest(), "latest": {k: v for k, v in request.items() if k != "site_packages"}})
 
 
 def lock(request: dict):

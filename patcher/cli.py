@@ -276,7 +276,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     refused = engine.refusals(plans)
     if refused:
         raise UserError(refused[0])
-    engine._guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
+    engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = _udiff(plans, snap.speculators_root)
     data = {**_describe(snap), "changed": bool(text), "diff": text, "patches": _outcome_rows(plans)}
 

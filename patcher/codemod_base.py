@@ -10,7 +10,7 @@ import libcst as cst
 from libcst.codemod import SkipFile, VisitorBasedCodemodCommand
 from libcst.metadata import PositionProvider
 
-from patcher.patch import PatchRefused
+from patcher.errors import PatchRefused
 
 
 class PatchCodemod(VisitorBasedCodemodCommand):

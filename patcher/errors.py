@@ -1,4 +1,5 @@
-"""The one error type the CLI turns into a one-line message and exit code 2."""
+"""The errors every layer may raise: ``UserError`` (the one the CLI turns into a one-line
+message and exit code 2), ``Interrupted``, and a codemod's ``PatchRefused``."""
 
 
 class UserError(Exception):
@@ -7,3 +8,10 @@ class UserError(Exception):
 
 class Interrupted(UserError):
     """Ctrl-C during a commit, with what became of it (one line); the CLI exits 130."""
+
+
+class PatchRefused(Exception):
+    """A codemod met code it does not recognise and refuses to guess.
+
+    The message names the file, the line and the shape the codemod expected.
+    """

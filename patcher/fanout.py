@@ -144,11 +144,11 @@ def _warm() -> None:
     try:
         for name in ("patcher.engine", "patcher.verify", "patcher.calls_cache", "patcher.attribute_reads", "patcher.ssh"):
             importlib.import_module(name)
-        from patcher import fast_path
+        from patcher.digest import tool
         from patcher.registry import all_patches
 
         all_patches()
-        fast_path.tool()
+        tool()
     except Exception:  # the same failure is raised again, per host, by the command itself
         pass
 

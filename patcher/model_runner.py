@@ -27,10 +27,10 @@ from __future__ import annotations
 import ast
 import hashlib
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Mapping
 
 from patcher import cache
+from patcher.digest import tool as tool_digest
 
 VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 WORKER = "vllm/v1/worker/gpu_worker.py"
@@ -49,7 +49,6 @@ def _fix(patch: str | None) -> str:
 
 CANNOT = ("the installed worker extension does not split captures by Model Runner V2's batch, so under V2 "
           "capture stops at setup or returns hidden states attributed to the wrong prompts")
-_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a cached answer is this code's
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ def check(files: Mapping[str, bytes | None], env_value: str | None, extension: b
     host and run)."""
     sources = [files.get(WORKER), files.get(CONFIG), extension]
     digests = [None if s is None else hashlib.sha256(s).hexdigest() for s in sources]
-    key = cache.key(["model-runner", _CODE, digests, env_value, fix])
+    key = cache.key(["model-runner", tool_digest(), digests, env_value, fix])  # a cached answer is this code's
     stored = cache.load("model-runner", key)
     if isinstance(stored, dict) and "check" in stored:
         found = stored["check"]

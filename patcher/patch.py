@@ -9,16 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from patcher.errors import PatchRefused  # noqa: F401 (public: ``patcher.PatchRefused``)
+
 if TYPE_CHECKING:
     from patcher.codemod_base import PatchCodemod
     from patcher.vllm_source import Evidence, VllmSource
-
-
-class PatchRefused(Exception):
-    """A codemod met code it does not recognise and refuses to guess.
-
-    The message names the file, the line and the shape the codemod expected.
-    """
 
 
 @dataclass(frozen=True)

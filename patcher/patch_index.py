@@ -3,49 +3,20 @@
 Every patch module defines a libcst codemod class, so importing ``patches/`` imports libcst
 (0.3-0.5 s, most of it ``libcst.matchers``). ``status``, ``verify`` and a no-op ``apply``
 need only the patches' metadata and their vLLM probes. The first run imports the modules
-as ever and stores that metadata in the cache (``patcher.cache``), keyed by ``tool_digest``:
-the bytes of every codemod module, of the tool modules a codemod's outcome depends on, and
-of libcst's ``_version.py``. Later runs rebuild ``Patch`` objects from it; each one's
+as ever and stores that metadata in the cache (``patcher.cache``), keyed by the tool's digest
+(``patcher.digest``: every file of the tool and its codemods, and libcst's version). Later runs rebuild ``Patch`` objects from it; each one's
 ``codemod`` is a ``LazyCodemod`` that imports its module on first use. Any edit to a patch
 changes the key, so a stale index is never read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-from pathlib import Path
 
 from patcher import cache, probes
 from patcher.patch import Patch, VllmFact
 
 KIND = "patch-index"
-# Tool modules whose code decides what a codemod does or how its outcome is reported.
-TOOL_FILES = ("patch.py", "codemod_base.py", "codemods.py", "cst_helpers.py", "probes.py", "engine.py",
-              "patch_index.py", "registry.py", "fast_path.py", "plan_cache.py", "vllm_source.py")
-
-
-def tool_digest(package: str) -> str | None:
-    """sha256 of the codemod package's modules, the tool modules above and libcst's version
-    file; None when a file cannot be found or read (then nothing is cached)."""
-    h = hashlib.sha256()
-    try:
-        spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
-        locations = list(spec.submodule_search_locations or []) if spec else []
-        libcst = importlib.util.find_spec("libcst")
-        if not locations or libcst is None or libcst.origin is None:
-            return None
-        files = sorted(p for loc in locations for p in Path(loc).glob("*.py"))
-        files += [Path(__file__).parent / name for name in TOOL_FILES]
-        files.append(Path(libcst.origin).parent / "_version.py")
-        for f in files:
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    except (OSError, ImportError, ValueError):
-        return None
-    return h.hexdigest()
-
-
 class LazyCodemod:
     """Stands for a patch's codemod class until it is used: calling it or reading any of its
     attributes (``__module__``, ``__name__``, ``__qualname__`` and ``__doc__`` included)

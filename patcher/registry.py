@@ -21,6 +21,7 @@ from functools import lru_cache
 from packaging.specifiers import SpecifierSet
 
 from patcher import cache, patch_index
+from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
 from patcher.patch import Patch
 
@@ -34,7 +35,7 @@ def shipped_patches() -> tuple[Patch, ...]:
 
     From the patch index when it holds this exact code (codemods imported on first use),
     else by importing every module (and then the index is written)."""
-    digest = patch_index.tool_digest(PACKAGE) if cache.enabled() else None
+    digest = tool_digest() if cache.enabled() else None
     indexed = patch_index.load(digest)
     if indexed is not None:
         return indexed

@@ -206,7 +206,7 @@ def _language_state(hf_config, text_config: dict, seed: int) -> dict:
 
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(hf_config)  # float32 init, then rounded to bf16
-    from .tiny_models import unfuse_experts
+    from .weights import unfuse_experts
 
     state = unfuse_experts({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()})
     gen = torch.Generator().manual_seed(seed + 1)
@@ -371,7 +371,7 @@ def load_reference(dest: pathlib.Path, dtype, device: str = "cpu"):
     from safetensors.torch import load_file
     from transformers import DeepseekV3ForCausalLM
 
-    from .tiny_models import load_exactly, router_bias_as_vllm
+    from .weights import load_exactly, router_bias_as_vllm
 
     dest = pathlib.Path(dest)
     text_config = json.loads((dest / "config.json").read_text())["text_config"]

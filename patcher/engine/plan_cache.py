@@ -1,6 +1,6 @@
 """Plans shared between runs and between hosts: each distinct file planned once.
 
-A file's plan (``engine.plan_file``) depends on nothing but its bytes, the selected patches
+A file's plan (``file_plan.plan_file``) depends on nothing but its bytes, the selected patches
 written for it (ids and versions), which of them the installed vLLM needs (its facts, not
 its files), the patches this tool recorded as applied to it, the target's grammar version
 and the codemods' code. Those, hashed, name the plan in the controller cache
@@ -16,10 +16,12 @@ import base64
 import hashlib
 from typing import TYPE_CHECKING
 
-from patcher import cache, fast_path
+from patcher import cache
+from patcher.digest import tool as tool_digest
+from patcher.engine.file_plan import FilePlan, Outcome, need_state, plan_file as make_plan
 
 if TYPE_CHECKING:
-    from patcher.engine import FilePlan, Snapshot
+    from patcher.engine.snapshot import Snapshot
     from patcher.patch import Patch
 
 KIND = "plans"
@@ -27,33 +29,29 @@ KIND = "plans"
 
 def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
               recorded: dict[str, int]) -> FilePlan:
-    """``engine.plan_file(snap, path, source, chosen, recorded)``, from the cache when this
+    """``make_plan(snap, path, source, chosen, recorded)``, from the cache when this
     exact plan was made before (here or by another host). Raises what ``plan_file`` raises."""
-    from patcher import engine
-
-    tool = fast_path.tool()
+    tool = tool_digest()
     mine = [p for p in chosen if p.file == path]
     if tool is None or not cache.enabled() or any(p.origin == "recorded" for p in mine):
         # A stand-in (a recorded user patch whose source is not loaded) never runs, not even
         # by way of a plan its source made earlier: it shares that source's digest.
-        return engine.plan_file(snap, path, source, chosen, recorded)
+        return make_plan(snap, path, source, chosen, recorded)
     key = cache.key({"tool": tool, "python": snap.python_version, "path": path,
                      "source": hashlib.sha256(source).hexdigest(), "recorded": recorded,
-                     "patches": [[p.id, p.version, engine.need_state(snap, p), *([p.origin, p.source_sha256] if p.source_sha256 else [])]
+                     "patches": [[p.id, p.version, need_state(snap, p), *([p.origin, p.source_sha256] if p.source_sha256 else [])]
                                  for p in mine]})  # a user patch is its source: same id and version, other code
     with cache.locked(KIND, key):
         stored = _load(cache.load(KIND, key), path, source, mine)
         if stored is not None:
             return stored
-        made = engine.plan_file(snap, path, source, chosen, recorded)
+        made = make_plan(snap, path, source, chosen, recorded)
         cache.store(KIND, key, {"after": base64.b64encode(made.after).decode("ascii"),
                                 "outcomes": [[o.patch.id, o.state, o.detail] for o in made.outcomes]})
         return made
 
 
 def _load(entry: object, path: str, source: bytes, patches: list[Patch]) -> FilePlan | None:
-    from patcher.engine import FilePlan, Outcome
-
     by_id = {p.id: p for p in patches}
     try:
         outcomes = [Outcome(by_id[pid], state, detail) for pid, state, detail in entry["outcomes"]]

@@ -11,35 +11,22 @@ is always decided from the installed vLLM's facts read in this run, as on the fu
 A needed patch with no record, another version, a changed file or another tool: the full
 codemod path, which gives these answers by construction (``tests/test_fast_path.py``
 compares the two on every state a file can be in).
-
-vLLM evidence (the probes' reading of the fact modules) is cached by the digests of the
-files it is read from (``patcher.cache``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from patcher import cache
-from patcher.vllm_source import Evidence
+from patcher.digest import tool
+from patcher.engine.file_plan import NOT_NEEDED, Outcome, fact_missing, needed, parse, transform
 
 if TYPE_CHECKING:
-    from patcher.engine import Outcome, Snapshot
+    from patcher.engine.snapshot import Snapshot
     from patcher.patch import Patch
 
-EVIDENCE = "vllm-evidence"
 CHECKED = "checked"
-
-
-@lru_cache(maxsize=1)
-def tool() -> str | None:
-    """The digest of the codemods and of the tool code their outcomes depend on."""
-    from patcher.patch_index import tool_digest
-    from patcher.registry import PACKAGE
-
-    return tool_digest(PACKAGE)
 
 
 def record(path: str, after: bytes, patches: tuple[Patch, ...], python_version: str) -> dict | None:
@@ -65,8 +52,6 @@ def record(path: str, after: bytes, patches: tuple[Patch, ...], python_version: 
 
 
 def _run_alone(path: str, after: bytes, patches: list[Patch], python_version: str) -> dict[str, list]:
-    from patcher.engine import parse, transform
-
     module = parse(path, after, python_version)
     satisfied = {}
     for patch in patches:
@@ -78,10 +63,8 @@ def _run_alone(path: str, after: bytes, patches: list[Patch], python_version: st
 
 def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
              recorded: dict[str, int]) -> list[Outcome] | None:
-    """The outcomes ``engine.plan_file`` would give, from the manifest's record, or None
+    """The outcomes ``file_plan.plan_file`` would give, from the manifest's record, or None
     when the record does not answer for these bytes, patches, tool and grammar."""
-    from patcher.engine import NOT_NEEDED, Outcome, fact_missing, needed
-
     if not cache.enabled():
         return None
     entry = ((snap.manifest or {}).get("files") or {}).get(path)
@@ -108,24 +91,3 @@ def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...]
             return None
         found.append(Outcome(patch, "applied" if patch.id in recorded else "satisfied", rec[1]))
     return found
-
-
-def evidence(files: dict[str, bytes | None], compute) -> dict:
-    """``compute()`` (evidence per (patch id, fact symbol)), cached by the digests of the
-    vLLM fact modules it reads and the tool's code."""
-    digest = tool()
-    if digest is None or not cache.enabled():
-        return compute()
-    key = cache.key({"tool": digest, "files": {p: None if d is None else hashlib.sha256(d).hexdigest()
-                                               for p, d in sorted(files.items())}})
-    with cache.locked(EVIDENCE, key):
-        stored = cache.load(EVIDENCE, key)
-        if isinstance(stored, list):
-            try:
-                return {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
-            except TypeError:
-                pass
-        found = compute()
-        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found, e.missing]]
-                                    for (pid, symbol), e in found.items()])
-        return found

@@ -1,0 +1,179 @@
+"""Writing a plan: ``apply`` and ``revert`` as one all-or-nothing ``commit`` exchange each.
+
+The agent checks that every file and the manifest are still what the snapshot read, so
+concurrent runs never lose an update (``changed-since-read``); the manifest records which
+patches this tool applied to which file, with the pristine copy's digest.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+import patcher
+from patcher.engine import fast_path
+from patcher.engine.file_plan import FilePlan, plan_file
+from patcher.engine.plan import guard_modified, plan, refusals
+from patcher.engine.snapshot import Snapshot, sha256, written_for
+from patcher.errors import UserError
+from patcher.patch import Patch
+from patcher.registry import all_patches
+from patcher.transport import Transport
+from patcher.userpatches import record as user_records
+
+
+@dataclass
+class CommitResult:
+    """``written``: the paths the commit wrote; ``manifest``: the manifest it wrote (None:
+    none, or no commit: ``committed`` False)."""
+
+    written: list[str]
+    plans: list[FilePlan]
+    recovered: bool = False
+    manifest: dict | None = None
+    committed: bool = False
+    adopted: list[str] = field(default_factory=list)  # apply --adopt: files kept as they are, as new pristine
+
+
+def after(snap: Snapshot, result: CommitResult) -> Snapshot:
+    """``snap`` as the target is once ``result``'s commit is done (the files it wrote, the
+    manifest it wrote), for checking what was written without reading it again."""
+    if not result.committed:
+        return snap
+    import dataclasses
+
+    files = dict(snap.files)
+    files.update({p.path: p.after for p in result.plans if p.path in result.written})
+    return dataclasses.replace(snap, files=files, manifest=result.manifest, manifest_sha256=None)
+
+
+def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False,
+          plans: list[FilePlan] | None = None, adopt: bool = False) -> CommitResult:
+    """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
+
+    ``plans``: ``plan(snap, chosen)`` computed earlier (the Ansible collection's plan cache).
+    ``adopt``: a file modified after patching (updated upstream) becomes the new pristine
+    copy and is patched afresh, so ``revert`` gives the newer source back.
+    Raises ``UserError`` on refusal, on a file modified after patching (unless ``adopt``),
+    or when the agent cannot write; in every such case no file changed.
+    """
+    plans = plan(snap, chosen, adopting=adopt) if plans is None else plans
+    refused = refusals(plans)
+    if refused:
+        raise UserError(refused[0])
+    changed = [p for p in plans if p.changed]
+    if not adopt:
+        guard_modified(snap, [p.path for p in changed])
+    # --adopt on a modified file that needs no patch: it becomes the new pristine file as
+    # it is (no record left; the copy of the old one goes, at the user's word).
+    adopted = sorted(p.path for p in plans if adopt and not p.changed and snap.file_state(p.path) == "modified")
+    if dry_run or not (changed or adopted):
+        return CommitResult([], plans)
+    files = dict((snap.manifest or {}).get("files", {}))
+    for path in adopted:
+        files.pop(path, None)
+    pristine: dict[str, str] = {}
+    for p in changed:
+        keep = snap.recorded(p.path)
+        original = snap.pristine.get(p.path) if keep else p.before
+        if original is None:
+            raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
+        pristine[p.path] = base64.b64encode(original).decode()
+        keep.update({o.patch.id: o.patch.version for o in p.outcomes if o.state == "pending"})
+        files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
+        checked = fast_path.record(p.path, p.after, written_for(snap.speculators_version, all_patches()),
+                                   snap.python_version)
+        if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
+            files[p.path]["checked"] = checked
+    fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
+    result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans,
+                     **({"adopted": adopted} if adopted else {}))
+    result.adopted = adopted
+    return result
+
+
+def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], pristine: dict[str, str],
+            manifest: dict | None, plans: list[FilePlan], **extra: object) -> CommitResult:
+    """One ``commit`` exchange: the agent checks that each file and the manifest are still
+    what ``snap`` read (else ``changed-since-read``), so concurrent runs never lose an update."""
+    answer = transport.request(
+        "commit",
+        state_dir=snap.state_dir,
+        root=snap.speculators_root,
+        writes={p.path: {"expect_sha256": sha256(p.before), "sha256": sha256(p.after),
+                         "data": base64.b64encode(p.after).decode()} for p in changed},
+        pristine=pristine,
+        manifest=manifest,
+        manifest_expect_sha256=snap.manifest_sha256,
+        **extra,
+    )
+    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True)
+
+
+def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
+    """The manifest to write for ``files``; user patches get a record (``user_records.KEY``):
+    from their loaded source when applied now (``fresh``), else as recorded before."""
+    if not files:
+        return None
+    manifest = {
+        "tool": f"speculators-patch {patcher.__version__}",
+        "speculators_version": snap.speculators_version,
+        "vllm_versions": snap.vllm.version if snap.vllm else None,
+        "files": files,
+    }
+    users = user_records.merged(snap.manifest, files, fresh or {})
+    if users:
+        manifest[user_records.KEY] = users
+    return manifest
+
+
+def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], partial: bool,
+           force: bool = False, dry_run: bool = False) -> CommitResult:
+    """Restore pristine bytes, or with ``partial`` re-derive each file from its pristine copy
+    with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
+    after patching unless ``force``."""
+    entries = (snap.manifest or {}).get("files", {})
+    kept_for = (snap.manifest or {}).get("speculators_version")
+    if entries and kept_for != snap.speculators_version:
+        raise UserError(
+            f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
+            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files)"
+        )
+    plans, files, fresh = [], {}, {}
+    chosen_ids = {p.id for p in chosen}
+    for path in sorted(entries):
+        state, current = snap.file_state(path), snap.files.get(path)
+        if state in ("pristine", "reinstalled") or current is None:
+            continue
+        if partial and not set(entries[path]["patches"]) & chosen_ids:
+            files[path] = entries[path]  # none of the chosen patches is on it: left as it is, edited or not
+            continue
+        if state == "modified" and not force:
+            raise UserError(f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
+                            f"file); `revert --force` restores the copy kept before patching and discards that edit; "
+                            f"`apply --adopt` keeps it as the new pristine copy instead")
+        original = snap.pristine.get(path)
+        if original is None or sha256(original) != entries[path]["pristine_sha256"]:
+            raise UserError(f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
+                            f"recorded sha256; nothing was restored; run `speculators-patch repair`")
+        keep = {pid: v for pid, v in entries[path]["patches"].items()} if partial else {}
+        for patch in chosen:
+            keep.pop(patch.id, None)
+        kept = tuple(p for p in all_patches() if p.id in keep)
+        replay = plan_file(snap, path, original, kept, {}, only_needed=False)
+        if refusals([replay]):
+            raise UserError(refusals([replay])[0])
+        # Record what the replay really applied, not what was asked for.
+        keep = {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"}
+        fresh.update({o.patch.id: o.patch for o in replay.outcomes if o.state == "pending"})
+        target = replay.after
+        plans.append(FilePlan(path, current, target))
+        if keep:
+            files[path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(target), "patches": keep}
+    changed = [p for p in plans if p.changed]
+    manifest = new_manifest(snap, files, fresh)
+    same_record = {k: v["patches"] for k, v in files.items()} == {
+        k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")}
+    if dry_run or (not changed and same_record):
+        return CommitResult([], plans)
+    return _commit(transport, snap, changed, {}, manifest, plans)

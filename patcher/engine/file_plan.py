@@ -1,0 +1,178 @@
+"""One file planned: the chosen patches' codemods run in order on its bytes.
+
+``plan_file`` parses the source with the target's grammar, and for each patch written for
+the file decides whether the installed vLLM needs it (its facts, read by the probes), then
+runs its codemod: ``Outcome`` per patch, ``FilePlan`` per file (bytes before and after).
+libcst is imported only here, and only when a codemod really runs (docs/speed.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from patcher.errors import PatchRefused, UserError
+from patcher.patch import Patch
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from patcher.engine.snapshot import Snapshot
+
+
+@dataclass
+class Outcome:
+    """What one patch does to one file's current source.
+
+    state: ``pending`` (would change the file), ``applied`` (satisfied, recorded by us),
+    ``satisfied`` (fix already present, not by us), ``not-needed`` (the installed vLLM
+    does not have the incompatibility), ``fact-missing`` (a symbol its fact is about is not
+    in the installed vLLM: ``fact_missing``), ``refused`` (unknown code; ``detail`` says where).
+    """
+
+    patch: Patch
+    state: str
+    detail: str = ""
+
+
+@dataclass
+class FilePlan:
+    """One file: its bytes before and after the selected patches, and each patch's outcome."""
+
+    path: str
+    before: bytes
+    after: bytes
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def _parser_config(python_version: str) -> cst.PartialParserConfig:
+    import libcst as cst
+
+    known = cst.KNOWN_PYTHON_VERSION_STRINGS
+    version = python_version if python_version in known else max(known, key=lambda v: tuple(map(int, v.split("."))))
+    return cst.PartialParserConfig(python_version=version)
+
+
+def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
+    """Parse with the target interpreter's grammar. Raises ``UserError`` on a syntax error."""
+    import libcst as cst
+
+    try:
+        return cst.parse_module(source, config=_parser_config(python_version))
+    except (UnicodeError, LookupError, ValueError, SyntaxError) as e:  # undecodable bytes, a bad coding cookie, NUL
+        raise UserError(f"{path}: cannot be read as Python source ({type(e).__name__}: {e}); reinstall speculators") from None
+    except cst.ParserSyntaxError as e:
+        line = e.raw_line
+        try:  # CPython names the offending line more precisely than libcst's parser
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as exact:
+            line = exact.lineno or line
+        raise UserError(f"{path}:{line}: syntax error, cannot patch: {e.message}") from None
+
+
+def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
+    """Run one patch's codemod on a parsed module.
+
+    Returns ``(verdict, module, detail)`` with verdict ``changed``, ``satisfied`` or
+    ``refused`` (``detail`` then names file:line and the expected shape).
+    """
+    import libcst as cst
+    from libcst.codemod import CodemodContext, SkipFile
+
+    try:
+        new = patch.codemod(CodemodContext(filename=patch.file)).transform_module(module)
+        if not isinstance(new, cst.Module):
+            raise TypeError(f"transform_module returned {type(new).__name__}, not a libcst Module")
+    except SkipFile as e:
+        return "satisfied", module, str(e)
+    except PatchRefused:
+        try:  # again, with positions resolved, to name the line
+            patch.codemod.with_positions()(CodemodContext(filename=patch.file)).transform_module(module)
+        except PatchRefused as e:
+            return "refused", module, str(e)
+        raise
+    except Exception as e:
+        if patch.origin == "shipped":  # our bug: the traceback is the report
+            raise
+        raise UserError(f"{patch.id} ({patch.origin} {patch.source}): its codemod raised {type(e).__name__}: {e} "
+                        f"on {patch.file}; nothing was changed") from None
+    if new.code == module.code:
+        return "satisfied", module, "already satisfied: no change"
+    return "changed", new, ""
+
+
+def run_codemod(patch: Patch, source: bytes, python_version: str = "3.10") -> tuple[str, bytes, str]:
+    """``transform`` on bytes: returns ``(verdict, new_source, detail)``."""
+    verdict, module, detail = transform(patch, parse(patch.file, source, python_version))
+    return verdict, module.bytes, detail
+
+
+def needed(snap: Snapshot, patch: Patch) -> bool:
+    """A patch is needed when every vLLM fact it depends on holds in the installed vLLM."""
+    return all(snap.evidence[(patch.id, f.symbol)].holds for f in patch.facts)
+
+
+def fact_missing(snap: Snapshot, patch: Patch) -> str:
+    """Why ``patch`` can be neither needed nor not needed here: a fact's symbol is not in
+    the installed vLLM at all (``Evidence.missing``), one line; "" when every symbol is there."""
+    for f in patch.facts:
+        e = snap.evidence[(patch.id, f.symbol)]
+        if e.missing:
+            return (f"vLLM {snap.vllm.version if snap.vllm else ''} has no {f.symbol} ({e.where}: {e.found}): "
+                    f"the code {patch.id} rewrites uses it, so it breaks with or without {patch.id}; "
+                    f"no patch here handles this vLLM yet (verify's call check names the calls)")
+    return ""
+
+
+def need_state(snap: Snapshot, patch: Patch) -> str:
+    """``needed`` | ``not-needed`` | ``fact-missing`` (see ``fact_missing``)."""
+    if fact_missing(snap, patch):
+        return "fact-missing"
+    return "needed" if needed(snap, patch) else "not-needed"
+
+
+NOT_NEEDED = "the installed vLLM does not need it"
+
+
+def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
+              recorded: dict[str, int], only_needed: bool = True, adopting: bool = False) -> FilePlan:
+    """Run the chosen patches for ``path`` in order on ``source`` (deterministic).
+
+    With ``only_needed`` (the default) a patch the installed vLLM does not need is skipped
+    as ``not-needed``; ``revert --only`` replays the recorded patches regardless.
+    ``adopting`` (``apply --adopt``): a modified file is planned afresh, so a recorded user
+    patch whose source is not loaded refuses (it would have to run) instead of being shown
+    as applied.
+    """
+    plan = FilePlan(path, source, source)
+    module = parse(path, source, snap.python_version)
+    for patch in (p for p in chosen if p.file == path):
+        gone = fact_missing(snap, patch) if only_needed else ""
+        if gone:  # neither needed nor not needed: never shown as calm (verify's verdict fails)
+            plan.outcomes.append(Outcome(patch, "fact-missing", gone))
+            continue
+        if only_needed and not needed(snap, patch):
+            plan.outcomes.append(Outcome(patch, "not-needed", NOT_NEEDED))
+            continue
+        if patch.origin == "recorded" and patch.id in recorded:  # a user patch whose source is not at hand
+            plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded"))
+            continue
+        if (patch.origin == "recorded" and only_needed and not adopting and snap.file_state(path) == "modified"
+                and patch.id in ((snap.manifest or {}).get("files", {}).get(path) or {}).get("patches", {})):
+            # edited since: the record is all there is to show; apply/verify say the file is modified
+            plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded; the file was modified since"))
+            continue
+        verdict, module, detail = transform(patch, module)
+        if verdict == "changed":
+            plan.outcomes.append(Outcome(patch, "pending"))
+        elif verdict == "satisfied":
+            state = "applied" if patch.id in recorded else "satisfied"
+            plan.outcomes.append(Outcome(patch, state, detail))
+        else:
+            plan.outcomes.append(Outcome(patch, "refused", f"{detail} ({patch.id} {patch.name}; --skip {patch.id} leaves it out)"))
+    plan.after = module.bytes
+    return plan

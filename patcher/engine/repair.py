@@ -1,0 +1,114 @@
+"""``repair``: a consistent state rebuilt from what is on disk (docs: ``repair``)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from patcher.engine.commit import new_manifest
+from patcher.engine.file_plan import plan_file
+from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
+from patcher.errors import UserError
+from patcher.registry import all_patches
+from patcher.transport import Transport
+from patcher.userpatches import record as user_records
+
+
+@dataclass
+class RepairResult:
+    """What ``repair`` did: ``lines``, one per file; ``unrestorable``: files of the install
+    that differ from pip's RECORD with neither a record nor a kept copy (edited outside
+    this tool, or a copy lost to an earlier version of it): no command here can restore
+    them, reinstalling speculators does."""
+
+    snap: Snapshot
+    lines: list[str]
+    unrestorable: list[str]
+
+
+def repair(transport: Transport, site_packages: str | None) -> RepairResult:
+    """Rebuild a consistent state from what is on disk, changing no speculators file except
+    to finish rolling back an interrupted commit where the files allow it.
+
+    Per file: the installed bytes equal to a verified pristine copy (or to pip's RECORD) ->
+    no record; equal to what the manifest records as patched, with that record's verified
+    copy -> that record, kept (a user patch whose source is not at hand included); equal
+    to a verified copy with a set of patches replayed -> that record; otherwise, with a
+    verified copy, a record under which ``status`` says ``modified``. Copies nothing
+    references are deleted. Every other speculators file is compared with pip's RECORD.
+    Returns the snapshot read before, one line per file, and the unrestorable files.
+    Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
+    reinstall speculators, then ``repair`` again), or when the state cannot be written.
+    """
+    first = read_snapshot(transport, site_packages, tolerate_damage=True)
+    transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
+    snap = read_snapshot(transport, site_packages, tolerate_damage=True, record_check=True)
+    entries = (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
+    files, lines = {}, []
+    paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))
+    kept_for = (snap.manifest or {}).get("speculators_version") if isinstance(snap.manifest, dict) else None
+    if kept_for not in (None, snap.speculators_version):  # a reinstall of another version replaced the files
+        lines.append(f"the record of speculators {kept_for} is dropped: {snap.speculators_version} is installed")
+        paths = []
+    for path in paths:
+        current = snap.files.get(path)
+        if current is None:
+            continue
+        copies = list(snap.backups.get(path, []))
+        record = snap.record.get(path)
+        if record is not None:  # pip's RECORD vouches for the copy (the manifest may be gone)
+            copies = [c for c in copies if sha256(c) == record] or copies
+        digest = sha256(current)
+        if digest == record or any(digest == sha256(c) for c in copies):
+            lines.append(f"{path}: pristine")
+            continue
+        entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
+        patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
+        if (entry.get("patched_sha256") == digest and patches and all(isinstance(v, int) for v in patches.values())
+                and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))):
+            files[path] = dict(entry)  # the record it has still describes the file and its copy
+            lines.append(f"{path}: patched ({', '.join(sorted(patches))}), as recorded")
+            continue
+        found = None
+        for copy in copies:
+            for only_needed in (True, False):
+                try:
+                    replay = plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed) \
+                        if snap.vllm is not None or not only_needed else None
+                except UserError:
+                    replay = None
+                if replay is not None and replay.after == current:
+                    found = (copy, {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"})
+                    break
+            if found:
+                break
+        if found:
+            files[path] = {"pristine_sha256": sha256(found[0]), "patched_sha256": digest, "patches": found[1]}
+            lines.append(f"{path}: patched ({', '.join(sorted(found[1]))})")
+        elif copies:
+            entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
+            kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
+            files[path] = {"pristine_sha256": sha256(kept), "patched_sha256": entry.get("patched_sha256") or sha256(kept),
+                           "patches": dict(entry.get("patches") or {})}
+            if not all(isinstance(v, int) for v in files[path]["patches"].values()):
+                files[path]["patches"] = {}
+            if files[path]["patched_sha256"] == digest:
+                files[path]["patched_sha256"] = sha256(kept)
+            lines.append(f"{path}: modified after patching (revert --force restores the kept pristine copy)")
+        elif path in entries:
+            raise UserError(f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
+                            f"reinstall speculators (pip install --force-reinstall --no-deps "
+                            f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again")
+    pristine = {p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
+                for p, e in files.items()}
+    recorded_before = user_records.records(snap.manifest)
+    loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
+    manifest = new_manifest(snap, files, loaded)
+    transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,
+                      manifest=manifest, manifest_expect_sha256=snap.manifest_sha256, repair=True)
+    unrestorable = [p for p in (snap.record_differs or []) if p not in files]
+    for path in unrestorable:
+        lines.append(f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
+                     f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
+                     f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does")
+    return RepairResult(first, lines, unrestorable)

@@ -1,0 +1,297 @@
+"""What one ``inspect`` exchange reads from a target, and the checks made on it alone.
+
+``read_snapshot`` asks the agent for the files the patches name (contents the controller
+cache already holds are named by digest, not sent again); ``Snapshot`` holds them, with the
+manifest and the kept pristine copies; ``check_supported``/``check_covered`` refuse a target
+no patch here is written for. vLLM evidence (the probes' reading of the fact modules) is
+cached by the digests of the files it is read from (``patcher.cache``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from patcher import cache
+from patcher.digest import tool as tool_digest
+from patcher.errors import UserError
+from patcher.patch import Patch
+from patcher.registry import add_recorded, all_patches, shipped_patches
+from patcher.transport import Transport
+from patcher.vllm_source import Evidence, VllmSource
+
+EVIDENCE = "vllm-evidence"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _unb64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+_HAVE_MAX = 256  # digests sent as ``have``: 17 KB of request at most
+
+
+class _NotHeld(Exception):
+    """The agent named a content by digest that the controller cache no longer holds."""
+
+
+def _content(value: str | dict | None, digests: set[str]) -> bytes | None:
+    """A file in an ``inspect`` answer: base64 (kept in the controller cache for the next
+    run), ``{"sha256": hex}`` (read from that cache) or None; its digest goes to ``digests``."""
+    if isinstance(value, dict):
+        data = cache.load_blob(value["sha256"])
+        if data is None:
+            raise _NotHeld(value["sha256"])
+        digests.add(value["sha256"])
+        return data
+    data = _unb64(value)
+    if data is not None:
+        digests.add(cache.store_blob(data))
+    return data
+
+
+def _inspect(transport: Transport, request: dict) -> tuple[dict, dict]:
+    """The ``inspect`` exchange, asking only for contents the controller cache does not
+    hold: the fact files, speculators' files and pristine copies are the same on every
+    run and host until something is installed (0.77 MB for speculators 0.3.0 and vLLM
+    0.16). ``have`` is the digests of the last answers to the same request, from any
+    target. Returns the answer as sent and its contents as bytes
+    (``{"speculators": {path: bytes}, "vllm": ..., "pristine": ..., "backups": ...}``)."""
+    remembered = cache.key(request)
+    have = cache.load("inspect-have", remembered) if cache.enabled() else None
+    answer = transport.request("inspect", **request, have=have or None)
+    try:
+        contents, held = _decode_contents(answer)
+    except _NotHeld:  # the cache was emptied since: read again in full, keep what the first read recovered
+        first = answer
+        answer = transport.request("inspect", **request)
+        answer["recovered"] = first.get("recovered") or answer.get("recovered", False)
+        contents, held = _decode_contents(answer)
+    # This answer's digests first, then earlier ones (a fleet on two vLLM releases), bounded.
+    kept = (sorted(held) + [d for d in have or [] if d not in held])[:_HAVE_MAX]
+    if kept != have:
+        cache.store("inspect-have", remembered, kept)
+    return answer, contents
+
+
+def _decode_contents(answer: dict) -> tuple[dict, set[str]]:
+    """Every file content of an ``inspect`` answer as bytes (None for a missing file), and
+    the sha256 of each."""
+    held: set[str] = set()
+    vllm = answer["vllm"]
+    contents = {
+        "speculators": {k: _content(v, held) for k, v in answer["speculators"]["files"].items()},
+        "vllm": {} if vllm is None else {k: _content(v, held) for k, v in vllm["files"].items()},
+        "pristine": {k: _content(v, held) for k, v in answer["pristine"].items()},
+        "backups": {k: [_content(d, held) for d in v] for k, v in answer.get("backups", {}).items()},
+    }
+    return contents, held
+
+
+@dataclass
+class Snapshot:
+    """Everything read from a target in one ``inspect`` exchange.
+
+    ``files`` and ``pristine`` map speculators paths (``speculators/...py``, relative to its
+    import root) to bytes; ``vllm`` is ``None`` when no vLLM is installed.
+    """
+
+    label: str
+    python: str
+    python_version: str
+    site_packages: str
+    state_dir: str
+    speculators_version: str | None
+    speculators_root: str
+    editable_source: str | None
+    files: dict[str, bytes | None]
+    vllm: VllmSource | None
+    vllm_root: str | None
+    manifest: dict | None
+    pristine: dict[str, bytes | None]
+    journal_pending: bool
+    recovered: bool = False
+    manifest_sha256: str | None = None
+    state_problem: str | None = None
+    backups: dict[str, list[bytes]] = field(default_factory=dict)
+    record: dict[str, str] = field(default_factory=dict)
+    dist_info: str | None = None
+    record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
+
+    @cached_property
+    def evidence(self) -> dict[tuple[str, str], Evidence]:
+        """Evidence per (patch id, fact symbol), each probe run once (or read from the cache
+        of evidence for these very vLLM files: ``cached_evidence``)."""
+        assert self.vllm is not None
+        vllm = self.vllm
+        return cached_evidence(vllm.files, lambda: {(p.id, f.symbol): f.probe(vllm)
+                                                    for p in all_patches() for f in p.facts})
+
+    def file_state(self, path: str) -> str:
+        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``."""
+        entry = ((self.manifest or {}).get("files") or {}).get(path)
+        current = self.files.get(path)
+        if not isinstance(entry, dict) or current is None:
+            return "pristine"
+        digest = sha256(current)
+        if digest == entry.get("patched_sha256"):
+            return "patched"
+        if digest == entry.get("pristine_sha256"):
+            return "reinstalled"
+        return "modified"
+
+    def recorded(self, path: str) -> dict[str, int]:
+        """Patches the manifest records as applied by us to ``path`` (id -> version)."""
+        if self.file_state(path) != "patched":
+            return {}
+        return dict(self.manifest["files"][path]["patches"])
+
+    def applied_ids(self) -> set[str]:
+        """Every patch the manifest records as applied by us, in any file."""
+        return {pid for path in (self.manifest or {}).get("files", {}) for pid in self.recorded(path)}
+
+
+def read_snapshot(transport: Transport, site_packages: str | None = None, tolerate_damage: bool = False,
+                  record_check: bool = False) -> Snapshot:
+    """One ``inspect`` exchange. The files read are those the patches of this run name and
+    every file the target's state names (a user patch on any file, applied earlier, is
+    read without its source). ``record_check`` (``repair``): also list the speculators
+    files whose bytes differ from pip's RECORD (``Snapshot.record_differs``). Raises
+    ``UserError`` when the target has no speculators, or (unless ``tolerate_damage``:
+    ``repair``) when its state is inconsistent: one line naming the file at fault and the
+    way out."""
+    patches = all_patches()
+    request = dict(
+        site_packages=site_packages,
+        speculators_files=sorted({p.file for p in patches}),
+        vllm_files=sorted({m for p in patches for f in p.facts for m in f.modules}),
+    )
+    if record_check:
+        request["record_check"] = True
+    answer, contents = _inspect(transport, request)
+    spec, vllm = answer["speculators"], answer["vllm"]
+    vllm_source = None
+    if vllm is not None:
+        vllm_source = VllmSource(contents["vllm"], ", ".join(vllm["versions"]) or "unknown")
+    snap = Snapshot(
+        label=transport.label,
+        python=answer["python"],
+        python_version=answer["python_version"],
+        site_packages=answer["site_packages"],
+        state_dir=answer["state_dir"],
+        speculators_version=spec["version"],
+        speculators_root=spec["root"],
+        editable_source=spec["editable_source"],
+        files=contents["speculators"],
+        vllm=vllm_source,
+        vllm_root=None if vllm is None else vllm["root"],
+        manifest=answer["manifest"],
+        pristine=contents["pristine"],
+        journal_pending=answer["journal_pending"],
+        recovered=answer.get("recovered", False),
+        manifest_sha256=answer.get("manifest_sha256"),
+        state_problem=answer.get("state_problem"),
+        backups=contents["backups"],
+        record=spec.get("record") or {},
+        dist_info=spec.get("dist_info"),
+        record_differs=answer.get("record_differs"),
+    )
+    if snap.state_problem and not tolerate_damage:
+        raise UserError(snap.state_problem)
+    if not snap.state_problem:
+        add_recorded(snap.manifest)  # user patches applied earlier, nameable without their source
+    return snap
+
+
+def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
+    """The patches whose ``speculators`` specifier contains ``version`` (none for an
+    unparsable or missing version): each speculators release gets only its own codemods."""
+    try:
+        parsed = Version(version) if version is not None else None
+    except InvalidVersion:
+        parsed = None
+    return tuple(p for p in patches if parsed is not None and parsed in SpecifierSet(p.speculators))
+
+
+def check_supported(snap: Snapshot) -> None:
+    """Raise ``UserError`` unless the target has a speculators some patch is written for, and a vLLM."""
+    version = snap.speculators_version
+    if version is None:
+        where = f"{snap.dist_info}/METADATA" if snap.dist_info else f"{snap.speculators_root} (no dist-info found)"
+        raise UserError(f"cannot tell which speculators is installed: {where} has no version; "
+                        f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)")
+    if not written_for(version, shipped_patches()):
+        specifiers = sorted({p.speculators for p in shipped_patches()})
+        raise UserError(
+            f"speculators {version} is not supported: speculators-patch has no patches for it "
+            f"(patches exist for speculators {' and '.join(specifiers)}); nothing was changed"
+        )
+    if snap.vllm is None:
+        raise UserError(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    """A vLLM change no patch written for ``speculators`` (a PEP 440 specifier) covers,
+    recognised by a shipped patch's vLLM fact (``fact``: (patch id, fact symbol)) holding in
+    the installed vLLM; ``what``: what then breaks, in words. ``apply`` and ``diff`` refuse
+    such a target rather than leave it half-fixed."""
+
+    speculators: str
+    fact: tuple[str, str]
+    what: str
+
+
+UNCOVERED = (
+    # speculators 0.4.x's generator imports the three KV cache helpers as 0.3.0's does (plus
+    # two that stayed in kv_cache_utils), but it also lacks SP020's layout resolution and
+    # passes its fixed block size to the Scheduler: a port SP015-SP018 do not make.
+    Uncovered("~=0.4.0", ("SP023", "kv_cache_planning.get_kv_cache_config_from_groups"),
+              "its generator imports _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups and "
+              "unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which this vLLM moved to "
+              "kv_cache_planning"),
+)
+
+
+def check_covered(snap: Snapshot) -> None:
+    """Raise ``UserError`` (one line: what breaks, the vLLM evidence, the patch that covers it
+    for another speculators) when the installed vLLM has a change listed in ``UNCOVERED`` for
+    the installed speculators."""
+    version = Version(snap.speculators_version)
+    by_id = {p.id: p for p in shipped_patches()}
+    for uncovered in UNCOVERED:
+        evidence = snap.evidence[uncovered.fact]
+        if version in SpecifierSet(uncovered.speculators) and evidence.holds:
+            pid = uncovered.fact[0]
+            raise UserError(f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
+                            f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
+                            f"({pid} is written for speculators {by_id[pid].speculators}); nothing was changed")
+
+
+def cached_evidence(files: dict[str, bytes | None], compute) -> dict:
+    """``compute()`` (evidence per (patch id, fact symbol)), cached by the digests of the
+    vLLM fact modules it reads and the tool's code."""
+    digest = tool_digest()
+    if digest is None or not cache.enabled():
+        return compute()
+    key = cache.key({"tool": digest, "files": {p: None if d is None else hashlib.sha256(d).hexdigest()
+                                               for p, d in sorted(files.items())}})
+    with cache.locked(EVIDENCE, key):
+        stored = cache.load(EVIDENCE, key)
+        if isinstance(stored, list):
+            try:
+                return {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
+            except TypeError:
+                pass
+        found = compute()
+        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found, e.missing]]
+                                    for (pid, symbol), e in found.items()])
+        return found
