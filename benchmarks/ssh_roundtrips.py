@@ -86,7 +86,7 @@ def _floor_cpu(config: str, cache: Path, runs: int = 20) -> float:
     session on the host's shared connection, the login shell, ``sh``, the bootstrap's
     ``python3 -S`` and the target interpreter's start -- what every run needs."""
     os.environ["SPECULATORS_PATCH_CACHE"] = str(cache)  # the CLI runs' socket directory
-    from patcher.ssh import DEFAULT_PERSIST, _resolved, reuse_options
+    from patcher.connect.ssh import DEFAULT_PERSIST, _resolved, reuse_options
 
     argv = ["ssh", "-F", config, *reuse_options(_resolved(["ssh", "-F", config], "node1"), DEFAULT_PERSIST),
             "node1", "python3 -S -c pass && ~/ml-env/bin/python -c pass"]

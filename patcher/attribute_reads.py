@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Mapping
 
-from patcher.target.agent import local_import
+from patcher.agent.sources import local_import
 from patcher.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions, vllm_imports
 
 KIND = "missing-attribute"

@@ -18,7 +18,7 @@ call into vLLM against the installed vLLM's source (``ast`` only, nothing import
 - ``unreadable`` (a note): a vLLM file this interpreter cannot parse, so a name was not checked.
 
 Each finding names the speculators ``file:line`` and the vLLM ``file:line`` of the signature.
-The vLLM files come from the agent's ``sources`` op (one exchange; see ``patcher.target.agent``),
+The vLLM files come from the agent's ``sources`` op (one exchange; see ``patcher.agent.sources``),
 which follows re-exports and base classes the same way this module does.
 """
 
@@ -29,8 +29,8 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.target.agent import _catches_import_error, bindings, module_paths, speculators_vllm_imports
-from patcher.transport import Transport
+from patcher.agent.sources import _catches_import_error, bindings, module_paths, speculators_vllm_imports
+from patcher.connect.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"
 # collective_rpc("name") runs ``name`` on vLLM's worker (CPU/XPU workers subclass it) or
@@ -644,7 +644,7 @@ def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, byte
     """What ``fetch`` returns, read directly from two directories (tests, benchmarks)."""
     import os
 
-    from patcher.target.agent import attributes_read, collect_sources
+    from patcher.agent.sources import attributes_read, collect_sources
 
     def read(root: str, path: str) -> bytes | None:
         try:

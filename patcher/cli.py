@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from patcher import engine
     from patcher.engine import Snapshot
-    from patcher.transport import Transport
+    from patcher.connect.transport import Transport
     from patcher.verify import CallsCheck
 
 SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.selftest.command.ARCHS)
@@ -89,7 +89,7 @@ class Report:
 
 def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> tuple[Transport, str | None]:
     """A transport to the target's agent and, for a bare site-packages target, its path.
-    ``host`` is an SSH host, or an ``--exec`` command (``patcher.exec_transport.ExecTarget``).
+    ``host`` is an SSH host, or an ``--exec`` command (``patcher.connect.exec.ExecTarget``).
     Its waits are this command's ``--connect-timeout`` and ``--timeout`` (seconds)."""
     transport, site_packages = _connect(target, host, ssh_config)
     ctx = click.get_current_context(silent=True)
@@ -114,19 +114,19 @@ def _seconds(text: str, variable: str) -> float:
 
 
 def _connect(target: str | None, host: str | None, ssh_config: str | None) -> tuple[Transport, str | None]:
-    from patcher.exec_transport import ExecTarget
+    from patcher.connect.exec import ExecTarget
 
     if isinstance(host, ExecTarget):
-        from patcher.exec_transport import exec_transport
+        from patcher.connect.exec import exec_transport
 
         return exec_transport(host, target)
     if host is not None:
-        from patcher.ssh import DEFAULT_PERSIST, ssh_transport
+        from patcher.connect.ssh import DEFAULT_PERSIST, ssh_transport
 
         ctx = click.get_current_context(silent=True)
         persist = ctx.meta.get("speculators_patch.ssh_persist") if ctx else None
         return ssh_transport(host, target, ssh_config, DEFAULT_PERSIST if persist is None else persist)
-    from patcher.transport import local_transport
+    from patcher.connect.local import local_transport
 
     return local_transport(target)
 
@@ -509,8 +509,8 @@ def _again(subcommand: str, transport: Transport) -> str:
     the environment that was checked, not on the active one."""
     import shlex
 
-    from patcher.exec_transport import ExecTransport
-    from patcher.ssh import SshTransport
+    from patcher.connect.exec import ExecTransport
+    from patcher.connect.ssh import SshTransport
 
     ctx = click.get_current_context(silent=True)
     params = ctx.params if ctx else {}
@@ -693,7 +693,7 @@ def _exec_targets() -> list[str]:
     commands = ctx.meta.get("speculators_patch.exec") if ctx else None
     if not commands:
         return []
-    from patcher.exec_transport import ExecTarget, split_command
+    from patcher.connect.exec import ExecTarget, split_command
 
     for command in commands:
         split_command(command)  # an unsplittable command is refused before any target is touched
@@ -738,7 +738,7 @@ def connection_options(f):
 def _read_hosts_file(path: str) -> list[str]:
     """One host per line; blank lines and ``#`` comments (whole-line or trailing) ignored.
     Raises ``UserError`` naming ``FILE:LINE`` for a line that is not text or not a host."""
-    from patcher.ssh import parse_host
+    from patcher.connect.ssh import parse_host
 
     try:
         with open(path, "rb") as f:
@@ -774,7 +774,7 @@ def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str
                 raise UserError(f"no hosts in {hosts_file}")
             all_hosts += listed
         if all_hosts:
-            from patcher.ssh import parse_host
+            from patcher.connect.ssh import parse_host
 
             for host in all_hosts:  # every host name checked before any host is contacted
                 parse_host(host)
@@ -812,7 +812,7 @@ INTERRUPTED_EXIT = 130
 
 def interrupted_message() -> str:
     """After Ctrl-C outside a commit: what this run had already written, or that it wrote nothing."""
-    from patcher.transport import COMMITTED
+    from patcher.connect.transport import COMMITTED
 
     done = [(label, files) for label, files in COMMITTED if files]
     if not done:

@@ -3,7 +3,7 @@
 The static check (``patcher.callsite``) reads vLLM's source; this module asks the target's
 own interpreter (local or over SSH, through the agent's ``run_python`` op) to import the
 same names and read the same signatures with ``inspect``
-(``patcher/target/runtime_probe.py``), re-checks every recorded call against what it saw, and
+(``patcher/agent/runtime_probe.py``), re-checks every recorded call against what it saw, and
 reports each place where the two readings disagree. It takes seconds (vLLM imports torch)
 and needs an importable vLLM, so static stays the default.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from patcher.callsite import Checked, Finding, Param, Signature, _check_call
 from patcher.errors import UserError
-from patcher.transport import Transport
+from patcher.connect.transport import Transport
 
-PROBE_SOURCE = (Path(__file__).parent / "target" / "runtime_probe.py").read_text(encoding="utf-8")
+PROBE_SOURCE = (Path(__file__).parent / "agent" / "runtime_probe.py").read_text(encoding="utf-8")
 MARKER = "@@speculators-patch-runtime@@"
 ENV = {"VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
 

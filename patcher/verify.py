@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (stat
     from patcher.callsite import Checked, Finding
     from patcher.import_path import ImportPathCheck
     from patcher.model_runner import RunnerCheck
-    from patcher.transport import Transport
+    from patcher.connect.transport import Transport
 
 
 STALE_FIX = "speculators-patch revert && speculators-patch apply"

@@ -141,7 +141,7 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
     of sending it; the snapshot is byte-identical; with the controller cache emptied in
     between, one more exchange reads everything in full and the snapshot is the same."""
     from patcher import engine
-    from patcher.transport import local_transport
+    from patcher.connect.local import local_transport
 
     env = make_sandbox(tmp_path / "env")
     _apply(env, cache=tmp_path / "cache")

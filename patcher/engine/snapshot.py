@@ -22,7 +22,7 @@ from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
 from patcher.patch import Patch
 from patcher.registry import add_recorded, all_patches, shipped_patches
-from patcher.transport import Transport
+from patcher.connect.transport import Transport
 from patcher.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"

@@ -20,7 +20,7 @@ from rich.table import Table
 from patcher.engine import Snapshot
 from patcher.errors import UserError
 from patcher.selftest.remote import tiny_models
-from patcher.transport import Transport
+from patcher.connect.transport import Transport
 
 REMOTE = Path(__file__).parent / "remote"
 MARKER = "@@speculators-patch-selftest@@"

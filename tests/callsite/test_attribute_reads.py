@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.target.agent import attributes_read, collect_sources, speculators_vllm_imports
+from patcher.agent.sources import attributes_read, collect_sources, speculators_vllm_imports
 from patcher.attribute_reads import check
 from patcher.callsite import WORKER, local_sources
 from sandbox import make_sandbox, site_packages

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from patcher import callsite
 from patcher.runtime import runtime_verify
-from patcher.transport import LocalTransport
+from patcher.connect.local import LocalTransport
 
 GEN = '''\
 from vllm.kv import get_config, make_config

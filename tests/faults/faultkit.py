@@ -19,9 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from support import ROOT
+from patcher.connect.program import AGENT_PROGRAM as AGENT  # the agent as every transport runs it
 
-AGENT = (ROOT / "patcher" / "target" / "agent.py").read_text(encoding="utf-8")
 PYTHON = os.path.realpath(sys.executable)  # not a shim: every trial starts an interpreter
 STATE = ".speculators-patch"
 
@@ -79,7 +78,7 @@ def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     ones (loaded for this capture only; the registry is left as found)."""
     from patcher import engine, registry
     from patcher.registry import select
-    from patcher.transport import local_transport
+    from patcher.connect.local import local_transport
 
     loaded = registry.use_patch_files([str(p) for p in patch_files])
     try:

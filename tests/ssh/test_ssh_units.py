@@ -1,4 +1,4 @@
-"""Pure functions of patcher.ssh: host parsing, the constant remote command, the bootstrap,
+"""Pure functions of patcher.connect.ssh: host parsing, the constant remote command, the bootstrap,
 and the wording of ssh failures (stderr texts as OpenSSH 9.2 prints them)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import shlex
 import pytest
 
 from patcher.errors import UserError
-from patcher.ssh import BOOTSTRAP, explain_ssh_failure, parse_host, remote_command, reuse_options
+from patcher.connect.program import BOOTSTRAP
+from patcher.connect.ssh import explain_ssh_failure, parse_host, remote_command, reuse_options
 
 
 @pytest.mark.parametrize("spec, parsed", [

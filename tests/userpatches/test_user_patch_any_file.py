@@ -79,7 +79,7 @@ def test_no_commit_drops_the_copy_of_a_file_that_still_differs(tmp_path, sandbox
     controller of issue 23 sent) is refused whole, naming the file; nothing changes."""
     from patcher import engine, registry
     from patcher.errors import UserError
-    from patcher.transport import local_transport
+    from patcher.connect.local import local_transport
 
     _applied(tmp_path, sandbox, site)
     before = installed_state(site)

@@ -26,8 +26,8 @@ try:
     from patcher import engine
     from patcher.errors import UserError
     from patcher.registry import all_patches
-    from patcher.ssh import BOOTSTRAP
-    from patcher.transport import AGENT_SOURCE, Transport
+    from patcher.connect.program import AGENT_PROGRAM, BOOTSTRAP
+    from patcher.connect.transport import Transport
 except ImportError as e:  # pragma: no cover - reported as a task failure
     IMPORT_ERROR = (f"speculators-patch is not installed in the Python that runs Ansible on the controller "
                     f"({e}); install it there: pip install 'speculators-patch[ansible]'")
@@ -71,7 +71,7 @@ class AnsibleTransport(Transport):
         self.exchanges += 1
         result = self.action._execute_module(
             module_name=self.module,
-            module_args={"target": self.target, "_agent": AGENT_SOURCE, "_bootstrap": BOOTSTRAP,
+            module_args={"target": self.target, "_agent": AGENT_PROGRAM, "_bootstrap": BOOTSTRAP,
                          "_request": {"op": op, **payload}, "_where": self.host},
             task_vars=self.task_vars,
         )

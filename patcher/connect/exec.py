@@ -3,7 +3,7 @@ Python on the other side (``docker exec -i NAME python3``, ``kubectl exec -i POD
 python3``, ``podman exec -i NAME python3``, ``env -i /opt/env/bin/python``).
 
 The command is split with ``shlex.split`` and run as an argument vector (no shell on our
-side); the bootstrap ``patcher.ssh`` sends over SSH is appended as ``-c PROGRAM`` (one
+side); the bootstrap (``patcher/agent/bootstrap.py``) that SSH sends is appended as ``-c PROGRAM`` (one
 argument, base64 inside: no quotes or newlines for any layer to mangle), so the command's
 last words must start the Python itself. From there the exchange is the SSH one: header,
 marker, JSON lines; ``--target`` is resolved on the far side; planning stays here.
@@ -14,7 +14,8 @@ from __future__ import annotations
 import shlex
 
 from patcher.errors import UserError
-from patcher.ssh import BootstrapTransport, _last_line, bootstrap_program
+from patcher.connect.bootstrapped import BootstrapTransport, last_line
+from patcher.connect.program import bootstrap_program
 
 
 class ExecTarget(str):
@@ -65,7 +66,7 @@ class ExecTransport(BootstrapTransport):
 
     def _failure(self, op: str) -> str:
         code = self._exit_code()
-        last = _last_line(self.stderr_text())
+        last = last_line(self.stderr_text())
         during = "while committing" if op == "commit" else "while reading"
         if code < 0:
             return (f"{self._where}: the agent was killed (signal {-code}) {during}; a commit it had started is "

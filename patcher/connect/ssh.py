@@ -1,7 +1,7 @@
 """The agent on a remote machine, over one connection of the system OpenSSH client.
 
 Nothing is installed remotely. ``ssh HOST <constant command>`` starts the remote user's
-``python3`` on a tiny bootstrap (``BOOTSTRAP`` below, base64 in the command line); the
+``python3`` on a tiny bootstrap (``patcher/agent/bootstrap.py``, base64 in the command line); the
 bootstrap reads one length-prefixed header from stdin -- the ``--target`` path and the
 agent's source -- decides on the remote side which interpreter runs the agent, and
 ``exec``s it. From then on the connection carries the same JSON lines as a local agent.
@@ -25,7 +25,8 @@ import subprocess
 
 from patcher import cache
 from patcher.errors import UserError
-from patcher.transport import AGENT_PROGRAM, Transport
+from patcher.connect.bootstrapped import BootstrapTransport, last_line
+from patcher.connect.program import bootstrap_program
 
 # Seconds an idle shared connection stays open after a run (``--ssh-persist``); the
 # default of Ansible's ssh connection plugin, for the same reason (docs/ssh.md).
@@ -34,76 +35,6 @@ DEFAULT_PERSIST = 60
 # the master's socket as "<ControlPath>.<16 random characters>"; our socket names are 32.
 _SOCKET_PATH_MAX = 104 - 1 - 32 - 17 - 1
 
-# Runs under the remote python3 (any 3.x; stays Python 2 parseable to say "too old").
-# Reads the header, resolves the target like patcher.transport.local_transport does
-# locally, then replaces itself with the chosen interpreter running the agent.
-BOOTSTRAP = r'''
-import json, os, sys
-
-def fail(msg):
-    sys.stdout.write(json.dumps({"error": msg}) + "\n")
-    sys.stdout.flush()
-    sys.exit(3)
-
-def read_exact(n):
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(0, n - len(buf))
-        if not chunk:
-            sys.exit(0)
-        buf += chunk
-    return buf
-
-size = b""
-while not size.endswith(b"\n"):
-    size += read_exact(1)
-header = json.loads(read_exact(int(size)).decode("utf-8"))
-target, agent, where = header["target"], header["agent"], header["where"]
-# Whatever the login shell's rc files printed came before this line; the client skips it.
-sys.stdout.write("\n" + header["marker"] + "\n")
-sys.stdout.flush()
-if sys.version_info < (3, 8):
-    fail("%s: the agent needs Python 3.8+, %s is %d.%d" % ((where, sys.executable) + tuple(sys.version_info[:2])))
-python, flags, site_dir = sys.executable, [], None
-if target is not None:
-    path = os.path.abspath(os.path.expanduser(target))
-    if not os.path.exists(path):
-        fail("target does not exist on %s: %s" % (where, target))
-    if os.path.isfile(path):
-        if not os.access(path, os.X_OK):
-            fail("target on %s is a file but not an executable Python interpreter: %s" % (where, target))
-        python = path
-    else:
-        for candidate in ("python", "python3"):
-            if os.path.exists(os.path.join(path, "bin", candidate)):
-                python = os.path.join(path, "bin", candidate)
-                break
-        else:
-            try:
-                entries = os.listdir(path)
-            except OSError as e:
-                fail("cannot read target on %s: %s: %s" % (where, target, e.strerror))
-            if os.path.basename(path) in ("site-packages", "dist-packages") or [e for e in entries if e.endswith(".dist-info")]:
-                flags, site_dir = ["-I", "-S"], path
-            else:
-                fail("target on %s is not a Python environment (no bin/python), site-packages directory "
-                     "or interpreter: %s" % (where, target))
-program = agent
-if site_dir is not None:
-    # A bare site-packages directory: the agent runs isolated; every request names the directory.
-    program = (
-        "__name__ = 'speculators_patch_agent'\n"
-        "exec(compile(%r, 'agent.py', 'exec'))\n"
-        "_handle = handle\n"
-        "handle = lambda r: _handle(dict(r, site_packages=r.get('site_packages') or %r))\n"
-        "main()\n" % (agent, site_dir)
-    )
-try:
-    os.execv(python, [python] + flags + ["-c", program])
-except OSError as e:
-    fail("cannot run %s on %s: %s" % (python, where, e.strerror))
-'''
-
 # The remote command: POSIX sh finds python3 (else python) and runs the bootstrap. It is a
 # constant: nothing from the user is in it. ``sh -c`` keeps it independent of the login shell.
 # -S: the bootstrap needs no site-packages (it then ``exec``s the agent's interpreter).
@@ -111,11 +42,6 @@ _FIND_PYTHON = (
     'for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -S -c "$0"; fi; done; '
     'echo "speculators-patch: no python3 on the remote PATH" >&2; exit 127'
 )
-
-
-def bootstrap_program() -> str:
-    """The bootstrap as one ``python -c`` argument (base64 inside: no quotes, no newlines)."""
-    return 'import base64;exec(base64.b64decode("%s"))' % base64.b64encode(BOOTSTRAP.encode()).decode()
 
 
 def remote_command() -> str:
@@ -167,7 +93,7 @@ def _resolved(base: list[str], host: str) -> Resolved:
     except FileNotFoundError:
         raise UserError("no `ssh` client on this machine: install OpenSSH (e.g. apt-get install openssh-client)") from None
     if proc.returncode != 0:
-        raise UserError(f"ssh cannot use host {host}: {_last_line(proc.stderr) or 'ssh -G failed'}")
+        raise UserError(f"ssh cannot use host {host}: {last_line(proc.stderr) or 'ssh -G failed'}")
     return Resolved([(k, v) for k, _, v in (line.partition(" ") for line in proc.stdout.splitlines())])
 
 
@@ -252,11 +178,6 @@ def _agent_keys(resolved: dict[str, str]) -> str:
     return f"{listed.returncode}:" + hashlib.sha256(listed.stdout).hexdigest()
 
 
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
 def explain_ssh_failure(stderr: str, where: str, during: str, master_gone: bool = False) -> str:
     """One clear line for an ssh client failure (exit status 255), from its stderr.
     ``master_gone``: the session went through a shared connection (``reuse_options``)
@@ -275,16 +196,16 @@ def explain_ssh_failure(stderr: str, where: str, during: str, master_gone: bool 
     if "Connection refused" in text:
         return f"{where}: connection refused (is sshd running, and is the port right?)"
     if "timed out" in text or "Connection timed out" in text:
-        return f"{where}: connection timed out ({_last_line(text)})"
+        return f"{where}: connection timed out ({last_line(text)})"
     if "Could not resolve hostname" in text:
-        return f"{where}: cannot resolve host name ({_last_line(text)})"
+        return f"{where}: cannot resolve host name ({last_line(text)})"
     if master_gone or "Timeout, server" in text or "Broken pipe" in text or "closed by" in text or "Connection reset" in text:
         return (f"{where}: connection dropped {during}. A commit that had started finishes or rolls back "
                 f"on the remote side by itself; run `speculators-patch status` on it to see which")
     if not text.strip():  # ssh says nothing when the remote command dies of a signal
         return (f"{where}: the remote agent was killed {during}; a commit it had started is rolled back "
                 f"by the next speculators-patch command on that host")
-    return f"{where}: ssh failed {during}: {_last_line(text)}"
+    return f"{where}: ssh failed {during}: {last_line(text)}"
 
 
 def reuse_options(resolved: dict[str, str], persist: int) -> list[str]:
@@ -380,56 +301,6 @@ def user_multiplexing(base: list[str], config: str | None, host: str) -> bool:
     return seen.get("controlpath") != f"/{_MARK}" or seen.get("controlmaster") != "autoask"
 
 
-class BootstrapTransport(Transport):
-    """A transport whose process runs ``BOOTSTRAP`` on the far side's Python: the first
-    bytes on its stdin are the header (``--target``, the agent's source, a marker), and
-    everything it prints before the marker line is skipped. Subclasses set ``label`` before
-    calling ``__init__``, ``_header_where`` (the place the far side names in its messages),
-    ``_where`` (the place the client names) and ``_argv``."""
-
-    EXIT_WAIT = 60  # a remote agent may still be finishing a commit
-
-    def __init__(self, target: str | None) -> None:
-        super().__init__()
-        self.target = target
-        self.connections = 0
-        self._where = self._header_where = self.label
-
-    def __enter__(self) -> "BootstrapTransport":
-        super().__enter__()
-        self.connections += 1
-        header = json.dumps({"target": self.target, "agent": AGENT_PROGRAM, "where": self._header_where,
-                             "marker": self._marker.decode()}).encode()
-        # Written with the first request, back to back: starting the agent costs no round trip.
-        self._preamble = b"%d\n" % len(header) + header
-        self._header_size = b"%d" % len(header)
-        return self
-
-    def _where_text(self) -> str:
-        return self._where
-
-    def _is_echo(self, line: bytes) -> bool:
-        """Also the header's length line coming back (``cat`` sends it first)."""
-        return super()._is_echo(line) or line.rstrip(b"\r\n") == self._header_size
-
-    def _no_answer(self, op: str) -> str:
-        return self._failure(op)
-
-    def _not_json(self, line: bytes) -> str:
-        return f"{self._where}: unexpected output from the remote agent: {line[:200]!r}"
-
-    def _exit_code(self) -> int:
-        assert self._proc is not None
-        try:
-            return self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            return self._proc.wait()
-
-    def _failure(self, op: str) -> str:
-        raise NotImplementedError
-
-
 class SshTransport(BootstrapTransport):
     """The agent on ``host`` over a single ``ssh`` process (one connection per subcommand).
 
@@ -490,7 +361,7 @@ class SshTransport(BootstrapTransport):
         during = "while committing" if op == "commit" else "while reading"
         if code == 255 or code < 0:
             return explain_ssh_failure(stderr, self._where, during, master_gone=self._master_gone())
-        return f"{self._where}: remote agent ended (status {code}) {during}: {_last_line(stderr) or 'no output'}"
+        return f"{self._where}: remote agent ended (status {code}) {during}: {last_line(stderr) or 'no output'}"
 
 
     def _master_gone(self) -> bool:

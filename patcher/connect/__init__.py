@@ -1,0 +1,1 @@
+"""How the controller reaches a target's agent: locally, over SSH, or through an ``--exec`` command."""
