@@ -166,9 +166,14 @@ def _canonical(x: str, patches: tuple[Patch, ...]) -> str:
     return x.upper() if x.upper() in {p.id for p in patches} else x
 
 
-def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:
-    """Patches chosen by ``--only``/``--skip`` (ids or names). Raises ``UserError`` on unknown ids.
+def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | None = None) -> tuple[Patch, ...]:
+    """Patches chosen by ``--only``/``--skip`` (ids or names), in registry order.
 
+    ``keep`` says which ``requires`` links the choice must keep whole: ``"requires"`` (apply,
+    diff: a chosen patch needs what it requires chosen too), ``"dependents"`` (revert: dropping a
+    patch drops what requires it), ``None`` (status, verify: any choice reads fine).
+    Raises ``UserError`` (one line) on unknown ids, an id in both lists, an empty choice, or a
+    broken link of the kind ``keep`` names.
     """
     patches = all_patches()
     only = tuple(_canonical(x, patches) for x in only)
@@ -193,9 +198,10 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
     ids = {p.id for p in chosen}
     for patch in chosen:
         missing = [r for r in patch.requires if r not in ids]
-        if missing:
+        if keep == "requires" and missing:
             raise UserError(f"{patch.id} requires {', '.join(missing)}: select them together")
         dependents = sorted(p.id for p in patches if patch.id in p.requires and p.id not in ids)
-        if dependents:
-            raise UserError(f"{', '.join(dependents)} require(s) {patch.id}: select them together")
+        if keep == "dependents" and dependents:
+            raise UserError(f"{', '.join(dependents)} require(s) {patch.id}, so reverting {patch.id} alone would "
+                            f"leave them broken: select them together")
     return tuple(chosen)

@@ -44,7 +44,8 @@ class ActionModule(ActionBase):
 
         check = bool(self._task.check_mode)
         controller.use_patch_files(args["patch_files"])
-        chosen = select(tuple(args["only"]), tuple(args["skip"]))
+        chosen = select(tuple(args["only"]), tuple(args["skip"]),
+                        "requires" if args["state"] == "patched" else "dependents")
         cache = {"state": None}
 
         if args["state"] == "patched":
