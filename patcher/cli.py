@@ -63,11 +63,11 @@ def print_out(render: Callable[[Console], None]) -> None:
         sys.stdout.flush()
 
 
-def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None):
+def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None, applied: set[str] | None = None):
     """``patcher.registry.select``, imported on first use."""
     from patcher.registry import select as chosen
 
-    return chosen(only, skip, keep)
+    return chosen(only, skip, keep, applied)
 
 
 def escape(text: str) -> str:
@@ -948,7 +948,7 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
     """Restore the pristine files byte for byte (or drop only the selected patches)."""
     partial = bool(only or skip)
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_revert(t, s, select(only, skip, "dependents"), partial, force, dry_run)), as_json)
+                                lambda t, s: do_revert(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run)), as_json)
 
 
 @main.command()

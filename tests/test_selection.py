@@ -33,3 +33,16 @@ def test_revert_refuses_dropping_a_patch_its_dependents_need():
 def test_reading_verbs_take_any_choice():
     assert ids(select(("SP012",), ())) == ["SP012"]
     assert "SP010" not in ids(select((), ("SP010",)))
+
+
+def test_revert_counts_only_dependents_the_install_has():
+    """On vLLM 0.16 SP024 is never applied: reverting SP020 alone is fine there."""
+    assert ids(select(("SP020",), (), "dependents", {"SP020", "SP021"})) == ["SP020"]
+    with pytest.raises(UserError, match=r"^SP024 require\(s\) SP020"):
+        select(("SP020",), (), "dependents", {"SP020", "SP024"})
+
+
+def test_every_broken_link_is_named_at_once():
+    with pytest.raises(UserError) as refused:
+        select((), ("SP010",), "requires")
+    assert str(refused.value) == "SP022 requires SP010; SP012 requires SP010: select them together"
