@@ -63,11 +63,11 @@ def print_out(render: Callable[[Console], None]) -> None:
         sys.stdout.flush()
 
 
-def select(only: tuple[str, ...], skip: tuple[str, ...]):
+def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None, applied: set[str] | None = None):
     """``patcher.registry.select``, imported on first use."""
     from patcher.registry import select as chosen
 
-    return chosen(only, skip)
+    return chosen(only, skip, keep, applied)
 
 
 def escape(text: str) -> str:
@@ -730,9 +730,17 @@ def connection_options(f):
     f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
     f = click.option("--host", "hosts", multiple=True, metavar="HOST",
                      help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.")(f)
-    f = click.option("--target", metavar="PATH",
+    f = click.option("--target", metavar="PATH", multiple=True, callback=_one_target,
                      help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).")(f)
     return f
+
+
+def _one_target(ctx, param, values: tuple[str, ...]) -> str | None:
+    """``--target`` given once (or not): a second one is refused rather than silently winning."""
+    if len(values) > 1:
+        raise click.BadParameter(f"given {len(values)} times ({', '.join(values)}): one target per run; "
+                                 "several hosts take --host", ctx=ctx, param=param)
+    return values[0] if values else None
 
 
 def _read_hosts_file(path: str) -> list[str]:
@@ -869,7 +877,7 @@ def main() -> None:
 def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, adopt):
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_apply(t, s, select(only, skip), dry_run, adopt)), as_json)
+                                lambda t, s: do_apply(t, s, select(only, skip, "requires"), dry_run, adopt)), as_json)
 
 
 @main.command()
@@ -912,7 +920,7 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
 @target_options
 def diff(target, hosts, hosts_file, ssh_config, only, skip, as_json):
     """Print what apply would change as a unified diff; exit 1 when there are changes."""
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_diff(t, s, select(only, skip))), as_json)
+    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_diff(t, s, select(only, skip, "requires"))), as_json)
 
 
 @main.command()
@@ -940,7 +948,7 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
     """Restore the pristine files byte for byte (or drop only the selected patches)."""
     partial = bool(only or skip)
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_revert(t, s, select(only, skip), partial, force, dry_run)), as_json)
+                                lambda t, s: do_revert(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run)), as_json)
 
 
 @main.command()
@@ -971,6 +979,9 @@ def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float,
     transport.on_progress = lambda line: err.print(f"{host + ': ' if host else ''}{line}", markup=False)
     if snap.speculators_version is None:
         raise UserError(f"{transport.label}: speculators is not installed in this environment")
+    from patcher import engine
+
+    engine.check_supported(snap)  # a speculators no patch is written for: its generator is not ours to test
     report = summarize(run_remote(transport, snap, req, timeout))
     return Report({**_describe(snap), "ok": report["ok"], "selftest": report}, 0 if report["ok"] else 1,
                   lambda console: render(report, console))

@@ -167,9 +167,16 @@ def _canonical(x: str, patches: tuple[Patch, ...]) -> str:
     return x.upper() if x.upper() in {p.id for p in patches} else x
 
 
-def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:
-    """Patches chosen by ``--only``/``--skip`` (ids or names). Raises ``UserError`` on unknown ids.
+def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | None = None,
+           applied: set[str] | None = None) -> tuple[Patch, ...]:
+    """Patches chosen by ``--only``/``--skip`` (ids or names), in registry order.
 
+    ``keep`` says which ``requires`` links the choice must keep whole: ``"requires"`` (apply,
+    diff: a chosen patch needs what it requires chosen too), ``"dependents"`` (revert: dropping a
+    patch drops what requires it, of those in ``applied`` when given), ``None`` (status,
+    verify: any choice reads fine).
+    Raises ``UserError`` (one line, every broken link named) on unknown ids, an id in both
+    lists, an empty choice, or a broken link of the kind ``keep`` names.
     """
     patches = all_patches()
     only = tuple(_canonical(x, patches) for x in only)
@@ -192,11 +199,16 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patc
     if not chosen:
         raise UserError("--skip leaves no patch selected")
     ids = {p.id for p in chosen}
+    broken = []
     for patch in chosen:
         missing = [r for r in patch.requires if r not in ids]
-        if missing:
-            raise UserError(f"{patch.id} requires {', '.join(missing)}: select them together")
-        dependents = sorted(p.id for p in patches if patch.id in p.requires and p.id not in ids)
-        if dependents:
-            raise UserError(f"{', '.join(dependents)} require(s) {patch.id}: select them together")
+        if keep == "requires" and missing:
+            broken.append(f"{patch.id} requires {', '.join(missing)}")
+        dependents = sorted(p.id for p in patches if patch.id in p.requires and p.id not in ids
+                            and (applied is None or p.id in applied))
+        if keep == "dependents" and dependents:
+            broken.append(f"{', '.join(dependents)} require(s) {patch.id}, so reverting {patch.id} alone would "
+                          f"leave them broken")
+    if broken:
+        raise UserError(f"{'; '.join(broken)}: select them together")
     return tuple(chosen)

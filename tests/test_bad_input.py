@@ -42,7 +42,7 @@ def test_speculators_without_patches_is_left_alone(tmp_path, version):
 
     env = make_sandbox(tmp_path / "env", speculators=version)
     before = tree_digest(site_packages(env))
-    for command in ("apply", "diff", "verify", "status"):
+    for command in ("apply", "diff", "verify", "status", "selftest"):
         proc = run_cli(command, "--target", str(env))
         assert_refused(proc, f"speculators {version} is not supported: speculators-patch has no patches for it")
         assert "without patches" not in proc.stderr and "support vLLM" not in proc.stderr
@@ -148,3 +148,17 @@ def test_syntax_error_names_the_right_line(sandbox, site):
     lines.insert(20, "def broken(:\n")
     path.write_text("".join(lines))
     assert_refused(run_cli("apply", "--target", str(sandbox)), f"{GENERATOR}:21:")
+
+
+def test_target_given_twice_is_refused(sandbox, tmp_path):
+    """The last --target used to win silently: a typo'd fleet script would patch the wrong env."""
+    other = tmp_path / "other"
+    other.mkdir()
+    assert_refused(run_cli("status", "--target", str(sandbox), "--target", str(other)),
+                   "--target", "given 2 times")
+
+
+def test_skipping_a_required_patch_is_refused_naming_both(sandbox, site):
+    before = tree_digest(site)
+    assert_refused(run_cli("apply", "--target", str(sandbox), "--skip", "SP010"), "requires SP010")
+    assert tree_digest(site) == before

@@ -21,6 +21,7 @@ from patcher.engine import Snapshot
 from patcher.errors import UserError
 from patcher.selftest.remote import tiny_models
 from patcher.connect.transport import Transport
+from patcher.selftest.remote.run import NOISE_LIMIT
 
 REMOTE = Path(__file__).parent / "remote"
 MARKER = "@@speculators-patch-selftest@@"
@@ -185,4 +186,4 @@ def render(report: dict, console: Console) -> None:
     verdict = "OK" if report["ok"] else "FAILED"
     console.print(f"selftest: {verdict}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
                   f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
-                  f"min({report['bound']}, 1 - 4 x its own bf16 noise))")
+                  f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})")

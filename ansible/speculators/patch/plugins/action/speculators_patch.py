@@ -44,7 +44,8 @@ class ActionModule(ActionBase):
 
         check = bool(self._task.check_mode)
         controller.use_patch_files(args["patch_files"])
-        chosen = select(tuple(args["only"]), tuple(args["skip"]))
+        only, skip = tuple(args["only"]), tuple(args["skip"])
+        chosen = select(only, skip, "requires") if args["state"] == "patched" else None
         cache = {"state": None}
 
         if args["state"] == "patched":
@@ -55,6 +56,7 @@ class ActionModule(ActionBase):
                 return snap, engine.apply(transport, snap, chosen, dry_run=check, plans=plans)
         else:
             def attempt(snap):
+                chosen = select(only, skip, "dependents", snap.applied_ids())
                 return snap, engine.revert(transport, snap, chosen, partial=bool(args["only"] or args["skip"]),
                                            force=args["force"], dry_run=check)
 
