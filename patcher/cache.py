@@ -1,7 +1,8 @@
 """The controller's own cache: small JSON documents named by the digest of what they were
 computed from, so an entry can never answer for other inputs (docs/speed.md).
 
-Location: ``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``).
+Location: ``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``);
+plans in ``$SPECULATORS_PATCH_PLAN_CACHE`` where that is set.
 Every failure to read or write it is silent: the cache only ever saves time, the command
 then computes the answer itself. ``SPECULATORS_PATCH_NO_FAST_PATH=1`` turns off every fast
 path (this cache, the patch index and the manifest's record of checked patches), which is
@@ -35,6 +36,18 @@ def directory() -> Path:
     return base() / "fast"
 
 
+PLAN_CACHE = "SPECULATORS_PATCH_PLAN_CACHE"
+
+
+def folder(kind: str) -> Path:
+    """Where entries of ``kind`` live: ``directory()/kind``; plans (kind ``plans``) in
+    ``$SPECULATORS_PATCH_PLAN_CACHE`` when it is set (the CLI and the Ansible collection
+    share them)."""
+    if kind == "plans" and os.environ.get(PLAN_CACHE):
+        return Path(os.environ[PLAN_CACHE])
+    return directory() / kind
+
+
 def key(document: object) -> str:
     """sha256 (hex) of a JSON-able document, keys sorted."""
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
@@ -45,7 +58,7 @@ def load(kind: str, digest: str) -> object | None:
     if not enabled():
         return None
     try:
-        return json.loads((directory() / kind / f"{digest}.json").read_text(encoding="utf-8"))
+        return json.loads((folder(kind) / f"{digest}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -58,7 +71,7 @@ def store(kind: str, digest: str, document: object) -> None:
         data = json.dumps(document).encode()
     except (TypeError, ValueError):
         return
-    _write(directory() / kind / f"{digest}.json", data)
+    _write(folder(kind) / f"{digest}.json", data)
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -86,9 +99,9 @@ def locked(kind: str, digest: str) -> Iterator[None]:
     handle = None
     if enabled():
         try:
-            folder = directory() / kind / "locks"
-            folder.mkdir(parents=True, exist_ok=True)
-            handle = open(folder / f"{digest[:2]}.lock", "a")
+            locks = folder(kind) / "locks"
+            locks.mkdir(parents=True, exist_ok=True)
+            handle = open(locks / f"{digest[:2]}.lock", "a")
             fcntl.lockf(handle, fcntl.LOCK_EX)
         except OSError:
             if handle is not None:

@@ -43,6 +43,7 @@ class FilePlan:
     before: bytes
     after: bytes
     outcomes: list[Outcome] = field(default_factory=list)
+    reused: bool = False  # the outcomes came from the plan cache or the manifest's record: no codemod ran
 
     @property
     def changed(self) -> bool:

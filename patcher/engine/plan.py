@@ -20,22 +20,23 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...], adopting: bool = False) -> l
                         f"{' and '.join(sorted({p.speculators for p in chosen}))}, not {snap.speculators_version}; "
                         f"nothing was changed")
     chosen = fitting
-    for path in sorted({p.file for p in chosen}):
-        source = snap.files.get(path)
-        if source is None:
-            users = [p.id for p in chosen if p.file == path and p.origin != "shipped"]
-            if users:  # the user's patch names a file this speculators does not have
-                raise UserError(f"{', '.join(users)} patches {path}, which speculators {snap.speculators_version} "
-                                f"does not have (under {snap.speculators_root}); nothing was changed")
-            raise UserError(f"{path} not found under {snap.speculators_root}: "
-                            f"not a speculators {snap.speculators_version} layout")
-        recorded = snap.recorded(path)
-        if adopting and snap.file_state(path) == "modified":
-            plans.append(plan_file(snap, path, source, chosen, recorded, adopting=True))
-            continue
-        known = fast_path.outcomes(snap, path, source, chosen, recorded)
-        plans.append(plan_cache.plan_file(snap, path, source, chosen, recorded) if known is None
-                     else FilePlan(path, source, source, known))
+    with plan_cache.turn(snap, chosen):
+        for path in sorted({p.file for p in chosen}):
+            source = snap.files.get(path)
+            if source is None:
+                users = [p.id for p in chosen if p.file == path and p.origin != "shipped"]
+                if users:  # the user's patch names a file this speculators does not have
+                    raise UserError(f"{', '.join(users)} patches {path}, which speculators {snap.speculators_version} "
+                                    f"does not have (under {snap.speculators_root}); nothing was changed")
+                raise UserError(f"{path} not found under {snap.speculators_root}: "
+                                f"not a speculators {snap.speculators_version} layout")
+            recorded = snap.recorded(path)
+            if adopting and snap.file_state(path) == "modified":
+                plans.append(plan_file(snap, path, source, chosen, recorded, adopting=True))
+                continue
+            known = fast_path.outcomes(snap, path, source, chosen, recorded)
+            plans.append(plan_cache.plan_file(snap, path, source, chosen, recorded) if known is None
+                         else FilePlan(path, source, source, known, reused=True))
     return plans
 
 

@@ -13,8 +13,9 @@ stored; the next run tries again and refuses in the same words.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from patcher.patch import Patch
 
 KIND = "plans"
+TURNS = "plan-turns"
 
 
 def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
@@ -55,6 +57,22 @@ def _load(entry: object, path: str, source: bytes, patches: list[Patch]) -> File
     by_id = {p.id: p for p in patches}
     try:
         outcomes = [Outcome(by_id[pid], state, detail) for pid, state, detail in entry["outcomes"]]
-        return FilePlan(path, source, base64.b64decode(entry["after"]), outcomes)
+        return FilePlan(path, source, base64.b64decode(entry["after"]), outcomes, reused=True)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+@contextlib.contextmanager
+def turn(snap: Snapshot, chosen: tuple[Patch, ...]) -> Iterator[None]:
+    """Hosts planning the very same files with the same patches take turns for the whole
+    set, so that the first plans every file and the others read every one (``FilePlan.reused``
+    then says which host planned: the Ansible collection reports it as ``plan_cache``)."""
+    tool = tool_digest()
+    if tool is None or not cache.enabled():
+        yield
+        return
+    key = cache.key({"turn": tool, "python": snap.python_version, "manifest": snap.manifest_sha256,
+                     "files": {p: None if d is None else hashlib.sha256(d).hexdigest() for p, d in sorted(snap.files.items())},
+                     "patches": [[p.id, p.version, p.source_sha256] for p in chosen]})
+    with cache.locked(TURNS, key):  # its own lock files: a turn is held while plan entries are locked
+        yield

@@ -281,11 +281,11 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
 def test_verify_shows_evidence_with_brackets_as_found(envs, tmp_path, monkeypatch):
     """Evidence text is shown as read, not taken for rich markup: 0.33's
     ``kv_cache_specs: dict[str, KVCacheSpec]`` (SP023's fact) was shown as ``dict``."""
-    import patcher.cli
+    import patcher.cli.render
     from rich.console import Console
 
     env = tmp_path / "env"
     copy_env(envs["0.33.0"], env)
-    monkeypatch.setattr(patcher.cli, "_console", lambda: Console(highlight=False, width=400))
+    monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False).output
     assert "_get_kv_cache_groups_uniform_spec(kv_cache_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]" in text

@@ -10,7 +10,7 @@ import pytest
 
 from support import run_cli, tree_digest
 from patcher.errors import UserError
-from patcher.fanout import run_many
+from patcher.cli.fanout import run_many
 from sandbox import make_sandbox, site_packages
 from loopback import USER
 from sshfixtures import *  # noqa: F403  (fixtures)
@@ -106,7 +106,7 @@ def _probe(in_flight: list[int], peak: list[int], lock):
 @pytest.mark.parametrize("jobs", [1, 3])
 def test_concurrency_is_bounded(monkeypatch, capsys, jobs):
     """run_many itself (no SSH): never more than ``jobs`` hosts at once; failures recorded."""
-    import patcher.fanout as fanout
+    import patcher.cli.fanout as fanout
 
     monkeypatch.setattr(fanout, "_pool", fanout.ThreadPoolExecutor)  # to count in-flight calls
     in_flight, peak = [0], [0]
@@ -136,7 +136,7 @@ def _verify_reports(codes: dict[str, int]):
     pytest.param({"a": 0, "b": 0}, 0, id="all ok"),
 ])
 def test_unproven_hosts_are_told_apart_from_broken_ones(monkeypatch, capsys, codes, combined):
-    import patcher.fanout as fanout
+    import patcher.cli.fanout as fanout
 
     monkeypatch.setattr(fanout, "_pool", fanout.ThreadPoolExecutor)
     assert run_many(list(codes), _verify_reports(codes), as_json=True, jobs=2) == combined

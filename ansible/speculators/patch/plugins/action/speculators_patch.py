@@ -3,10 +3,11 @@
 # Apache License 2.0 (see the repository's LICENSE)
 """Controller half of ``speculators.patch.speculators_patch`` (the module's docs: modules/).
 
-Reads the target through the agent (one module run: ``inspect``), plans with the libcst
-codemods of the speculators-patch installed here (from the plan cache when another host or
-worker already planned the same bytes), and, unless in check mode, commits through the
-agent (a second module run: ``commit``, all-or-nothing under the lock on the host).
+Reads the target through the agent (one module run: ``inspect``), then runs the CLI's own
+verbs (``patcher.commands``: apply or revert, with their refusals) with the speculators-patch
+installed here -- its plans from the plan cache the CLI uses when another host or worker
+already planned the same bytes -- and, unless in check mode, commits through the agent (a
+second module run: ``commit``, all-or-nothing under the lock on the host).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.speculators.patch.plugins.plugin_utils import controller
-from ansible_collections.speculators.patch.plugins.plugin_utils.controller import describe, run_task, text, with_reread
+from ansible_collections.speculators.patch.plugins.plugin_utils.controller import plan_cache_state, run_task, task_target, text
 
 MODULE = "speculators.patch.speculators_patch"
 
@@ -40,40 +41,34 @@ class ActionModule(ActionBase):
 
     def _work(self, args: dict, transport) -> dict:
         from patcher import engine
+        from patcher.commands.apply import apply
+        from patcher.commands.common import with_reread
+        from patcher.commands.status import revert
         from patcher.registry import select
 
         check = bool(self._task.check_mode)
         controller.use_patch_files(args["patch_files"])
         only, skip = tuple(args["only"]), tuple(args["skip"])
-        chosen = select(only, skip, "requires") if args["state"] == "patched" else None
-        cache = {"state": None}
+        patched = args["state"] == "patched"
+        chosen = select(only, skip, "requires") if patched else None
 
-        if args["state"] == "patched":
-            def attempt(snap):
-                engine.check_supported(snap)
-                engine.check_covered(snap)
-                plans, cache["state"] = controller.PlanCache().plans(snap, chosen, transport.inspected)
-                return snap, engine.apply(transport, snap, chosen, dry_run=check, plans=plans)
-        else:
-            def attempt(snap):
-                chosen = select(only, skip, "dependents", snap.applied_ids())
-                return snap, engine.revert(transport, snap, chosen, partial=bool(args["only"] or args["skip"]),
-                                           force=args["force"], dry_run=check)
+        def attempt(snap):  # the CLI's verbs: apply (its checks on the result are verify's task) and revert
+            if patched:
+                return apply(transport, snap, chosen, dry_run=check, verify_after=False)
+            return revert(transport, snap, select(only, skip, "dependents", snap.applied_ids()),
+                          partial=bool(only or skip), force=args["force"], dry_run=check)
 
-        snap, outcome = with_reread(transport, attempt)
+        snap, done = with_reread(transport, engine.read_snapshot(transport), None, attempt)
+        outcome = done.result
         changing = [p for p in outcome.plans if p.changed]
         changed = bool(changing) if check else bool(outcome.written)
-        result = {**describe(snap), "changed": changed, "written": outcome.written,
+        result = {**task_target(snap), "changed": changed, "written": outcome.written,
                   "files": [{"path": p.path, "state": snap.file_state(p.path),
                              "before_sha256": engine.sha256(p.before), "after_sha256": engine.sha256(p.after),
                              "changed": p.changed} for p in outcome.plans]}
-        if args["state"] == "patched":
-            result["plan_cache"] = cache["state"]
-            result["patches"] = [
-                {"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
-                 "state": "applied-now" if (o.state == "pending" and outcome.written) else o.state,
-                 "detail": o.detail}
-                for p in outcome.plans for o in p.outcomes]
+        if patched:
+            result["plan_cache"] = plan_cache_state(outcome.plans)
+            result["patches"] = done.rows
         if self._task.diff and changing:
             result["diff"] = [{"before_header": f"a/{p.path}", "after_header": f"b/{p.path}",
                                "before": text(p.before), "after": text(p.after)} for p in changing]

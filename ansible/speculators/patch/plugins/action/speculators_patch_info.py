@@ -5,7 +5,7 @@
 
 Reads the target through the agent (``inspect``; with ``verify`` also ``sources``), then
 computes what ``speculators-patch status --json`` and ``verify --json`` report, with the
-same functions. Never commits: the info module refuses every write request.
+same verbs (``patcher.commands``). Never commits: the info module refuses every write request.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.speculators.patch.plugins.plugin_utils import controller
-from ansible_collections.speculators.patch.plugins.plugin_utils.controller import describe, run_task
+from ansible_collections.speculators.patch.plugins.plugin_utils.controller import plan_cache_state, run_task, task_target
 
 MODULE = "speculators.patch.speculators_patch_info"
 
@@ -41,24 +41,20 @@ class ActionModule(ActionBase):
 
     def _work(self, args: dict, transport) -> dict:
         from patcher import engine
-        from patcher.cli import do_verify
+        from patcher.commands.status import status
+        from patcher.commands.verify import verify
         from patcher.registry import select
-        from patcher.verify import recorded_states
 
         controller.use_patch_files(args["patch_files"])
         chosen = select(tuple(args["only"]), tuple(args["skip"]))
         snap = engine.read_snapshot(transport)
-        engine.check_supported(snap)
-        plans, cache = controller.PlanCache().plans(snap, chosen, transport.inspected)
-        moved = recorded_states(snap, plans)
-        patches = [{"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
-                    "state": moved.get(o.patch.id, o.state), "detail": o.detail}
-                   for p in plans for o in p.outcomes]
-        result = {**describe(snap), "changed": False, "plan_cache": cache,
-                  "status": {"files": {p.path: snap.file_state(p.path) for p in plans}, "patches": patches}}
+        found = status(snap, chosen)  # the CLI's status: stale and source-changed rows included
+        patches = found.rows
+        result = {**task_target(snap), "changed": False, "plan_cache": plan_cache_state(found.plans),
+                  "status": {"files": found.files, "patches": patches}}
         if args["verify"]:
-            report = do_verify(transport, snap, chosen)
-            result["verify"] = {k: v for k, v in report.data.items() if k not in _DESCRIBE}
+            _, data = verify(transport, snap, chosen)
+            result["verify"] = {k: v for k, v in data.items() if k not in _DESCRIBE}
         pending = sorted(r["id"] for r in patches if r["state"] == "pending")
         ok = result.get("verify", {}).get("ok")
         result["msg"] = (f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: "

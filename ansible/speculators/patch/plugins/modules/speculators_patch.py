@@ -75,7 +75,7 @@ attributes:
     support: full
 notes:
   - A failure leaves the install untouched and fails the task with speculators-patch's one-line message.
-  - The plan cache lives in C($SPECULATORS_PATCH_PLAN_CACHE), default C(~/.cache/speculators-patch/plans) on the controller.
+  - Plans are the CLI's, from its plan cache on the controller, C($SPECULATORS_PATCH_PLAN_CACHE), default C(~/.cache/speculators-patch/fast/plans).
 """
 
 EXAMPLES = r"""
@@ -141,7 +141,7 @@ written:
   type: list
   elements: str
 plan_cache:
-  description: C(hit) when the plan came from the controller's cache, C(miss) when this host computed it.
+  description: C(hit) when every file's plan was read (the controller's plan cache, or the record of an earlier apply), C(miss) when this host computed one.
   returned: success, with state=patched
   type: str
 msg:

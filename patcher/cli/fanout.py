@@ -87,7 +87,7 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
     try:
         report = command(host)
     except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group)
-        from patcher.cli import interrupted_message
+        from patcher.cli.render import interrupted_message
 
         return HostResult(host, "failed", 130, interrupted_message(), time.monotonic() - start)
     except Interrupted as e:  # during this host's commit: what became of it
@@ -238,7 +238,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     if as_json:
         click.echo(json.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
     else:
-        from patcher.cli import print_out
+        from patcher.cli.render import print_out
 
         print_out(lambda console: console.print(summary_table(ordered)))
         counts = {o: sum(r.outcome == o for r in ordered) for o in dict.fromkeys(r.outcome for r in ordered)}

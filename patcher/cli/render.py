@@ -1,0 +1,214 @@
+"""What the command line prints: the console, the tables, the verdict lines and the advice
+with this run's own target options (``speculators-patch verify --host ...``)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from patcher.commands.verify import InstallCheck
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
+    from patcher.verify import CallsCheck
+
+
+def _console() -> Console:
+    """The console for standard output. sys.stdout is None when the tool is started with
+    standard output closed (``>&-``); that is refused in one line by ``_Group.main``."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 120)
+
+
+def print_out(render: Callable[[Console], None]) -> None:
+    """Run ``render`` on the standard output console. Piped or redirected (no terminal), the
+    text is 120 columns wide and every line loses the trailing spaces rich pads tables
+    and titles with, so ``grep``, ``diff`` and logs see only what was written; on a terminal
+    it prints as it renders. (What ``render`` writes to ``sys.stdout`` itself, a diff, is
+    passed through untouched.)"""
+    console = _console()
+    if sys.stdout.isatty():
+        render(console)
+        return
+    with console.capture() as captured:
+        render(console)
+    text = captured.get()
+    if text:
+        sys.stdout.write("\n".join(line.rstrip() for line in text.split("\n")))
+        sys.stdout.flush()
+
+
+def escape(text: str) -> str:
+    """rich markup escaped (``rich.markup.escape``, imported on first use)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+@dataclass
+class Report:
+    """What one subcommand produced for one target: JSON data, exit code, and a renderer."""
+
+    data: dict
+    exit_code: int = 0
+    render: Callable[[Console], None] = lambda console: None
+    notes: list[str] = field(default_factory=list)
+
+
+APPLY_WORDS = {"applied-now": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}
+
+
+DRY_RUN_WORDS = {"pending": "would apply", "applied": "applied earlier", "satisfied": "already satisfied"}
+
+
+def outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = None) -> Table:
+    from rich.table import Table
+
+    from patcher.registry import all_patches
+    from patcher.userpatches.loader import describe
+
+    table = Table(title=title, title_justify="left")
+    by_id = {p.id: p for p in all_patches()}
+    users = any(by_id[r["id"]].origin != "shipped" for r in rows)  # the origin column only where it says something
+    for col in ("patch", "state", "title", *(("origin",) if users else ())):
+        # long origins (paths) fold rather than lose their middle, and never squeeze the ids
+        table.add_column(col, no_wrap=col == "patch" and users, overflow="fold" if col == "origin" else "ellipsis")
+    colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
+              "stale": "red", "fact-missing": "red", "source-changed": "red"}
+    for r in sorted(rows, key=lambda r: r["id"]):
+        word = (words or {}).get(r["state"], r["state"])
+        if r.get("file_modified"):
+            word, r = f"{word} (file modified)", {**r, "state": "refused"}  # red: not vouched for
+        origin = (escape(describe(by_id[r["id"]])) if by_id[r["id"]].origin != "shipped" else "",) if users else ()
+        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", by_id[r["id"]].title, *origin)
+    return table
+
+
+def verdict_line(check: InstallCheck) -> str:
+    """The one-line verdict ``verify`` ends with (``apply`` too, when it is not OK)."""
+    if check.ok:
+        return "[green]verify: OK[/]"
+    if check.only_unproven:  # what is missing and how to get it
+        return f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(check.unproven)}"
+    return f"[red]verify: FAILED[/] ({', '.join(check.failing)})"
+
+
+def render_findings(console: Console, check: InstallCheck, snap: Snapshot, transport: Transport) -> None:
+    """What failed besides the tables: user patch sources, modified files; the proof."""
+    from patcher import proven
+
+    for c in check.changed_sources:
+        console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
+                      f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
+                      f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
+    for path in check.modified:
+        console.print(f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
+                      f"file, so the patches recorded for it are not vouched for): "
+                      f"`{escape(again('apply', transport))} --adopt` keeps it as the new pristine copy and patches it; "
+                      f"`{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)",
+                      soft_wrap=True)
+    if check.unproven and not check.only_unproven:  # else the verdict line says it
+        console.print(f"[red]{escape(check.unproven)}[/]")
+    elif not check.unproven:
+        gpu = "" if any(d != proven.CPU for d in check.devices) else (
+            "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
+        console.print(f"engine proof for this vLLM release: {escape('; '.join(check.devices))}{gpu}")
+
+
+def again(subcommand: str, transport: Transport) -> str:
+    """``speculators-patch SUBCOMMAND`` as this run reached its target (``--host``/``--exec``,
+    ``--ssh-config``, ``--target``, ``--patch-file``): advice copied from the output acts on
+    the environment that was checked, not on the active one."""
+    import shlex
+
+    from patcher.connect.exec import ExecTransport
+    from patcher.connect.ssh import SshTransport
+
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx else {}
+    words = ["speculators-patch", subcommand]
+    if isinstance(transport, ExecTransport):
+        words += ["--exec", transport.command]
+    elif isinstance(transport, SshTransport):
+        words += ["--host", transport.host] + (["--ssh-config", transport.ssh_config] if transport.ssh_config else [])
+    target = params.get("target")
+    if target:
+        words += ["--target", target]
+    for path in (ctx.meta.get("speculators_patch.patch_files") if ctx else None) or ():
+        words += ["--patch-file", path]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def with_target(hint: str, transport: Transport) -> str:
+    """A hint's ``speculators-patch apply``/``revert`` with this run's target options."""
+    for sub in ("revert", "apply"):
+        hint = hint.replace(f"speculators-patch {sub}", again(sub, transport))
+    return hint
+
+
+# verify reads source; what it cannot see, selftest runs (printed under every verdict).
+SELFTEST_HINT = ("verify reads source only: this box's device, attention backend and parallel layout are "
+                 "not in it; 'speculators-patch selftest' runs the extraction here and compares it with transformers")
+
+
+def render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
+    """The call-site check: each call into vLLM that does not fit, with both file:lines."""
+    title = f"calls from speculators into vLLM {snap.vllm.version} ({len(calls.checked)} checked, static)"
+    errors = sum(f.severity == "error" for f in calls.findings)
+    if not calls.findings:
+        console.print(f"{title}: every call fits")
+    else:
+        console.print(f"{title}: {errors} break(s), {len(calls.findings) - errors} note(s)")
+    for f in calls.findings:
+        mark = "[red]break[/]" if f.severity == "error" else "[dim]note[/]"
+        console.print(f"  {mark} {escape(f'{f.where}: {f.call}: {f.detail}')}")
+        console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
+    if calls.runtime is not None:
+        rt = calls.runtime
+        console.print(f"runtime reading (vLLM {rt.vllm_version} imported by the target, {rt.wall_seconds:.1f} s): "
+                      f"{len(rt.findings)} finding(s), "
+                      + ("[green]agrees with the static reading[/]" if not rt.disagreements
+                         else f"[red]{len(rt.disagreements)} disagreement(s) with the static reading[/]"))
+        for line in rt.disagreements:
+            console.print(f"  {escape(line)}")
+
+
+def render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
+    """What importing the generator runs (transformers, vLLM), and the model runner switch."""
+    imports = calls.imports
+    if imports is not None:
+        errors = sum(f.severity == "error" for f in imports.findings)
+        title = (f"imports on the generator's import path ({len(imports.modules)} speculators modules, "
+                 f"{imports.checked} imports resolved, static)")
+        console.print(f"{title}: " + ("every import resolves" if not imports.findings
+                                       else f"{errors} break(s), {len(imports.findings) - errors} note(s)"))
+        for f in imports.findings:
+            mark = "[red]break[/]" if f.severity == "error" else "[dim]note[/]"
+            console.print(f"  {mark} {escape(f'{f.where}: {f.statement}: {f.detail}')}")
+    runner = calls.runner
+    if runner is not None:
+        mark = {"error": "[red]break[/]", "warning": "[yellow]warning[/]"}.get(runner.severity, "[dim]note[/]")
+        console.print(f"model runner: {mark} {escape(runner.message)}")
+        console.print(f"        vLLM {escape(f'{runner.where}: {runner.found}')}")
+
+
+# The exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED_EXIT = 130
+
+
+def interrupted_message() -> str:
+    """After Ctrl-C outside a commit: what this run had already written, or that it wrote nothing."""
+    from patcher.connect.transport import COMMITTED
+
+    done = [(label, files) for label, files in COMMITTED if files]
+    if not done:
+        return "interrupted (Ctrl-C) before anything was written: nothing changed"
+    return "interrupted (Ctrl-C) after this run's commit: " + "; ".join(
+        f"{label}: {len(files)} file(s) written ({', '.join(files)})" for label, files in done)

@@ -1,0 +1,116 @@
+"""``apply``, and ``diff`` (what apply would write), as data."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches
+from patcher.errors import UserError
+
+if TYPE_CHECKING:
+    from patcher.commands.verify import InstallCheck
+    from patcher.connect.transport import Transport
+    from patcher.engine import CommitResult, FilePlan, Snapshot
+
+
+@dataclass
+class Applied:
+    """What ``apply`` did: the engine's ``result`` (its plans, the files written), a row per
+    patch (``state`` ``applied-now`` for what this run wrote), the files that would change
+    (a dry run), the files modified after patching, and (unless a dry run, or not asked for)
+    verify's checks on the result."""
+
+    result: CommitResult
+    rows: list[dict]
+    changed: list[str]
+    modified: set[str]
+    check: InstallCheck | None
+    data: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """verify's exit code on the result (0 when none was made)."""
+        return 0 if self.check is None else self.check.exit_code
+
+
+def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False,
+          verify_after: bool = True, advise: Callable[[str], str] = str) -> Applied:
+    """``apply``, then (unless ``dry_run``, or ``verify_after`` is False) every check
+    ``verify`` makes on the result (its ``sources`` request rides on the commit, so it
+    costs no round trip of its own). Refuses an unsupported target, a vLLM change no patch
+    covers, and a user patch whose file changed since it was applied."""
+    from patcher import engine
+    from patcher.commands.verify import check_install
+    from patcher.verify import send_calls_ahead
+
+    engine.check_supported(snap)
+    engine.check_covered(snap)
+    refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
+    check_after = verify_after and not dry_run
+    if check_after:
+        send_calls_ahead(transport, snap)
+    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
+    rows = outcome_rows(result.plans)
+    if result.written:  # in JSON as in text: what this run applied, not what was pending
+        for row in rows:
+            row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
+    changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
+    check = check_install(transport, engine.after(snap, result), {p.id for p in chosen}, advise=advise) if check_after else None
+    modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
+    for row in rows:
+        if row["file"] in modified:
+            row["file_modified"] = True
+    data = {**describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
+            "verify": None if check is None else {"ok": check.ok, "failing": check.failing}}
+    return Applied(result, rows, changed, modified, check, data)
+
+
+@dataclass
+class Diffed:
+    """What ``apply`` would write: the plans, their unified diff, and the data of ``diff --json``."""
+
+    plans: list[FilePlan]
+    text: str
+    data: dict
+
+
+def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
+    """The plans and their unified diff, refusing what ``apply`` would refuse."""
+    from patcher import engine
+
+    engine.check_supported(snap)
+    engine.check_covered(snap)
+    refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
+    plans = engine.plan(snap, chosen)
+    refused = engine.refusals(plans)
+    if refused:
+        raise UserError(refused[0])
+    engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
+    text = unified_diff(plans)
+    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans)})
+
+
+def _text(source: bytes) -> str:
+    """Source bytes as text, in the encoding its coding cookie declares (PEP 263)."""
+    import io
+    import tokenize
+
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
+        return source.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeError):
+        return source.decode("utf-8", "replace")
+
+
+def unified_diff(plans: list[FilePlan]) -> str:
+    """The changed files of ``plans`` as one unified diff (``a/PATH``, ``b/PATH``)."""
+    chunks = []
+    for p in plans:
+        if p.changed:
+            chunks += difflib.unified_diff(
+                _text(p.before).splitlines(True), _text(p.after).splitlines(True),
+                f"a/{p.path}", f"b/{p.path}",
+            )
+    return "".join(chunks)

@@ -1,0 +1,105 @@
+"""What every verb shares: the target described, the notes under a result, the rows of
+patch outcomes, the rule for user patches edited since they were applied, and the retry
+when another writer got there first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+from patcher.errors import UserError
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import FilePlan, Snapshot
+
+T = TypeVar("T")
+
+
+def describe(snap: Snapshot) -> dict:
+    """Where the target is: the keys every verb's data starts with."""
+    return {
+        "target": snap.label,
+        "python": snap.python,
+        "site_packages": snap.site_packages,
+        "speculators": snap.speculators_version,
+        "speculators_root": snap.speculators_root,
+        "editable_source": snap.editable_source,
+        "vllm": snap.vllm.version if snap.vllm else None,
+    }
+
+
+def notes(snap: Snapshot) -> list[str]:
+    """What the user should know about the install whatever the verb (one line each)."""
+    notes = []
+    if snap.editable_source:
+        notes.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
+    if snap.recovered:
+        notes.append("an interrupted commit was found and rolled back: the install is as it was before it")
+    elif snap.journal_pending:
+        notes.append(f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
+                     "(read-only?) and will be on the next writable run")
+    return notes
+
+
+def outcome_rows(plans: list[FilePlan]) -> list[dict]:
+    """One row per patch and file: id, name, version, file, state, detail and, for a user
+    patch, where it comes from."""
+    from patcher.userpatches.loader import origin_fields
+
+    return [
+        {"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
+         "state": o.state, "detail": o.detail, **origin_fields(o.patch)}
+        for p in plans for o in p.outcomes
+    ]
+
+
+def source_changes(snap: Snapshot) -> list[dict]:
+    """Loaded user patches applied to ``snap`` whose source changed since they were applied."""
+    from patcher.registry import user_patches
+    from patcher.userpatches import record
+
+    return record.source_changes(snap.manifest, user_patches(), snap.applied_ids())
+
+
+def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None:
+    """Raise ``UserError`` (the way out named) when ``what`` would apply one of ``ids``
+    whose file changed since it was applied (``source_changes``), whatever the version:
+    the installed code is the old fix, which the new codemod would meet as unknown code."""
+    for change in source_changes(snap):
+        pid = change["id"]
+        if pid in ids:
+            raise UserError(f"{pid} was applied from {change['recorded_source'] or 'another file'} (sha256 "
+                            f"{change['recorded_sha256'][:12]}); {change['source']} now differs (sha256 "
+                            f"{change['sha256'][:12]}), and {what} would apply it over the old fix: "
+                            f"'revert --only {pid}' first (it needs no old file), then apply the new one")
+
+
+def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
+    """In ``status``/``verify`` rows: a user patch in ``changes`` (``source_changes``) is
+    still applied (from its earlier source), not "refused"; ``key`` (state or verdict)
+    says its source changed."""
+    edited = {c["id"]: c for c in changes}
+    for row in rows:
+        if row["id"] in edited:
+            row[key] = "source-changed"
+            row["detail" if key == "state" else "hint"] = (
+                f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
+                f"'revert --only {row['id']}', then apply the new one")
+
+
+def with_reread(transport: Transport, snap: Snapshot, site_packages: str | None, attempt: Callable[[Snapshot], T],
+                retry: bool = True) -> tuple[Snapshot, T]:
+    """``attempt(snap)``, again on a fresh snapshot (up to five times in all) when a file
+    changed between the read and the commit (``changed-since-read``: another node applied
+    meanwhile; each retry follows another writer's success). Returns the snapshot the
+    answer was made on, and the answer."""
+    from patcher import engine
+
+    for tries in range(1, 6):
+        try:
+            return snap, attempt(snap)
+        except UserError as e:
+            if not (retry and tries < 5 and str(e).startswith("changed-since-read")):
+                raise
+            snap = engine.read_snapshot(transport, site_packages)
+    raise AssertionError("unreachable")

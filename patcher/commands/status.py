@@ -1,0 +1,65 @@
+"""``status`` and ``revert``, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from patcher.commands.common import describe, mark_edited, outcome_rows, refuse_edited_user_patches, source_changes
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import CommitResult, FilePlan, Snapshot
+
+
+@dataclass
+class Status:
+    """Each file's state and each patch's row (``stale``: applied by us for another vLLM;
+    ``source-changed``: a user patch whose file changed since it was applied)."""
+
+    plans: list[FilePlan]
+    rows: list[dict]
+    files: dict[str, str]
+    data: dict
+
+
+def status(snap: Snapshot, chosen) -> Status:
+    """``status``: what ``apply`` would find, file by file and patch by patch."""
+    from patcher import engine
+    from patcher.verify import recorded_states
+
+    engine.check_supported(snap)
+    plans = engine.plan(snap, chosen)
+    rows = outcome_rows(plans)
+    moved = recorded_states(snap, plans)  # applied by us for another vLLM (upgraded or downgraded since)
+    for r in rows:
+        r["state"] = moved.get(r["id"], r["state"])
+    mark_edited(source_changes(snap), rows, "state")
+    files = {p.path: snap.file_state(p.path) for p in plans}
+    return Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows})
+
+
+@dataclass
+class Reverted:
+    """What ``revert`` did (or, a dry run, would do): the engine's result, the files changed."""
+
+    result: CommitResult
+    changed: list[str]
+    data: dict
+
+
+def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Reverted:
+    """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
+    patches. A partial revert replays the patches it keeps from the pristine copies, so it
+    refuses when one of those is a user patch whose file changed since it was applied."""
+    from patcher import engine
+
+    if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
+        ids = {p.id for p in chosen}
+        entries = (snap.manifest or {}).get("files", {})
+        replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
+        refuse_edited_user_patches(snap, replayed - ids, "this revert")
+    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
+    changed = [p.path for p in result.plans if p.changed]
+    return Reverted(result, changed, {**describe(snap), "dry_run": dry_run, "written": result.written,
+                                      "would_change": changed})

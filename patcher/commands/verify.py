@@ -1,0 +1,120 @@
+"""``verify``: every check of an install -- the vLLM facts and patch verdicts, the calls,
+the imports, the model runner, user patches edited since applied, files modified after
+patching, and the engine proof -- as data (``apply`` runs the same checks on what it wrote)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from patcher.commands.common import describe, mark_edited, source_changes
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
+    from patcher.verify import CallsCheck
+
+# verify's exit code when every static check passes but the installed vLLM's release has no
+# engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
+UNPROVEN = 3
+
+
+@dataclass
+class InstallCheck:
+    """What ``verify`` checks, for one target: the vLLM facts and the patch verdicts (rows,
+    narrowed by ``--only``/``--skip``), the call, import and model-runner checks, the engine
+    proof (``unproven``: why there is none; ``devices``: where the release was proven), user
+    patches whose source changed, and files modified after patching. ``failing`` names each
+    failed part in words; ``ok`` when none failed."""
+
+    facts: list
+    rows: list[dict]
+    calls: CallsCheck
+    unproven: str | None
+    changed_sources: list[dict]
+    modified: list[str]
+    failing: list[str]
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no part failed (``verify``'s exit 0)."""
+        return not self.failing
+
+    @property
+    def only_unproven(self) -> bool:
+        """Every static check passes; only the engine proof is missing."""
+        return self.failing == [NO_PROOF]
+
+    @property
+    def exit_code(self) -> int:
+        """0 OK, ``UNPROVEN`` (3) when only the engine proof is missing, else 1."""
+        return 0 if self.ok else UNPROVEN if self.only_unproven else 1
+
+
+NO_PROOF = "no engine proof for this vLLM"
+
+
+def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: bool = False,
+                  advise: Callable[[str], str] = str) -> InstallCheck:
+    """Every check ``verify`` makes on ``snap`` (one ``sources`` exchange, or none when it
+    was sent ahead: ``verify.send_calls_ahead``). ``ids``: the patches whose verdicts count;
+    ``advise``: a fix hint as this caller words it (the CLI adds its target options)."""
+    from patcher import proven
+    from patcher.verify import verify, verify_calls
+
+    facts, checks = verify(snap)
+    facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
+    calls = verify_calls(transport, snap, runtime)
+    unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
+    proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
+    changed_sources = [c for c in source_changes(snap) if c["id"] in ids]
+    rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict,
+             "hint": advise(c.hint)} for c in checks]
+    mark_edited(changed_sources, rows, "verdict")
+    modified = sorted(p for p in (snap.manifest or {}).get("files", {}) if snap.file_state(p) == "modified")
+    failing = [what for what, bad in (
+        ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
+        ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
+        ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
+        (NO_PROOF, bool(unproven))) if bad]
+    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices)
+
+
+def _release(minor: tuple[int, int] | None) -> str | None:
+    return None if minor is None else ".".join(map(str, minor))
+
+
+def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
+           advise: Callable[[str], str] = str) -> tuple[InstallCheck, dict]:
+    """``verify``: every check of ``check_install``, and its evidence as data (``verify
+    --json``); ``--only``/``--skip`` (``chosen``) narrow the patch checks, not the call check."""
+    from patcher import engine, proven
+
+    engine.check_supported(snap)
+    ids = {p.id for p in chosen}
+    check = check_install(transport, snap, ids, runtime, advise)
+    facts, rows, calls, unproven, changed_sources = check.facts, check.rows, check.calls, check.unproven, check.changed_sources
+    ok = check.ok
+    data = {
+        **describe(snap),
+        "ok": ok,
+        "facts": [{"patch": f.patch.id, "symbol": f.fact.symbol, "summary": f.fact.summary, "holds": f.evidence.holds,
+                   "missing": f.evidence.missing, "file": f.evidence.file, "line": f.evidence.line,
+                   "found": f.evidence.found, "first_release": f.fact.first_release} for f in facts],
+        "patches": rows,
+        "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
+                  "runtime": calls.runtime.as_dict() if calls.runtime else None},
+        "imports": calls.imports.as_dict() if calls.imports else None,
+        "model_runner": calls.runner.as_dict() if calls.runner else None,
+        "user_patch_sources_changed": changed_sources,
+        "modified_files": check.modified,
+        "failing": check.failing,
+        "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
+                   "newest": _release(proven.newest(snap.speculators_version)),
+                   "unproven": unproven,
+                   "devices": check.devices,
+                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by,
+                                 "where": p.where, "speculators": p.speculators} for p in proven.PROVEN]},
+    }
+    return check, data
