@@ -176,7 +176,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     # The fix verify names clears every verdict and finding; verify passes where the
     # release was proven on the engine (0.11 was not: exit 3, not proven, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
-    assert cli("apply", "--target", str(env))[0] == (0 if proven.proofs_for(now) else 1)
+    assert cli("apply", "--target", str(env))[0] == (0 if proven.proofs_for(now) else 3)
     code, report = cli("verify", "--target", str(env))
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
     assert code == (0 if proven.proofs_for(now) else 3)
