@@ -117,7 +117,7 @@ def test_apply_compile_verify(envs, release, tmp_path):
     code, report = cli("apply", "--target", str(env))
     # apply ends with verify's verdict: on 0.11-0.14 only the engine proof is missing
     assert report["verify"]["failing"] in ([], ["no engine proof for this vLLM"]), report
-    assert code == (1 if report["verify"]["failing"] else 0), report
+    assert code == (3 if report["verify"]["failing"] else 0), report  # 3: not proven, as verify
     applied = {p["id"] for p in report["patches"] if p["state"] == "applied-now"}
     api = {p for p in applied if p in API_PATCHES}
     assert api == api_needed(release)
@@ -176,7 +176,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     # The fix verify names clears every verdict and finding; verify passes where the
     # release was proven on the engine (0.11 was not: exit 3, not proven, and it says so).
     assert cli("revert", "--target", str(env))[0] == 0
-    assert cli("apply", "--target", str(env))[0] == (0 if proven.proofs_for(now) else 1)
+    assert cli("apply", "--target", str(env))[0] == (0 if proven.proofs_for(now) else 3)
     code, report = cli("verify", "--target", str(env))
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and report["calls"]["findings"] == []
     assert code == (0 if proven.proofs_for(now) else 3)
