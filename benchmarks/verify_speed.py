@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "fixtures"))
 sys.path.insert(0, str(ROOT))
 from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
-from patcher import callsite  # noqa: E402
-from patcher.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
+from patcher.checks import callsite  # noqa: E402
+from patcher.checks.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
 from patcher.connect.local import local_transport  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

@@ -1,6 +1,6 @@
 """Read the live signatures of vLLM objects: run by the target's interpreter, stdlib only.
 
-``patcher.runtime`` sends this file's source to the agent (op ``run_python``), which runs
+``patcher.checks.runtime`` sends this file's source to the agent (op ``run_python``), which runs
 it as a child of the target's interpreter, so importing vLLM (seconds, torch, logging on
 stdout) never disturbs the agent's JSON exchange. Python 3.8 compatible.
 

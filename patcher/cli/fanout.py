@@ -142,7 +142,7 @@ def _warm() -> None:
     import importlib
 
     try:
-        for name in ("patcher.engine", "patcher.verify", "patcher.calls_cache", "patcher.attribute_reads", "patcher.connect.ssh"):
+        for name in ("patcher.engine", "patcher.checks.verify", "patcher.checks.calls_cache", "patcher.checks.attribute_reads", "patcher.connect.ssh"):
             importlib.import_module(name)
         from patcher.digest import tool
         from patcher.registry import all_patches

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from patcher.commands.verify import InstallCheck
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
-    from patcher.verify import CallsCheck
+    from patcher.checks.verify import CallsCheck
 
 
 def _console() -> Console:
@@ -102,7 +102,7 @@ def verdict_line(check: InstallCheck) -> str:
 
 def render_findings(console: Console, check: InstallCheck, snap: Snapshot, transport: Transport) -> None:
     """What failed besides the tables: user patch sources, modified files; the proof."""
-    from patcher import proven
+    from patcher.checks import proven
 
     for c in check.changed_sources:
         console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "

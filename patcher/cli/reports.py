@@ -65,7 +65,7 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
 def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     """``status``: each file's state and each patch's."""
     from patcher.commands.status import status
-    from patcher.verify import STALE_FIX
+    from patcher.checks.verify import STALE_FIX
 
     done = status(snap, chosen)
     rows, files = done.rows, done.files

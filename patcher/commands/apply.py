@@ -43,7 +43,7 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     covers, and a user patch whose file changed since it was applied."""
     from patcher import engine
     from patcher.commands.verify import check_install
-    from patcher.verify import send_calls_ahead
+    from patcher.checks.verify import send_calls_ahead
 
     engine.check_supported(snap)
     engine.check_covered(snap)

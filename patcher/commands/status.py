@@ -26,7 +26,7 @@ class Status:
 def status(snap: Snapshot, chosen) -> Status:
     """``status``: what ``apply`` would find, file by file and patch by patch."""
     from patcher import engine
-    from patcher.verify import recorded_states
+    from patcher.checks.verify import recorded_states
 
     engine.check_supported(snap)
     plans = engine.plan(snap, chosen)

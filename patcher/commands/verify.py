@@ -12,7 +12,7 @@ from patcher.commands.common import describe, mark_edited, source_changes
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
-    from patcher.verify import CallsCheck
+    from patcher.checks.verify import CallsCheck
 
 # verify's exit code when every static check passes but the installed vLLM's release has no
 # engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
@@ -60,8 +60,8 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     """Every check ``verify`` makes on ``snap`` (one ``sources`` exchange, or none when it
     was sent ahead: ``verify.send_calls_ahead``). ``ids``: the patches whose verdicts count;
     ``advise``: a fix hint as this caller words it (the CLI adds its target options)."""
-    from patcher import proven
-    from patcher.verify import verify, verify_calls
+    from patcher.checks import proven
+    from patcher.checks.verify import verify, verify_calls
 
     facts, checks = verify(snap)
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
@@ -89,7 +89,8 @@ def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
            advise: Callable[[str], str] = str) -> tuple[InstallCheck, dict]:
     """``verify``: every check of ``check_install``, and its evidence as data (``verify
     --json``); ``--only``/``--skip`` (``chosen``) narrow the patch checks, not the call check."""
-    from patcher import engine, proven
+    from patcher import engine
+    from patcher.checks import proven
 
     engine.check_supported(snap)
     ids = {p.id for p in chosen}

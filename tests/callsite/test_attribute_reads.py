@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from patcher.agent.sources import attributes_read, collect_sources, speculators_vllm_imports
-from patcher.attribute_reads import check
-from patcher.callsite import WORKER, local_sources
+from patcher.checks.attribute_reads import check
+from patcher.checks.callsite import WORKER, local_sources
 from sandbox import make_sandbox, site_packages
 from support import run_cli
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from patcher import model_runner
+from patcher.checks import model_runner
 
 WORKER_022 = b"class Worker:\n    def __init__(self, vllm_config):\n        self.use_v2_model_runner = vllm_config.use_v2_model_runner\n"
 WORKER_013 = b"import vllm.envs as envs\nclass Worker:\n    def __init__(self):\n        self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER\n"

@@ -7,8 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from patcher import callsite
-from patcher.runtime import runtime_verify
+from patcher.checks import callsite
+from patcher.checks.runtime import runtime_verify
 from patcher.connect.local import LocalTransport
 
 GEN = '''\

@@ -18,7 +18,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "fixtures")]
 
 from click.testing import CliRunner  # noqa: E402
 
-from patcher import proven  # noqa: E402
+from patcher.checks import proven  # noqa: E402
 from patcher.cli import main  # noqa: E402
 from sandbox import make_sandbox  # noqa: E402
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from matrix_doc import RELEASES, TRANSFORMERS, dist  # noqa: E402
 
-from patcher import proven  # noqa: E402
+from patcher.checks import proven  # noqa: E402
 
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 

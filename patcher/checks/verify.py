@@ -16,9 +16,9 @@ from patcher.registry import all_patches
 from patcher.vllm_source import Evidence
 
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
-    from patcher.callsite import Checked, Finding
-    from patcher.import_path import ImportPathCheck
-    from patcher.model_runner import RunnerCheck
+    from patcher.checks.callsite import Checked, Finding
+    from patcher.checks.import_path import ImportPathCheck
+    from patcher.checks.model_runner import RunnerCheck
     from patcher.connect.transport import Transport
 
 
@@ -89,14 +89,14 @@ def recorded_states(snap: Snapshot, plans: list[FilePlan]) -> dict[str, str]:
 
 @dataclass
 class CallsCheck:
-    """The generic call-site check (``patcher.callsite``), and with ``--runtime`` the same
-    calls re-checked against the live vLLM objects (``patcher.runtime``); the import path
-    of the generator (``patcher.import_path``) and which model runner vLLM's GPU worker
-    builds (``patcher.model_runner``), read in the same exchange."""
+    """The generic call-site check (``patcher.checks.callsite``), and with ``--runtime`` the same
+    calls re-checked against the live vLLM objects (``patcher.checks.runtime``); the import path
+    of the generator (``patcher.checks.import_path``) and which model runner vLLM's GPU worker
+    builds (``patcher.checks.model_runner``), read in the same exchange."""
 
     findings: list[Finding]
     checked: list[Checked]
-    runtime: object | None = None  # patcher.runtime.RuntimeReport
+    runtime: object | None = None  # patcher.checks.runtime.RuntimeReport
     imports: ImportPathCheck | None = None
     runner: RunnerCheck | None = None
 
@@ -125,7 +125,7 @@ def _v2_fix(snap: Snapshot) -> str | None:
 def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:
     """The ``sources`` request of ``verify_calls`` (without ``expect``) and the cached entry
     whose ``reads`` it sends as ``expect`` (None: read in full)."""
-    from patcher import calls_cache, callsite, import_path, model_runner
+    from patcher.checks import calls_cache, callsite, import_path, model_runner
 
     request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
                    symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
@@ -140,7 +140,7 @@ def _first_reader(transport: Transport, snap: Snapshot, runtime: bool) -> tuple[
     fan-out's forked workers), the first reads in full and the others wait, then send its
     record as ``expect`` and are answered ``unchanged``: eight identical hosts cost one
     call check, as they cost one plan."""
-    from patcher import calls_cache
+    from patcher.checks import calls_cache
 
     request, earlier = _sources_request(snap, runtime)
     if earlier is None and not runtime and getattr(transport, "held", None) is not None:
@@ -168,7 +168,7 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
     the imports the generator's import runs; the model runner switch.
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
-    agent confirms that nothing they were computed from changed (``patcher.calls_cache``)."""
+    agent confirms that nothing they were computed from changed (``patcher.checks.calls_cache``)."""
     request, earlier = _first_reader(transport, snap, runtime)
     try:
         return _verify_calls(transport, snap, runtime, request, earlier)
@@ -178,7 +178,7 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) ->
 
 
 def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None) -> CallsCheck:
-    from patcher import attribute_reads, calls_cache, callsite, import_path, model_runner
+    from patcher.checks import attribute_reads, calls_cache, callsite, import_path, model_runner
 
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
@@ -199,7 +199,7 @@ def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: 
     if not runtime:
         calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
         return CallsCheck(findings, checked, None, imports, runner)
-    from patcher.runtime import runtime_verify  # only verify --runtime needs it
+    from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it
 
     report = runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER)
     return CallsCheck(findings, checked, report, imports, runner)

@@ -137,7 +137,7 @@ class Symbol:
 class Checked:
     """One call the check evaluated: where, the callee as speculators names it
     (``target``: (module, name, method or None)) and the signature read statically.
-    ``patcher.runtime`` re-checks the same calls against the live objects."""
+    ``patcher.checks.runtime`` re-checks the same calls against the live objects."""
 
     file: str
     line: int
@@ -381,7 +381,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
           record: list[Checked] | None = None, index: Index | None = None) -> list[Finding]:
     """Every call from ``speculators`` modules (path -> source) into vLLM (path -> source)
     that does not fit. Files that do not parse are skipped (the patch check reports them).
-    ``record``, when given, receives every call evaluated (for ``patcher.runtime``);
+    ``record``, when given, receives every call evaluated (for ``patcher.checks.runtime``);
     ``index``, an ``Index`` of ``vllm`` to share parsed modules with another check."""
     index = index if index is not None else Index(vllm)
     modules = []

@@ -1,6 +1,6 @@
 """The attribute-read check: does every vLLM attribute speculators reads still exist?
 
-Calls are checked by ``patcher.callsite``; this module checks the other half of what the
+Calls are checked by ``patcher.checks.callsite``; this module checks the other half of what the
 generator and the worker extension rely on: plain reads such as
 ``self.model_runner.input_batch.req_id_to_index`` (custom_worker.py) or
 ``scheduler_output.num_scheduled_tokens`` (the generator). A rename in vLLM there is no
@@ -31,7 +31,7 @@ import ast
 from typing import Iterator, Mapping
 
 from patcher.agent.sources import local_import
-from patcher.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions, vllm_imports
+from patcher.checks.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions, vllm_imports
 
 KIND = "missing-attribute"
 

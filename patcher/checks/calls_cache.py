@@ -19,10 +19,11 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING
 
-from patcher import cache, model_runner
+from patcher import cache
+from patcher.checks import model_runner
 from patcher.digest import tool as tool_digest
-from patcher.callsite import Checked, Finding
-from patcher.import_path import ImportFinding, ImportPathCheck
+from patcher.checks.callsite import Checked, Finding
+from patcher.checks.import_path import ImportFinding, ImportPathCheck
 
 if TYPE_CHECKING:
     from patcher.engine import Snapshot

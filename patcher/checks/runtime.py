@@ -1,6 +1,6 @@
 """``verify --runtime``: confirm the static call-site reading against the live vLLM.
 
-The static check (``patcher.callsite``) reads vLLM's source; this module asks the target's
+The static check (``patcher.checks.callsite``) reads vLLM's source; this module asks the target's
 own interpreter (local or over SSH, through the agent's ``run_python`` op) to import the
 same names and read the same signatures with ``inspect``
 (``patcher/agent/runtime_probe.py``), re-checks every recorded call against what it saw, and
@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patcher.callsite import Checked, Finding, Param, Signature, _check_call
+from patcher.checks.callsite import Checked, Finding, Param, Signature, _check_call
 from patcher.errors import UserError
 from patcher.connect.transport import Transport
 
-PROBE_SOURCE = (Path(__file__).parent / "agent" / "runtime_probe.py").read_text(encoding="utf-8")
+PROBE_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "runtime_probe.py").read_text(encoding="utf-8")
 MARKER = "@@speculators-patch-runtime@@"
 ENV = {"VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
 

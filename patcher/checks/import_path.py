@@ -28,7 +28,7 @@ import base64
 from dataclasses import dataclass
 
 from patcher.agent.sources import walk_import_path
-from patcher.callsite import SPECULATORS_DIR, Index
+from patcher.checks.callsite import SPECULATORS_DIR, Index
 
 START = "speculators.data_generation.vllm_hidden_states_generator"
 PACKAGES = ("transformers", "vllm")
