@@ -4,10 +4,10 @@ The public API for patch authors (``--patch-file`` files and installed packs)::
 
     from patcher import Patch, PatchCodemod, VllmFact, AddKeyword, RemoveKeyword, Replace
 
-``Patch``, ``PatchCodemod`` and ``VllmFact`` are in ``patcher.patch`` (``PatchRefused`` in
+``Patch``, ``PatchCodemod`` and ``VllmFact`` are in ``patcher.fixes.patch`` (``PatchRefused`` in
 ``patcher.errors``);
 the declarative codemods ``AddKeyword``, ``RemoveKeyword`` and ``Replace`` in
-``patcher.codemods``; ``run_codemod(patch, source_bytes) -> (verdict, new_bytes, detail)``
+``patcher.fixes.codemods``; ``run_codemod(patch, source_bytes) -> (verdict, new_bytes, detail)``
 (for a patch's own tests) in ``patcher.engine``. They are imported on first use, so
 ``import patcher`` stays cheap for the command line.
 """
@@ -15,9 +15,9 @@ the declarative codemods ``AddKeyword``, ``RemoveKeyword`` and ``Replace`` in
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Patch": "patcher.patch", "PatchCodemod": "patcher.patch", "PatchRefused": "patcher.errors",
-    "VllmFact": "patcher.patch", "AddKeyword": "patcher.codemods", "RemoveKeyword": "patcher.codemods",
-    "Replace": "patcher.codemods", "run_codemod": "patcher.engine", "load_patch_file": "patcher.userpatches.loader",
+    "Patch": "patcher.fixes.patch", "PatchCodemod": "patcher.fixes.patch", "PatchRefused": "patcher.errors",
+    "VllmFact": "patcher.fixes.patch", "AddKeyword": "patcher.fixes.codemods", "RemoveKeyword": "patcher.fixes.codemods",
+    "Replace": "patcher.fixes.codemods", "run_codemod": "patcher.engine", "load_patch_file": "patcher.fixes.userpatches.loader",
 }
 __all__ = sorted(_PUBLIC)
 

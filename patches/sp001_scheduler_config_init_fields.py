@@ -6,9 +6,9 @@ and fails with pydantic's "is_encoder_decoder Field required". The generator onl
 decoder-only target models (EAGLE-3 verifiers), so the value is False.
 """
 
-from patcher.codemods import AddKeyword
-from patcher.patch import Patch, VllmFact
-from patcher.probes import init_field_required
+from patcher.fixes.codemods import AddKeyword
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import init_field_required
 
 
 class PassIsEncoderDecoder(AddKeyword):

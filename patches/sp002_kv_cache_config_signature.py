@@ -7,9 +7,9 @@ the function, unchanged, to vllm/v1/core/kv_cache_planning.py (line 642; SP023 i
 from there), so the fact is read where the function is.
 """
 
-from patcher.codemods import RemoveKeyword
-from patcher.patch import Patch, VllmFact
-from patcher.probes import parameter_absent
+from patcher.fixes.codemods import RemoveKeyword
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import parameter_absent
 
 
 class DropKvCacheSpecs(RemoveKeyword):

@@ -5,9 +5,9 @@ vLLM >= 0.12 (vllm/v1/core/sched/scheduler.py, Scheduler.__init__) takes a requi
 size the generator configured (cache_config.block_size), as vLLM's engine core passes.
 """
 
-from patcher.codemods import AddKeyword
-from patcher.patch import Patch, VllmFact
-from patcher.probes import parameter_required
+from patcher.fixes.codemods import AddKeyword
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import parameter_required
 
 
 class PassBlockSize(AddKeyword):

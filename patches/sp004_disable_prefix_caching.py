@@ -6,9 +6,9 @@ skips cached prefix tokens, so their hidden states are never captured (silently 
 captures). Every prompt must be computed in full, so the generator disables it.
 """
 
-from patcher.codemods import AddKeyword
-from patcher.patch import Patch, VllmFact
-from patcher.probes import field_default
+from patcher.fixes.codemods import AddKeyword
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import field_default
 
 
 class DisablePrefixCaching(AddKeyword):

@@ -13,9 +13,9 @@ also right on single-phase releases.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to, replace_statements
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import method_defined
+from patcher.fixes.cst_helpers import calls_to, replace_statements
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import method_defined
 
 EXECUTE = m.SimpleStatementLine(
     body=[m.Expr(m.Call(func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model"))))]

@@ -7,9 +7,9 @@ Without `unique_reply_rank` every release returns a list with rank 0 first, so d
 the argument keeps the existing `[0]` correct.
 """
 
-from patcher.codemods import RemoveKeyword
-from patcher.patch import Patch, VllmFact
-from patcher.probes import returns_not_list
+from patcher.fixes.codemods import RemoveKeyword
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import returns_not_list
 
 
 class DropUniqueReplyRank(RemoveKeyword):

@@ -10,9 +10,9 @@ Once SP009 replaces the forward with layer hooks, nothing embeds tokens: satisfi
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import method_defined
+from patcher.fixes.cst_helpers import calls_to
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import method_defined
 
 OLD_CALL = m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name("get_input_embeddings")))
 EITHER = '(self.embed_input_ids if hasattr(self, "embed_input_ids") else self.get_input_embeddings)'

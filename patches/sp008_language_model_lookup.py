@@ -22,9 +22,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from patcher.cst_helpers import calls_to, replace_statements
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import method_defined
+from patcher.fixes.cst_helpers import calls_to, replace_statements
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import method_defined
 
 GATE = m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Call(func=m.Name("supports_eagle3"))))
 BASE_MODEL = m.SimpleStatementLine(

@@ -21,9 +21,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from patcher.cst_helpers import calls_to
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import method_defined
+from patcher.fixes.cst_helpers import calls_to
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import method_defined
 
 REPLACEMENT_FORWARD = m.FunctionDef(name=m.Name("_patched_forward"))
 STORE_METHOD = m.FunctionDef(name=m.Name("_store_captured_states"))

@@ -28,8 +28,8 @@ instead of an AttributeError at the first step. ``verify`` reports the condition
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import statements
-from patcher.patch import Patch, PatchCodemod
+from patcher.fixes.cst_helpers import statements
+from patcher.fixes.patch import Patch, PatchCodemod
 
 CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))
 # self._captured_states = None

@@ -9,9 +9,9 @@ The smallest worker's figure bounds the cache, as in vLLM.
 
 import libcst.matchers as m
 
-from patcher.codemods import Replace
-from patcher.patch import Patch, VllmFact
-from patcher.probes import method_defined
+from patcher.fixes.codemods import Replace
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import method_defined
 
 CUDA_QUERY = m.Call(func=m.Attribute(value=m.Attribute(m.Name("torch"), m.Name("cuda")), attr=m.Name("mem_get_info")))
 NEUTRAL = "free_memory = min(self.executor.determine_available_memory())  # bytes, any platform\n"

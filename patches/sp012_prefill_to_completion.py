@@ -19,8 +19,8 @@ or a preempted one that was recomputed).
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import append_keyword, statements
-from patcher.patch import Patch, PatchCodemod
+from patcher.fixes.cst_helpers import append_keyword, statements
+from patcher.fixes.patch import Patch, PatchCodemod
 
 PER_REQUEST = '{"per_request": True}'  # collective_rpc(..., kwargs=PER_REQUEST)
 

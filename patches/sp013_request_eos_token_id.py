@@ -17,8 +17,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
-from patcher.cst_helpers import calls_to, keyword, statements
-from patcher.patch import Patch, PatchCodemod
+from patcher.fixes.cst_helpers import calls_to, keyword, statements
+from patcher.fixes.patch import Patch, PatchCodemod
 
 FLAG = "_REQUEST_TAKES_EOS_TOKEN_ID"
 FLAG_DEFINED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(FLAG))])])

@@ -19,8 +19,8 @@ Needed on every install (the emitted code is right with either transformers).
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import replace_statements
-from patcher.patch import Patch, PatchCodemod
+from patcher.fixes.cst_helpers import replace_statements
+from patcher.fixes.patch import Patch, PatchCodemod
 
 MODULE = "modeling_attn_mask_utils"
 NAME = "_prepare_4d_causal_attention_mask"

@@ -18,7 +18,7 @@ import libcst.matchers as m
 
 from speculators_patch_codemods.sp011_device_memory_query import PATCH as SP011
 from speculators_patch_codemods.sp011_device_memory_query import PlatformMemoryQuery
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 # free_memory, _ = mem_get_info()   (speculators.utils.util.mem_get_info)
 HELPER_QUERY = m.Call(func=m.Name("mem_get_info"))

@@ -15,8 +15,8 @@ is in speculators' own logic, on every vLLM release.
 
 import libcst.matchers as m
 
-from patcher.codemods import Replace
-from patcher.patch import Patch
+from patcher.fixes.codemods import Replace
+from patcher.fixes.patch import Patch
 
 IDS = m.Name("request_id_to_idx")
 # sorted(request_id_to_idx.keys())

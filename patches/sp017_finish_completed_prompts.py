@@ -23,8 +23,8 @@ loop stays: ``Scheduler.finish_requests`` skips ids already finished (0.11: gone
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import statements
-from patcher.patch import Patch, PatchCodemod
+from patcher.fixes.cst_helpers import statements
+from patcher.fixes.patch import Patch, PatchCodemod
 
 SCHEDULE = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("scheduler")), m.Name("schedule")))
 EXECUTE = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("executor")), m.Name("execute_model")))

@@ -12,7 +12,7 @@ keyword is passed unconditionally, whatever the installed vLLM.
 """
 
 from speculators_patch_codemods.sp013_request_eos_token_id import PortableEosTokenId
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 
 class PortableEosTokenId04(PortableEosTokenId):

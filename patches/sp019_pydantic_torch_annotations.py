@@ -19,8 +19,8 @@ loaded by then (speculators imports it), so it costs nothing. Needed on every in
 
 import libcst.matchers as m
 
-from patcher.codemods import Replace
-from patcher.patch import Patch
+from patcher.fixes.codemods import Replace
+from patcher.fixes.patch import Patch
 
 REBUILD = m.SimpleStatementLine(body=[m.Expr(m.Call(
     func=m.Attribute(value=m.Name("cls"), attr=m.Name("model_rebuild")),

@@ -17,8 +17,8 @@ install keeps working.
 
 import libcst.matchers as m
 
-from patcher.codemods import Replace
-from patcher.patch import Patch
+from patcher.fixes.codemods import Replace
+from patcher.fixes.patch import Patch
 
 SPECS = m.SimpleStatementLine(body=[m.Assign(
     targets=[m.AssignTarget(m.Name("kv_cache_spec_list"))],

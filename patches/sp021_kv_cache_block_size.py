@@ -20,8 +20,8 @@ every install.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to, keyword, statements
-from patcher.patch import Patch, PatchCodemod
+from patcher.fixes.cst_helpers import calls_to, keyword, statements
+from patcher.fixes.patch import Patch, PatchCodemod
 
 CHOICE = "_KV_CACHE_BLOCK_SIZE"
 FIXED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("VLLM_BLOCK_SIZE"))])])

@@ -26,8 +26,8 @@ naming its class and the variable that selects V1.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import attribute_stores
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import attribute_stores
 from speculators_patch_codemods.sp010_per_request_capture import METHODS as SP010_METHODS
 
 CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))

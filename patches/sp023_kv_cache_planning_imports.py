@@ -18,9 +18,9 @@ it ran before; on 0.33 it takes the moved functions.
 
 import libcst.matchers as m
 
-from patcher.codemods import Replace
-from patcher.patch import Patch, VllmFact
-from patcher.probes import function_moved
+from patcher.fixes.codemods import Replace
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.probes import function_moved
 
 OLD = "vllm/v1/core/kv_cache_utils.py"
 NEW = "vllm/v1/core/kv_cache_planning.py"

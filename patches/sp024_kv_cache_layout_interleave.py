@@ -23,9 +23,9 @@ replaced: the interleave size is passed, by keyword, only where the executor's
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import calls_to
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import parameter_required
+from patcher.fixes.cst_helpers import calls_to
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import parameter_required
 from speculators_patch_codemods.sp020_kv_cache_layout import ResolveKvCacheLayout as SP020
 
 PARAM = "cp_kv_cache_interleave_size"

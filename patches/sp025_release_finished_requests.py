@@ -21,8 +21,8 @@ tokens, with no sample_tokens to follow).
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.patch import Patch, PatchCodemod, VllmFact
-from patcher.probes import class_reads
+from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.probes import class_reads
 
 # while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
 STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(

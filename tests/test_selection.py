@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from patcher.errors import UserError
-from patcher.registry import select
+from patcher.fixes.registry import select
 
 
 def ids(patches) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patcher.userpatches.template import render
+from patcher.fixes.userpatches.template import render
 from support import GENERATOR
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from patcher.engine import FilePlan, Snapshot, plan, written_for
-from patcher.patch import Patch, VllmFact
-from patcher.registry import all_patches
-from patcher.vllm_source import Evidence
+from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.registry import all_patches
+from patcher.fixes.vllm_source import Evidence
 
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding

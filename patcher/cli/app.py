@@ -38,8 +38,8 @@ SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patche
 
 
 def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None, applied: set[str] | None = None):
-    """``patcher.registry.select``, imported on first use."""
-    from patcher.registry import select as chosen
+    """``patcher.fixes.registry.select``, imported on first use."""
+    from patcher.fixes.registry import select as chosen
 
     return chosen(only, skip, keep, applied)
 
@@ -155,7 +155,7 @@ def _load_patch_files() -> None:
     ctx = click.get_current_context(silent=True)
     paths = ctx.meta.get("speculators_patch.patch_files") if ctx else None
     if paths:
-        from patcher.registry import use_patch_files
+        from patcher.fixes.registry import use_patch_files
 
         use_patch_files(paths)
 
@@ -452,8 +452,8 @@ def list_command(as_json):
     """List every patch (shipped, installed packs, --patch-file) with the vLLM fact it depends on."""
     from rich.table import Table
 
-    from patcher.registry import all_patches
-    from patcher.userpatches.loader import describe, origin_fields
+    from patcher.fixes.registry import all_patches
+    from patcher.fixes.userpatches.loader import describe, origin_fields
 
     try:
         _load_patch_files()
@@ -490,7 +490,7 @@ def list_command(as_json):
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 def new(patch_id, file, output, speculators, force):
     """Write a commented patch file to start a fix from, and its pytest file."""
-    from patcher.userpatches.template import write
+    from patcher.fixes.userpatches.template import write
 
     try:
         patch_path, test_path = write(patch_id, file, output, speculators, force)

@@ -145,7 +145,7 @@ def _warm() -> None:
         for name in ("patcher.engine", "patcher.checks.verify", "patcher.checks.calls_cache", "patcher.checks.attribute_reads", "patcher.connect.ssh"):
             importlib.import_module(name)
         from patcher.digest import tool
-        from patcher.registry import all_patches
+        from patcher.fixes.registry import all_patches
 
         all_patches()
         tool()

@@ -71,8 +71,8 @@ DRY_RUN_WORDS = {"pending": "would apply", "applied": "applied earlier", "satisf
 def outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = None) -> Table:
     from rich.table import Table
 
-    from patcher.registry import all_patches
-    from patcher.userpatches.loader import describe
+    from patcher.fixes.registry import all_patches
+    from patcher.fixes.userpatches.loader import describe
 
     table = Table(title=title, title_justify="left")
     by_id = {p.id: p for p in all_patches()}

@@ -44,7 +44,7 @@ def notes(snap: Snapshot) -> list[str]:
 def outcome_rows(plans: list[FilePlan]) -> list[dict]:
     """One row per patch and file: id, name, version, file, state, detail and, for a user
     patch, where it comes from."""
-    from patcher.userpatches.loader import origin_fields
+    from patcher.fixes.userpatches.loader import origin_fields
 
     return [
         {"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
@@ -55,8 +55,8 @@ def outcome_rows(plans: list[FilePlan]) -> list[dict]:
 
 def source_changes(snap: Snapshot) -> list[dict]:
     """Loaded user patches applied to ``snap`` whose source changed since they were applied."""
-    from patcher.registry import user_patches
-    from patcher.userpatches import record
+    from patcher.fixes.registry import user_patches
+    from patcher.fixes.userpatches import record
 
     return record.source_changes(snap.manifest, user_patches(), snap.applied_ids())
 

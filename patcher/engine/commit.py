@@ -16,10 +16,10 @@ from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import guard_modified, plan, refusals
 from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
-from patcher.patch import Patch
-from patcher.registry import all_patches
+from patcher.fixes.patch import Patch
+from patcher.fixes.registry import all_patches
 from patcher.connect.transport import Transport
-from patcher.userpatches import record as user_records
+from patcher.fixes.userpatches import record as user_records
 
 
 @dataclass

@@ -24,7 +24,7 @@ from patcher.engine.file_plan import NOT_NEEDED, Outcome, fact_missing, needed, 
 
 if TYPE_CHECKING:
     from patcher.engine.snapshot import Snapshot
-    from patcher.patch import Patch
+    from patcher.fixes.patch import Patch
 
 CHECKED = "checked"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from patcher.errors import PatchRefused, UserError
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 if TYPE_CHECKING:
     import libcst as cst

@@ -7,7 +7,7 @@ from patcher.engine import fast_path, plan_cache
 from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.snapshot import Snapshot, written_for
 from patcher.errors import UserError
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 
 def plan(snap: Snapshot, chosen: tuple[Patch, ...], adopting: bool = False) -> list[FilePlan]:

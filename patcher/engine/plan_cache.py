@@ -23,7 +23,7 @@ from patcher.engine.file_plan import FilePlan, Outcome, need_state, plan_file as
 
 if TYPE_CHECKING:
     from patcher.engine.snapshot import Snapshot
-    from patcher.patch import Patch
+    from patcher.fixes.patch import Patch
 
 KIND = "plans"
 TURNS = "plan-turns"

@@ -9,9 +9,9 @@ from patcher.engine.commit import new_manifest
 from patcher.engine.file_plan import plan_file
 from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
 from patcher.errors import UserError
-from patcher.registry import all_patches
+from patcher.fixes.registry import all_patches
 from patcher.connect.transport import Transport
-from patcher.userpatches import record as user_records
+from patcher.fixes.userpatches import record as user_records
 
 
 @dataclass

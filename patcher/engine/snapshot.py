@@ -20,10 +20,10 @@ from packaging.version import InvalidVersion, Version
 from patcher import cache
 from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
-from patcher.patch import Patch
-from patcher.registry import add_recorded, all_patches, shipped_patches
+from patcher.fixes.patch import Patch
+from patcher.fixes.registry import add_recorded, all_patches, shipped_patches
 from patcher.connect.transport import Transport
-from patcher.vllm_source import Evidence, VllmSource
+from patcher.fixes.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"
 

@@ -61,7 +61,7 @@ def diagnose(error: dict, speculators: str | None = None) -> str | None:
     """The patch id whose fix addresses a generator ``error`` ({"type", "message", ...}) in
     the installed ``speculators`` release (any release when it is unknown)."""
     from patcher.engine import written_for
-    from patcher.registry import all_patches
+    from patcher.fixes.registry import all_patches
 
     worker = error.get("worker") or {}
     text = (f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"

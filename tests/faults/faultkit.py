@@ -76,8 +76,9 @@ def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     """Build the apply and revert commit requests with the real engine on ``sandbox``
     (the sandbox is left as found). ``patch_files``: user patches applied with the shipped
     ones (loaded for this capture only; the registry is left as found)."""
-    from patcher import engine, registry
-    from patcher.registry import select
+    from patcher import engine
+    from patcher.fixes import registry
+    from patcher.fixes.registry import select
     from patcher.connect.local import local_transport
 
     loaded = registry.use_patch_files([str(p) for p in patch_files])

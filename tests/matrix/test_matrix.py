@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from patcher.cli import main
-from patcher.registry import all_patches
+from patcher.fixes.registry import all_patches
 from sandbox import clone_site, make_sandbox, site_packages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

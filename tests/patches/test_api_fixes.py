@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.registry import all_patches
+from patcher.fixes.registry import all_patches
 
 BY_ID = {p.id: p for p in all_patches()}
 

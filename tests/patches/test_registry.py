@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from patcher.engine import run_codemod, written_for
 from support import run_cli
-from patcher.registry import all_patches
+from patcher.fixes.registry import all_patches
 
 PATCHES = all_patches()
 RELEASES = ("0.3.0", "0.4.0.1")
@@ -113,7 +113,7 @@ def test_line_endings_and_comments_survive(release):
 
 def test_required_patches_are_selected_together():
     from patcher.errors import UserError
-    from patcher.registry import select
+    from patcher.fixes.registry import select
 
     dependent = next(p for p in PATCHES if p.requires)
     with pytest.raises(UserError, match=f"{dependent.id} requires"):

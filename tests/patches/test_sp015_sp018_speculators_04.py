@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.registry import all_patches
+from patcher.fixes.registry import all_patches
 
 BY_ID = {p.id: p for p in all_patches()}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"

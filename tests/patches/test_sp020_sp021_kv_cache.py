@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.registry import all_patches
+from patcher.fixes.registry import all_patches
 from sandbox import wheel
 
 PATCHES = {p.id: p for p in all_patches()}

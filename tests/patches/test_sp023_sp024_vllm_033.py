@@ -20,8 +20,8 @@ import zipfile
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.registry import all_patches
-from patcher.vllm_source import VllmSource
+from patcher.fixes.registry import all_patches
+from patcher.fixes.vllm_source import VllmSource
 from sandbox import wheel
 
 PATCHES = {p.id: p for p in all_patches()}

@@ -77,7 +77,8 @@ def test_a_file_an_older_version_left_patched_without_a_record_is_named_by_repai
 def test_no_commit_drops_the_copy_of_a_file_that_still_differs(tmp_path, sandbox, site):
     """The agent's own guard: a commit whose new record leaves out a patched file (what the
     controller of issue 23 sent) is refused whole, naming the file; nothing changes."""
-    from patcher import engine, registry
+    from patcher import engine
+    from patcher.fixes import registry
     from patcher.errors import UserError
     from patcher.connect.local import local_transport
 

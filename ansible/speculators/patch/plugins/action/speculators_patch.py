@@ -44,7 +44,7 @@ class ActionModule(ActionBase):
         from patcher.commands.apply import apply
         from patcher.commands.common import with_reread
         from patcher.commands.status import revert
-        from patcher.registry import select
+        from patcher.fixes.registry import select
 
         check = bool(self._task.check_mode)
         controller.use_patch_files(args["patch_files"])

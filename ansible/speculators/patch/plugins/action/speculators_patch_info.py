@@ -43,7 +43,7 @@ class ActionModule(ActionBase):
         from patcher import engine
         from patcher.commands.status import status
         from patcher.commands.verify import verify
-        from patcher.registry import select
+        from patcher.fixes.registry import select
 
         controller.use_patch_files(args["patch_files"])
         chosen = select(tuple(args["only"]), tuple(args["skip"]))

@@ -117,6 +117,6 @@ def use_patch_files(paths: list[str]) -> None:
     """Load the task's ``patch_files`` into this worker's registry, as ``--patch-file`` does
     (each Ansible worker is its own process). Raises ``UserError`` (one line) for a bad file."""
     if paths:
-        from patcher.registry import use_patch_files as load
+        from patcher.fixes.registry import use_patch_files as load
 
         load([str(p) for p in paths])

@@ -12,7 +12,7 @@ without the file at hand; ``verify`` compares the recorded sha256 with the loade
 
 from __future__ import annotations
 
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 KEY = "user_patches"
 
@@ -54,7 +54,7 @@ def stand_in(pid: str, record: dict | None, file: str, version: int) -> Patch:
     hint = (f"--patch-file {source}" if record.get("origin") == "file"
             else f"install {source}" if record.get("origin") == "package" else "--patch-file <its file>")
 
-    from patcher.patch import PatchCodemod, PatchRefused  # libcst: only when a stand-in is built
+    from patcher.fixes.patch import PatchCodemod, PatchRefused  # libcst: only when a stand-in is built
 
     class Unavailable(PatchCodemod):
         def transform_module_impl(self, tree):

@@ -19,7 +19,7 @@ from types import ModuleType
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from patcher.errors import UserError
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 GROUP = "speculators_patch.patches"
 USER_ID = re.compile(r"[A-Z]+[0-9]+")
@@ -35,7 +35,7 @@ def problems(patch: object) -> list[str]:
         found.append(f"id {patch.id!r} is not letters then digits (e.g. FIX001)")
     elif re.fullmatch(rf"{RESERVED_PREFIX}[0-9]+", patch.id):
         found.append(f"id {patch.id} uses the prefix {RESERVED_PREFIX}, reserved for shipped patches (use e.g. FIX001)")
-    from patcher.patch import PatchCodemod  # libcst: only when a user patch is checked
+    from patcher.fixes.patch import PatchCodemod  # libcst: only when a user patch is checked
 
     if not (isinstance(patch.codemod, type) and issubclass(patch.codemod, PatchCodemod)):
         found.append("codemod is not a PatchCodemod subclass")

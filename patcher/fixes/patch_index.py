@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import importlib
 
-from patcher import cache, probes
-from patcher.patch import Patch, VllmFact
+from patcher import cache
+from patcher.fixes import probes
+from patcher.fixes.patch import Patch, VllmFact
 
 KIND = "patch-index"
 class LazyCodemod:

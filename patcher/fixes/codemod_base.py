@@ -1,6 +1,6 @@
 """The base class of every codemod in ``patches/``: libcst's visitor codemod plus two verdicts.
 
-Kept apart from ``patcher.patch`` (the metadata) so that reading the patch list, which
+Kept apart from ``patcher.fixes.patch`` (the metadata) so that reading the patch list, which
 ``status``, ``verify`` and ``--version`` do, never imports libcst.
 """
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.cst_helpers import append_keyword, calls_to, keyword, remove_keyword, replace_statements
-from patcher.patch import PatchCodemod
+from patcher.fixes.cst_helpers import append_keyword, calls_to, keyword, remove_keyword, replace_statements
+from patcher.fixes.patch import PatchCodemod
 
 
 class _KeywordCodemod(PatchCodemod):

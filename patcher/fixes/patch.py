@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Callable
 from patcher.errors import PatchRefused  # noqa: F401 (public: ``patcher.PatchRefused``)
 
 if TYPE_CHECKING:
-    from patcher.codemod_base import PatchCodemod
-    from patcher.vllm_source import Evidence, VllmSource
+    from patcher.fixes.codemod_base import PatchCodemod
+    from patcher.fixes.vllm_source import Evidence, VllmSource
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def __getattr__(name: str):
     """``PatchCodemod`` on first use: it subclasses libcst's codemod command, and importing
     libcst (0.3-0.5 s) is left to the commands that really run a codemod (docs/speed.md)."""
     if name == "PatchCodemod":
-        from patcher.codemod_base import PatchCodemod
+        from patcher.fixes.codemod_base import PatchCodemod
 
         return PatchCodemod
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ import ast
 import functools
 from typing import Callable
 
-from patcher.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
+from patcher.fixes.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
 
 Probe = Callable[[VllmSource], Evidence]
 
@@ -18,7 +18,7 @@ Probe = Callable[[VllmSource], Evidence]
 def _recorded(builder: Callable[..., Probe]) -> Callable[..., Probe]:
     """Each probe remembers how it was built (``probe.recipe = (builder name, args,
     kwargs)``), so the patch list can be kept as data and its probes rebuilt without
-    importing the codemods (``patcher.patch_index``)."""
+    importing the codemods (``patcher.fixes.patch_index``)."""
 
     @functools.wraps(builder)
     def build(*args, **kwargs) -> Probe:

@@ -3,7 +3,7 @@ plus the user patches of this run.
 
 ``patches/`` ships as the package ``speculators_patch_codemods`` (see pyproject.toml);
 dropping a module there registers it. Once the modules have been imported and checked, their
-metadata is kept in the patch index (``patcher.patch_index``), so later runs that run no
+metadata is kept in the patch index (``patcher.fixes.patch_index``), so later runs that run no
 codemod do not import libcst.
 User patches join through ``use_patch_files``
 (``--patch-file``), installed packs (entry-point group ``speculators_patch.patches``,
@@ -20,10 +20,11 @@ from functools import lru_cache
 
 from packaging.specifiers import SpecifierSet
 
-from patcher import cache, patch_index
+from patcher import cache
+from patcher.fixes import patch_index
 from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
-from patcher.patch import Patch
+from patcher.fixes.patch import Patch
 
 PACKAGE = "speculators_patch_codemods"
 _ID = re.compile(r"^SP\d{3}$")
@@ -46,7 +47,7 @@ def shipped_patches() -> tuple[Patch, ...]:
 
 def _import_all() -> tuple[tuple[Patch, ...], dict[str, str]]:
     """Import and check every patch module: (patches ordered, {id: module name})."""
-    from patcher.codemod_base import PatchCodemod
+    from patcher.fixes.codemod_base import PatchCodemod
 
     package = importlib.import_module(PACKAGE)
     found: list[Patch] = []
@@ -85,7 +86,7 @@ _all: tuple[Patch, ...] | None = None
 def _packs_loaded() -> list[Patch]:
     global _packs
     if _packs is None:
-        from patcher.userpatches.loader import load_packs
+        from patcher.fixes.userpatches.loader import load_packs
 
         _packs = _checked(load_packs())  # raises again on every call if it fails
     return _packs
@@ -98,7 +99,7 @@ def _checked(new: list[Patch]) -> list[Patch]:
     for patch in new:
         other = taken.get(patch.id) or names.get(patch.name)
         if other is not None and other.origin != "recorded":
-            from patcher.userpatches.loader import describe
+            from patcher.fixes.userpatches.loader import describe
 
             key = "id" if patch.id in taken else "name"
             raise UserError(f"{describe(patch)}: patch {key} {getattr(patch, key)} is already taken by "
@@ -127,7 +128,7 @@ def all_patches() -> tuple[Patch, ...]:
 def use_patch_files(paths: tuple[str, ...] | list[str]) -> list[Patch]:
     """Load ``--patch-file`` files into this run's registry. Raises ``UserError`` (one line)
     for an unreadable file, a syntax error, no ``PATCH``, bad metadata or a taken id/name."""
-    from patcher.userpatches.loader import load_file
+    from patcher.fixes.userpatches.loader import load_file
 
     global _all
     loaded = []
@@ -142,8 +143,8 @@ def use_patch_files(paths: tuple[str, ...] | list[str]) -> list[Patch]:
 
 def add_recorded(manifest: dict | None) -> None:
     """Stand-ins for the user patches ``manifest`` records (or names in a file's patches
-    map) that this run has not loaded (``patcher.userpatches.record.stand_in``)."""
-    from patcher.userpatches import record
+    map) that this run has not loaded (``patcher.fixes.userpatches.record.stand_in``)."""
+    from patcher.fixes.userpatches import record
 
     global _all
     recs = record.records(manifest)
