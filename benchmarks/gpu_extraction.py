@@ -7,7 +7,7 @@ Runs under the target's interpreter (torch with CUDA, vLLM, speculators patched 
 
 The model has Llama-3.1-8B's shapes (hidden 4096, 32 layers, 32 heads / 8 KV heads, MLP 14336,
 vocab 128256), written as a config and a tokenizer by selftest's model builder
-(``patcher/selftest/remote/tiny_models.py``); both engines load random weights with vLLM's
+(``patcher/agent/selftest/tiny_models.py``); both engines load random weights with vLLM's
 ``load_format="dummy"`` (speed does not depend on the values, and writing then reading 16 GB
 of random checkpoint costs minutes of device time). The dataset is seeded: ``--prompts``
 prompts of 256-2,048 tokens. Three layers are captured, as EAGLE-3 takes them (2, 16, 29).
@@ -73,7 +73,7 @@ def layer_params(config: dict) -> float:
 
 def build_model(dest: Path, config: dict) -> Path:
     sys.path.insert(0, str(ROOT))
-    from patcher.selftest.remote import tiny_models
+    from patcher.agent.selftest import tiny_models
 
     dest.mkdir(parents=True)
     tiny_models.save_tokenizer(dest, config["vocab_size"])

@@ -20,10 +20,10 @@ import click
 
 import patcher
 from patcher.cli.render import INTERRUPTED_EXIT, Report, escape, interrupted_message, print_out
-from patcher.cli.reports import do_apply, do_diff, do_revert, do_status, do_verify
+from patcher.cli.reports import do_apply, do_diff, do_revert, do_selftest, do_status, do_verify
 from patcher.commands.common import describe as describe_target, notes, with_reread
 from patcher.errors import Interrupted, UserError
-from patcher.selftest.remote.tiny_models import ARCHS as _TINY_ARCHS
+from patcher.agent.selftest.tiny_models import ARCHS as _TINY_ARCHS
 
 # Imported where used, not here: ``--version`` imports none of these, read-only commands
 # on a patched install never import libcst, and rich is imported only to render
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
 
-SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.selftest.command.ARCHS)
+SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.commands.selftest.ARCHS)
 
 
 def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None, applied: set[str] | None = None):
@@ -422,27 +422,10 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
 @click.option("--timeout", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
 def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, device, tp, runner, timeout):
     """Prove extraction on this box: speculators' generator vs transformers on tiny models."""
-    from patcher.selftest.command import request
+    from patcher.commands.selftest import request
 
     _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_selftest(
         t, s, request(archs, model, device, tp, runner), timeout, host)), as_json)
-
-
-def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float, host: str | None) -> Report:
-    from rich.console import Console
-
-    from patcher.selftest.command import render, run_remote, summarize
-
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    transport.on_progress = lambda line: err.print(f"{host + ': ' if host else ''}{line}", markup=False)
-    if snap.speculators_version is None:
-        raise UserError(f"{transport.label}: speculators is not installed in this environment")
-    from patcher import engine
-
-    engine.check_supported(snap)  # a speculators no patch is written for: its generator is not ours to test
-    report = summarize(run_remote(transport, snap, req, timeout))
-    return Report({**describe_target(snap), "ok": report["ok"], "selftest": report}, 0 if report["ok"] else 1,
-                  lambda console: render(report, console))
 
 
 @main.command(name="list")

