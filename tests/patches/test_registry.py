@@ -112,16 +112,19 @@ def test_line_endings_and_comments_survive(release):
 
 
 def test_required_patches_are_selected_together():
+    """apply keeps a chosen patch's requirements (``keep="requires"``), revert its dependents
+    (``"dependents"``); tests/test_selection.py has the exact messages."""
     from patcher.errors import UserError
     from patcher.registry import select
 
     dependent = next(p for p in PATCHES if p.requires)
     with pytest.raises(UserError, match=f"{dependent.id} requires"):
-        select(only=(dependent.id,))
+        select(only=(dependent.id,), keep="requires")
     with pytest.raises(UserError, match=f"{dependent.id} requires {dependent.requires[0]}"):
-        select(skip=(dependent.requires[0],))
+        select(skip=(dependent.requires[0],), keep="requires")
     with pytest.raises(UserError, match=f"(SP\\d+, )*{dependent.id}(, SP\\d+)* require\\(s\\) {dependent.requires[0]}"):
-        select(only=(dependent.requires[0],))
+        select(only=(dependent.requires[0],), keep="dependents")
     # Together: the requirement and every patch that requires it (SP010 with SP012 and SP022).
     group = {dependent.id, *dependent.requires} | {p.id for p in PATCHES if set(p.requires) & set(dependent.requires)}
-    assert group <= {p.id for p in select(only=tuple(sorted(group)))}
+    for keep in ("requires", "dependents", None):
+        assert group <= {p.id for p in select(only=tuple(sorted(group)), keep=keep)}
