@@ -249,7 +249,7 @@ def test_partial_revert_after_downgrade_keeps_the_other_patches(envs, tmp_path):
     assert "SP002" not in recorded and {"SP001", "SP004", "SP005"} <= recorded
 
 
-def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_path):
+def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_path, monkeypatch):
     """vLLM 0.33.0 (the CUDA wheel, torch 2.14: nothing here runs it) installed under an install
     patched on 0.32: verify names the two 0.33 patches missing; a plain `apply` adds them, every
     static check passes, and verify exits 3 with one line naming the missing engine proof."""
@@ -267,10 +267,15 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
         ("missing-import", "_get_kv_cache_groups_uniform_spec"), ("missing-import", "get_kv_cache_config_from_groups"),
         ("missing-import", "unify_hybrid_kv_cache_specs"), ("missing-argument", "cp_kv_cache_interleave_size")}
     code, applied = cli("apply", "--target", str(env))
-    assert code == 0 and {p["id"] for p in applied["patches"] if p["state"] == "applied-now"} == {"SP023", "SP024"}
+    # 3: every static check passes, no engine proof (apply ends with verify's verdict)
+    assert code == 3 and {p["id"] for p in applied["patches"] if p["state"] == "applied-now"} == {"SP023", "SP024"}
     code, report = cli("verify", "--target", str(env))
     assert (report["calls"]["findings"], report["imports"]["findings"]) == ([], [])
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and code == 3
+    import patcher.cli
+    from rich.console import Console
+
+    monkeypatch.setattr(patcher.cli, "_console", lambda: Console(highlight=False, width=400))  # one line unwrapped
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
     assert text.exit_code == 3
     assert ("verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is newer than the newest release proven "

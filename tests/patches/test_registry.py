@@ -112,6 +112,8 @@ def test_line_endings_and_comments_survive(release):
 
 
 def test_required_patches_are_selected_together():
+    """apply keeps a chosen patch's requirements (``keep="requires"``), revert its dependents
+    (``"dependents"``); tests/test_selection.py has the exact messages."""
     from patcher.errors import UserError
     from patcher.fixes.registry import select
 
@@ -124,4 +126,5 @@ def test_required_patches_are_selected_together():
         select(only=(dependent.requires[0],), keep="dependents")
     # Together: the requirement and every patch that requires it (SP010 with SP012 and SP022).
     group = {dependent.id, *dependent.requires} | {p.id for p in PATCHES if set(p.requires) & set(dependent.requires)}
-    assert group <= {p.id for p in select(only=tuple(sorted(group)))}
+    for keep in ("requires", "dependents", None):
+        assert group <= {p.id for p in select(only=tuple(sorted(group)), keep=keep)}
