@@ -272,10 +272,10 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
     code, report = cli("verify", "--target", str(env))
     assert (report["calls"]["findings"], report["imports"]["findings"]) == ([], [])
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and code == 3
-    import patcher.cli
+    import patcher.cli.render
     from rich.console import Console
 
-    monkeypatch.setattr(patcher.cli, "_console", lambda: Console(highlight=False, width=400))  # one line unwrapped
+    monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))  # one line unwrapped
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
     assert text.exit_code == 3
     assert ("verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is newer than the newest release proven "
