@@ -36,8 +36,8 @@ def target_04(tmp_path_factory, *apply_args: str) -> Path:
     target = make_target(tmp_path_factory.mktemp("speculators-04") / "env", speculators_wheel("0.4.0.1"))
     proc = cli("apply", "--target", str(target), "--json", *apply_args)
     assert applied(proc, partial=bool(apply_args)), proc.stdout + proc.stderr
-    applied = sorted(p["id"] for p in json.loads(proc.stdout)["patches"] if p["state"] == "applied-now")
-    assert applied == (PATCHES_04 if not apply_args else [a for a in apply_args if a.startswith("SP")])
+    ids = sorted(p["id"] for p in json.loads(proc.stdout)["patches"] if p["state"] == "applied-now")
+    assert ids == (PATCHES_04 if not apply_args else [a for a in apply_args if a.startswith("SP")])
     return target
 
 
