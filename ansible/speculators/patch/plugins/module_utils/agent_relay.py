@@ -4,8 +4,8 @@
 """The managed-host half of the collection: hand one request to speculators-patch's agent.
 
 The action plugin on the controller sends, as private module arguments, the two programs
-the CLI sends over ``--host`` -- the bootstrap of ``patcher/ssh.py`` and the agent
-``patcher/target/agent.py``, byte for byte from the controller's installed speculators-patch --
+the CLI sends over ``--host`` -- ``patcher/agent/bootstrap.py`` and the agent package
+``patcher/agent/`` (through ``loader.py``), byte for byte from the controller's installed speculators-patch --
 and one agent request (``inspect`` or ``commit``). This relay runs the bootstrap under the
 module's interpreter with the same length-prefixed header the SSH transport writes; the
 bootstrap resolves ``target`` here (so ``~`` is this host's home) and execs the target's
