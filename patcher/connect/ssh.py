@@ -311,7 +311,7 @@ class SshTransport(BootstrapTransport):
         persist: seconds a shared connection outlives the run (``reuse_options``; 0: none).
     """
 
-    connect_timeout = 15
+    tcp_connect_timeout = 15  # ssh's own ConnectTimeout (whole seconds); the handshake's is connect_timeout
     keepalive = (5, 3)  # ServerAliveInterval, ServerAliveCountMax: a dead peer is noticed in ~15 s
 
     def __init__(self, host: str, target: str | None, ssh_config: str | None = None,
@@ -345,7 +345,7 @@ class SshTransport(BootstrapTransport):
         if opts.get("remotecommand", "none") != "none":
             argv += ["-o", "RemoteCommand=none"]
         if opts.get("connecttimeout", "none") == "none":
-            argv += ["-o", f"ConnectTimeout={self.connect_timeout}"]
+            argv += ["-o", f"ConnectTimeout={self.tcp_connect_timeout}"]
         if opts.get("serveraliveinterval", "0") == "0":
             argv += ["-o", f"ServerAliveInterval={self.keepalive[0]}", "-o", f"ServerAliveCountMax={self.keepalive[1]}"]
         shared = reuse_options(opts, self.persist)

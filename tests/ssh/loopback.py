@@ -95,15 +95,16 @@ class LoopbackSshd:
             self.proc.wait(timeout=10)
 
     def host_block(self, *aliases: str, key: Path | None = None, known_hosts: Path | None = None,
-                   port: int | None = None, connect_timeout: int = 5, extra: str = "") -> str:
-        """An ssh_config ``Host`` block: each alias reaches this server (or ``port``)."""
+                   port: int | None = None, connect_timeout: int | None = 5, extra: str = "") -> str:
+        """An ssh_config ``Host`` block: each alias reaches this server (or ``port``);
+        ``connect_timeout=None`` leaves ConnectTimeout unset, as most users' configs do."""
         return (
             f"Host {' '.join(aliases)}\n"
             f"  HostName 127.0.0.1\n  Port {port or self.port}\n  User {USER}\n"
             f"  IdentityFile {key or self.user_key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
             f"  UserKnownHostsFile {known_hosts or self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
             "  StrictHostKeyChecking yes\n"
-            f"  ConnectTimeout {connect_timeout}\n{extra}"
+            + (f"  ConnectTimeout {connect_timeout}\n" if connect_timeout is not None else "") + extra
         )
 
     def connections(self) -> int:

@@ -55,6 +55,7 @@ def ssh_config(sshd, keys, blackhole) -> Path:
     wrong.write_text(f"[127.0.0.1]:{sshd.port} " + " ".join(Path(f"{keys['stranger']}.pub").read_text().split()[:2]) + "\n")
     return write_ssh_config(sshd.dir / "ssh_config", [
         sshd.host_block("gpu-box", "127.0.0.1"),
+        sshd.host_block("plain-box", connect_timeout=None),  # no ConnectTimeout: the tool sets ssh's own
         sshd.host_block("refused", port=free_port()),
         sshd.host_block("stranger", key=keys["stranger"]),
         sshd.host_block("unknown-key", known_hosts=sshd.dir / "empty_known_hosts"),

@@ -49,6 +49,17 @@ def test_apply_remote_equals_local(tmp_path, sshd, ssh_config):
     assert [p["state"] for p in r["patches"]] == [p["state"] for p in l["patches"]]
 
 
+def test_a_config_without_connect_timeout_works(sandbox, sshd, ssh_config):
+    """Most ssh_configs set no ConnectTimeout: the tool then passes ssh one it accepts (whole
+    seconds; ``ConnectTimeout=30.0`` made every such connection fail)."""
+    r = remote(ssh_config, "status", "--host", "plain-box", "--target", str(sandbox), "--json",
+               env={"SPECULATORS_PATCH_SSH_PERSIST": "0"})
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)["files"].values()) == {"pristine"}
+    r = remote(ssh_config, "status", "--host", "plain-box", "--target", str(sandbox), "--connect-timeout", "7.5")
+    assert r.returncode == 0, r.stderr
+
+
 def test_diff_status_verify_remote_equal_local_on_the_same_sandbox(sandbox, sshd, ssh_config):
     for command, code in (("diff", 1), ("status", 0), ("verify", 1)):
         r = remote(ssh_config, command, "--host", "gpu-box", "--target", str(sandbox), "--json")
