@@ -58,6 +58,7 @@ class Transport:
         self.connect_timeout = DEFAULT_CONNECT_TIMEOUT
         self.timeout = DEFAULT_TIMEOUT
         self._proc: subprocess.Popen[bytes] | None = None
+        self._writer: threading.Thread | None = None  # the last write to the agent's stdin
         self._stderr: list[bytes] = []
         self._drain: threading.Thread | None = None
         self._lines: queue.Queue[bytes] = queue.Queue()
@@ -118,10 +119,11 @@ class Transport:
             self.held.pop().__exit__(None, None, None)
         if self._proc is None:
             return
-        try:
-            self._proc.stdin.close()
-        except (BrokenPipeError, OSError):  # the agent is already gone; its error was reported
-            pass
+        if self._writer is None or not self._writer.is_alive():  # else a stuck write keeps the descriptor
+            try:
+                self._proc.stdin.close()
+            except (BrokenPipeError, OSError):  # the agent is already gone; its error was reported
+                pass
         if self._abandoned:
             return
         try:
@@ -136,14 +138,20 @@ class Transport:
         it has ended, ``_Deadline`` when the write did not complete in time."""
         failure: list[BaseException] = []
 
+        fd = self._proc.stdin.fileno()
+
         def write() -> None:
+            # os.write on the descriptor, not the buffered file: a write blocked on a far side
+            # that never reads (a forked child holding the pipe) then holds no lock that
+            # closing stdin in __exit__ would wait on for ever.
             try:
-                self._proc.stdin.write(data)
-                self._proc.stdin.flush()
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
             except (BrokenPipeError, ValueError, OSError) as e:
                 failure.append(e)
 
-        writer = threading.Thread(target=write, daemon=True)
+        writer = self._writer = threading.Thread(target=write, daemon=True)
         writer.start()
         writer.join(max(0.0, deadline - time.monotonic()))
         if writer.is_alive():

@@ -55,6 +55,17 @@ def test_a_silent_exec_command_fails_at_the_connect_timeout(sandbox, site):
     assert 2 <= took < 10 and tree_digest(site) == before
 
 
+def test_a_wrapper_whose_child_holds_the_pipe_fails_at_the_connect_timeout(sandbox, site):
+    """A shell (sudo, a container wrapper) that forks a child which never reads: the child
+    keeps the pipe open after the wrapper is killed; the run still ends at the bound (it
+    waited for the child, 60 s here, before the write to the pipe stopped holding stdin)."""
+    before = tree_digest(site)
+    result, took = _timed("status", "--exec", "sh -c 'sleep 60; :'", "--target", str(sandbox), "--connect-timeout", "2")
+    line = _one_line(result)
+    assert "no answer within 2 s (--connect-timeout) while starting the agent" in line
+    assert 2 <= took < 10 and tree_digest(site) == before
+
+
 def test_a_slow_exec_command_is_waited_for(tmp_path, sandbox):
     """Slow to start (3 s, a container pulling its image), within the connect timeout: it works."""
     slow = tmp_path / "slow-python"
