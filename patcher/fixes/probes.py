@@ -39,16 +39,23 @@ def _gone(path: str, what: str) -> Evidence:
     return Evidence(False, path, None, f"{what} not found", missing=True)
 
 
+def _class_field(src: VllmSource, path: str, cls: str, name: str) -> ast.AnnAssign | Evidence:
+    """Field ``name`` of class ``cls`` in ``path``, or the Evidence of its absence: the class
+    gone (``Evidence.missing``), or the field not there (an ordinary answer)."""
+    if src.find_class(path, cls) is None:
+        return _gone(path, cls)
+    field = src.class_fields(path, cls).get(name)
+    return _missing(path, f"{cls}.{name}") if field is None else field
+
+
 @_recorded
 def init_field_required(path: str, cls: str, name: str) -> Probe:
     """Holds when dataclass ``cls`` declares ``name: InitVar[...]`` without a default."""
 
     def probe(src: VllmSource) -> Evidence:
-        if src.find_class(path, cls) is None:
-            return _gone(path, cls)
-        field = src.class_fields(path, cls).get(name)
-        if field is None:
-            return _missing(path, f"{cls}.{name}")
+        field = _class_field(src, path, cls, name)
+        if isinstance(field, Evidence):
+            return field
         text = f"{cls}.{ast.unparse(field).strip()}"
         is_initvar = "InitVar" in ast.unparse(field.annotation)
         return Evidence(is_initvar and field.value is None, path, field.lineno, text)
@@ -61,11 +68,9 @@ def field_default(path: str, cls: str, name: str, value: str) -> Probe:
     """Holds when ``cls.name`` defaults to ``value`` (source text, e.g. ``True``)."""
 
     def probe(src: VllmSource) -> Evidence:
-        if src.find_class(path, cls) is None:
-            return _gone(path, cls)
-        field = src.class_fields(path, cls).get(name)
-        if field is None:
-            return _missing(path, f"{cls}.{name}")
+        field = _class_field(src, path, cls, name)
+        if isinstance(field, Evidence):
+            return field
         found = ast.unparse(field.value) if field.value is not None else None
         return Evidence(found == value, path, field.lineno, f"{cls}.{ast.unparse(field).strip()}")
 
