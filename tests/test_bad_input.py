@@ -162,3 +162,13 @@ def test_skipping_a_required_patch_is_refused_naming_both(sandbox, site):
     before = tree_digest(site)
     assert_refused(run_cli("apply", "--target", str(sandbox), "--skip", "SP010"), "requires SP010")
     assert tree_digest(site) == before
+
+
+def test_a_refused_command_line_answers_in_json_where_json_was_asked(tmp_path):
+    """A script that passes --json reads the refusal from stdout, as every other error."""
+    import json
+
+    result = run_cli("status", "--json", "--target", str(tmp_path), "--target", str(tmp_path / "b"))
+    assert result.returncode == 2 and result.stderr == "", result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["exit_code"] == 2 and "given 2 times" in answer["error"]

@@ -141,7 +141,7 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
     of sending it; the snapshot is byte-identical; with the controller cache emptied in
     between, one more exchange reads everything in full and the snapshot is the same."""
     from patcher import engine
-    from patcher.connect.local import local_transport
+    from patcher.connect.local import LocalTransport
 
     env = make_sandbox(tmp_path / "env")
     _apply(env, cache=tmp_path / "cache")
@@ -149,7 +149,7 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
     sent: list[dict] = []
 
     def snapshot():
-        transport, site = local_transport(str(env))
+        transport = LocalTransport(str(env))
         request = transport.request
 
         def recording(op, **payload):
@@ -159,7 +159,7 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
 
         transport.request = recording
         with transport:
-            snap = engine.read_snapshot(transport, site)
+            snap = engine.read_snapshot(transport)
         return snap, transport.exchanges
 
     def contents(snap):

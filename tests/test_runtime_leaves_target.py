@@ -40,7 +40,7 @@ def _site(root: Path) -> Path:
 
 
 def _run(site: Path) -> dict:
-    with LocalTransport(sys.executable, str(site)) as transport:
+    with LocalTransport(str(site)) as transport:
         return transport.request("run_python", script=SCRIPT, input="{}", site_packages=str(site), timeout=60)
 
 

@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import click
 
 import patcher
-from patcher.cli.render import INTERRUPTED_EXIT, Report, escape, interrupted_message, print_out
-from patcher.cli.reports import do_apply, do_diff, do_revert, do_selftest, do_status, do_verify
-from patcher.commands.common import describe as describe_target, notes, with_reread
+from patcher.cli.render import INTERRUPTED_EXIT, Report, escape, interrupted_message, print_out, with_target
+from patcher.cli import reports
+from patcher.commands import session
+from patcher.commands.common import describe as describe_target, notes
 from patcher.errors import Interrupted, UserError
 from patcher.agent.selftest.tiny_models import ARCHS as _TINY_ARCHS
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
 
+T = TypeVar("T")
 SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.commands.selftest.ARCHS)
 
 
@@ -44,20 +46,22 @@ def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None
     return chosen(only, skip, keep, applied)
 
 
-def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> tuple[Transport, str | None]:
-    """A transport to the target's agent and, for a bare site-packages target, its path.
-    ``host`` is an SSH host, or an ``--exec`` command (``patcher.connect.exec.ExecTarget``).
-    Its waits are this command's ``--connect-timeout`` and ``--timeout`` (seconds)."""
-    transport, site_packages = _connect(target, host, ssh_config)
+def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> Transport:
+    """The transport to the target's agent (``patcher.connect.choose.transport_for``), with
+    this command's ``--connect-timeout``, ``--timeout`` and ``--ssh-persist``. ``host`` is
+    an SSH host, or an ``--exec`` command (``patcher.connect.exec.ExecTarget``)."""
+    from patcher.connect.choose import transport_for
+
     ctx = click.get_current_context(silent=True)
-    for attribute, key, variable in (("connect_timeout", "speculators_patch.connect_timeout", "SPECULATORS_PATCH_CONNECT_TIMEOUT"),
-                                     ("timeout", "speculators_patch.timeout", "SPECULATORS_PATCH_TIMEOUT")):
+    waits = {}
+    for name, key, variable in (("connect_timeout", "speculators_patch.connect_timeout", "SPECULATORS_PATCH_CONNECT_TIMEOUT"),
+                                ("timeout", "speculators_patch.timeout", "SPECULATORS_PATCH_TIMEOUT")):
         value = ctx.meta.get(key) if ctx else None
         if value is None and os.environ.get(variable) and not (ctx and key in ctx.meta):
             value = _seconds(os.environ[variable], variable)  # selftest: its --timeout is its own run's
-        if value is not None:
-            setattr(transport, attribute, float(value))
-    return transport, site_packages
+        waits[name] = value
+    persist = ctx.meta.get("speculators_patch.ssh_persist") if ctx else None
+    return transport_for(target, host, ssh_config, persist, **waits)
 
 
 def _seconds(text: str, variable: str) -> float:
@@ -70,54 +74,20 @@ def _seconds(text: str, variable: str) -> float:
     return value
 
 
-def _connect(target: str | None, host: str | None, ssh_config: str | None) -> tuple[Transport, str | None]:
-    from patcher.connect.exec import ExecTarget
-
-    if isinstance(host, ExecTarget):
-        from patcher.connect.exec import exec_transport
-
-        return exec_transport(host, target)
-    if host is not None:
-        from patcher.connect.ssh import DEFAULT_PERSIST, ssh_transport
-
-        ctx = click.get_current_context(silent=True)
-        persist = ctx.meta.get("speculators_patch.ssh_persist") if ctx else None
-        return ssh_transport(host, target, ssh_config, DEFAULT_PERSIST if persist is None else persist)
-    from patcher.connect.local import local_transport
-
-    return local_transport(target)
-
-
-def run_on_target(target, host, ssh_config, action: Callable[[Transport, Snapshot], Report], retry: bool = True) -> Report:
-    """Connect, read a snapshot (one exchange), run ``action``; re-read once if a file
-    changed between the read and the commit (e.g. another node applied meanwhile:
-    ``commands.common.with_reread``)."""
+def run_on_target(target, host, ssh_config, verb: Callable[[Transport, Snapshot], T],
+                  report: Callable[[Transport, Snapshot, T], Report], retry: bool = True) -> Report:
+    """Connect, and run ``verb`` (a ``patcher.commands`` verb: data) through
+    ``commands.session.run`` -- the first snapshot, and a fresh one when a file changed
+    between the read and the commit; then ``report`` turns its answer into what is printed."""
     if ssh_config and host is None:
         raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
-    transport, site_packages = connect(target, host, ssh_config)
+    transport = connect(target, host, ssh_config)
     with transport:
-        snap, report = with_reread(transport, _first_snapshot(transport, site_packages), site_packages,
-                                   lambda snap: action(transport, snap), retry)
-        report.notes = notes(snap)
-        report.data["exchanges"] = transport.exchanges
-        return report
-
-
-def _first_snapshot(transport: Transport, site_packages: str | None) -> Snapshot:
-    """``engine.read_snapshot``; where no target was named and none is active, a missing
-    speculators is said to be missing from the tool's own environment, with the way out."""
-    from patcher import engine
-
-    try:
-        return engine.read_snapshot(transport, site_packages)
-    except UserError as e:
-        if getattr(transport, "tool_env", False) and str(e).startswith("no speculators installed"):
-            prefix = os.path.dirname(os.path.dirname(sys.executable))
-            raise UserError(f"no speculators installed in {prefix}, the environment speculators-patch itself runs in "
-                            f"(no --target given, and neither $VIRTUAL_ENV nor $CONDA_PREFIX is set); pass "
-                            f"--target PATH: the venv or conda prefix, site-packages directory or Python interpreter "
-                            f"of the environment that has speculators") from None
-        raise
+        snap, done = session.run(transport, lambda snap: verb(transport, snap), retry)
+        shown = report(transport, snap, done)
+        shown.notes = notes(snap)
+        shown.data["exchanges"] = transport.exchanges
+        return shown
 
 
 def _emit(report: Report, as_json: bool) -> None:
@@ -307,18 +277,27 @@ class _Group(click.Group):
         except OSError:
             click.echo("error: standard output is closed; nothing was done", err=True)
             sys.exit(2)
+        argv = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:
             hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
-            click.echo(f"error: {e.format_message()}{hint}".replace("\n", " "), err=True)
-            sys.exit(2)
+            _usage_error(f"{e.format_message()}{hint}", "--json" in argv)
         except click.ClickException as e:
-            click.echo(f"error: {e.format_message()}".replace("\n", " "), err=True)
-            sys.exit(2)
+            _usage_error(e.format_message(), "--json" in argv)
         except click.Abort:  # Ctrl-C before a command ran (during ones, ``_main`` answers)
             click.echo(f"error: {interrupted_message()}", err=True)
             sys.exit(INTERRUPTED_EXIT)
+
+
+def _usage_error(message: str, as_json: bool) -> None:
+    """A refused command line: one ``error:`` line (as JSON on stdout with ``--json``), exit 2."""
+    message = message.replace("\n", " ")
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": 2}))
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -334,8 +313,12 @@ def main() -> None:
               "pristine copy and is patched; revert then gives that newer file back.")
 def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, adopt):
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_apply(t, s, select(only, skip, "requires"), dry_run, adopt)), as_json)
+    from patcher.commands.apply import apply as verb
+
+    _main(hosts, hosts_file, lambda host: run_on_target(
+        target, host, ssh_config,
+        lambda t, s: verb(t, s, select(only, skip, "requires"), dry_run, adopt, advise=lambda hint: with_target(hint, t)),
+        lambda t, s, done: reports.apply_report(t, s, done, dry_run)), as_json)
 
 
 @main.command()
@@ -350,9 +333,9 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
 
         if ssh_config and host is None:
             raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
-        transport, site_packages = connect(target, host, ssh_config)
+        transport = connect(target, host, ssh_config)
         with transport:
-            result = engine.repair(transport, site_packages)
+            result = engine.repair(transport)
             snap, lines = result.snap, result.lines
             data = {**describe_target(snap), "was": snap.state_problem, "files": lines, "unrestorable": result.unrestorable,
                     "exchanges": transport.exchanges}
@@ -378,14 +361,21 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
 @target_options
 def diff(target, hosts, hosts_file, ssh_config, only, skip, as_json):
     """Print what apply would change as a unified diff; exit 1 when there are changes."""
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_diff(t, s, select(only, skip, "requires"))), as_json)
+    from patcher.commands.apply import diff as verb
+
+    _main(hosts, hosts_file, lambda host: run_on_target(
+        target, host, ssh_config, lambda t, s: verb(t, s, select(only, skip, "requires")),
+        lambda t, s, done: reports.diff_report(done)), as_json)
 
 
 @main.command()
 @target_options
 def status(target, hosts, hosts_file, ssh_config, only, skip, as_json):
     """Show each file's state and each patch: applied / pending / not needed."""
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_status(t, s, select(only, skip))), as_json)
+    from patcher.commands.status import status as verb
+
+    _main(hosts, hosts_file, lambda host: run_on_target(
+        target, host, ssh_config, lambda t, s: verb(s, select(only, skip)), reports.status_report), as_json)
 
 
 @main.command(name="verify")
@@ -394,8 +384,12 @@ def status(target, hosts, hosts_file, ssh_config, only, skip, as_json):
               help="Also import vLLM in the target's interpreter and confirm the call check on the live objects (slow).")
 def verify_command(target, hosts, hosts_file, ssh_config, only, skip, as_json, runtime):
     """Check vLLM's API (static read, with evidence) and the patched speculators agree."""
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_verify(t, s, select(only, skip), runtime)), as_json)
+    from patcher.commands.verify import verify as verb
+
+    _main(hosts, hosts_file, lambda host: run_on_target(
+        target, host, ssh_config,
+        lambda t, s: verb(t, s, select(only, skip), runtime, advise=lambda hint: with_target(hint, t)),
+        reports.verify_report), as_json)
 
 
 @main.command()
@@ -405,8 +399,12 @@ def verify_command(target, hosts, hosts_file, ssh_config, only, skip, as_json, r
 def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dry_run):
     """Restore the pristine files byte for byte (or drop only the selected patches)."""
     partial = bool(only or skip)
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config,
-                                lambda t, s: do_revert(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run)), as_json)
+    from patcher.commands.status import revert as verb
+
+    _main(hosts, hosts_file, lambda host: run_on_target(
+        target, host, ssh_config,
+        lambda t, s: verb(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run),
+        lambda t, s, done: reports.revert_report(s, done, dry_run)), as_json)
 
 
 @main.command()
@@ -422,10 +420,16 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
 @click.option("--timeout", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
 def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, device, tp, runner, timeout):
     """Prove extraction on this box: speculators' generator vs transformers on tiny models."""
-    from patcher.commands.selftest import request
+    from patcher.commands.selftest import request, selftest as verb
 
-    _main(hosts, hosts_file, lambda host: run_on_target(target, host, ssh_config, lambda t, s: do_selftest(
-        t, s, request(archs, model, device, tp, runner), timeout, host)), as_json)
+    def command(host):
+        def run(t, s):
+            reports.relay_progress(t, host)
+            return verb(t, s, request(archs, model, device, tp, runner), timeout)
+
+        return run_on_target(target, host, ssh_config, run, lambda t, s, report: reports.selftest_report(s, report))
+
+    _main(hosts, hosts_file, command, as_json)
 
 
 @main.command(name="list")
@@ -447,20 +451,21 @@ def list_command(as_json):
     rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
              **origin_fields(p),
              "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
-                        "first_release": f.first_release} for f in p.facts], "depends_on": p.depends_on}
+                        "first_release": f.first_release} for f in p.facts], "depends_on": p.depends_on,
+             "requires": list(p.requires)}
             for p in sorted(patches, key=lambda p: p.id)]
     users = {p.id: describe(p) for p in patches if p.origin != "shipped"}
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     table = Table()
-    for col in ("id", "name", "v", "file", "depends on", *(("origin",) if users else ())):
+    for col in ("id", "name", "v", "file", "depends on", "requires", *(("origin",) if users else ())):
         table.add_column(col, overflow="fold")
     for r in rows:
         deps = "; ".join(f"{f['symbol']} ({', '.join(f['modules'])}, >= {f['first_release']})" for f in r["facts"])
         origin = (escape(users.get(r["id"], "shipped")),) if users else ()
         table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or r["depends_on"] or "speculators' own logic",
-                      *origin)
+                      ", ".join(r["requires"]), *origin)
     print_out(lambda console: console.print(table))
 
 

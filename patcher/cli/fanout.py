@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import sys
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass

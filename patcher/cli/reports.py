@@ -1,5 +1,6 @@
-"""Each verb as the command line reports it: ``patcher.commands``' data, an exit code and
-the renderer that prints it (``Report``)."""
+"""Each verb as the command line reports it: what a ``patcher.commands`` verb returned,
+turned into a ``Report`` -- the JSON data, the exit code and the renderer that prints it.
+Nothing here reads or writes the target: the verbs have run by the time these are called."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from patcher.commands.common import describe
-from patcher.errors import UserError
 
 from patcher.cli.render import (APPLY_WORDS, DRY_RUN_WORDS, SELFTEST_HINT, Report, again, escape, outcome_table,
                                 render_calls, render_findings, render_imports_and_runner, verdict_line, with_target)
@@ -15,17 +15,17 @@ from patcher.cli.render import (APPLY_WORDS, DRY_RUN_WORDS, SELFTEST_HINT, Repor
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from patcher.commands.apply import Applied, Diffed
+    from patcher.commands.status import Reverted, Status
+    from patcher.commands.verify import InstallCheck
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
 
 
-def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False) -> Report:
-    """``apply``, then (unless ``dry_run``) every check ``verify`` makes on the result: when
-    the install is not OK it ends with verify's one-line verdict and verify's exit code (1, or
-    ``UNPROVEN`` when only the engine proof is missing)."""
-    from patcher.commands.apply import apply
-
-    done = apply(transport, snap, chosen, dry_run, adopt, advise=lambda hint: with_target(hint, transport))
+def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: bool) -> Report:
+    """``apply``: the patch table, what was written, and (when the result is not OK)
+    verify's findings and one-line verdict; exit code verify's (1, or ``UNPROVEN`` when
+    only the engine proof is missing; 0 for a dry run)."""
     result, rows, changed, modified, check = done.result, done.rows, done.changed, done.modified, done.check
 
     def render(console: Console) -> None:
@@ -33,6 +33,10 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
         console.print(outcome_table(rows, f"speculators {snap.speculators_version} on vLLM {snap.vllm.version} ({snap.label})", words))
         if dry_run:
             console.print(f"dry run: {len(changed)} file(s) would change, nothing written")
+            if modified:  # apply would leave these as they are and fail verify's check on them
+                console.print(f"{', '.join(sorted(modified))} changed after patching: apply would not touch "
+                              f"{'it' if len(modified) == 1 else 'them'} and would end with verify: FAILED "
+                              f"(a file modified after patching)")
         elif result.written:
             console.print(f"patched {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
         if result.adopted:
@@ -52,11 +56,8 @@ def do_apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt:
     return Report(done.data, done.exit_code, render)
 
 
-def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
+def diff_report(done: Diffed) -> Report:
     """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one."""
-    from patcher.commands.apply import diff
-
-    done = diff(transport, snap, chosen)
 
     def render(console: Console) -> None:
         sys.stdout.write(done.text)
@@ -65,17 +66,15 @@ def do_diff(transport: Transport, snap: Snapshot, chosen) -> Report:
     return Report(done.data, 1 if done.text else 0, render)
 
 
-def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
+def status_report(transport: Transport, snap: Snapshot, done: Status) -> Report:
     """``status``: each file's state and each patch's."""
-    from patcher.commands.status import status
     from patcher.checks.verify import STALE_FIX
 
-    done = status(snap, chosen)
     rows, files = done.rows, done.files
 
     def render(console: Console) -> None:
         console.print(f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
-                      f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}")
+                      f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}", soft_wrap=True)  # one line for grep
         for path, state in files.items():
             console.print(f"  {path}: {state}")
         console.print(outcome_table(rows, "patches"))
@@ -86,12 +85,10 @@ def do_status(transport: Transport, snap: Snapshot, chosen) -> Report:
     return Report(done.data, 0, render)
 
 
-def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False) -> Report:
+def verify_report(transport: Transport, snap: Snapshot, done: tuple[InstallCheck, dict]) -> Report:
     """``verify``: every check of ``commands.verify.check_install`` with its evidence; exit 1
     when one fails, ``UNPROVEN`` (3) when only the engine proof is missing."""
-    from patcher.commands.verify import verify
-
-    check, data = verify(transport, snap, chosen, runtime, advise=lambda hint: with_target(hint, transport))
+    check, data = done
     facts, rows, calls = check.facts, check.rows, check.calls
 
     def render(console: Console) -> None:
@@ -122,11 +119,8 @@ def do_verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = Fals
     return Report(data, check.exit_code, render)
 
 
-def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Report:
+def revert_report(snap: Snapshot, done: Reverted, dry_run: bool) -> Report:
     """``revert``: the pristine files back, or only the chosen patches dropped."""
-    from patcher.commands.status import revert
-
-    done = revert(transport, snap, chosen, partial, force, dry_run)
     result, changed = done.result, done.changed
 
     def render(console: Console) -> None:
@@ -140,20 +134,16 @@ def do_revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force
     return Report(done.data, 0, render)
 
 
-def do_selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float, host: str | None) -> Report:
-    """``selftest``: the check shipped to the target, its progress relayed, its report judged."""
+def relay_progress(transport: Transport, host: str | None) -> None:
+    """Print the selftest's progress lines on stderr as they arrive (``host: `` first on a fan-out)."""
     from rich.console import Console
-
-    from patcher.commands.selftest import run_remote, summarize
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     transport.on_progress = lambda line: err.print(f"{host + ': ' if host else ''}{line}", markup=False)
-    if snap.speculators_version is None:
-        raise UserError(f"{transport.label}: speculators is not installed in this environment")
-    from patcher import engine
 
-    engine.check_supported(snap)  # a speculators no patch is written for: its generator is not ours to test
-    report = summarize(run_remote(transport, snap, req, timeout))
+
+def selftest_report(snap: Snapshot, report: dict) -> Report:
+    """``selftest``: the judged report (``commands.selftest.selftest``); exit 1 unless OK."""
     return Report({**describe(snap), "ok": report["ok"], "selftest": report}, 0 if report["ok"] else 1,
                   lambda console: render_selftest(report, console))
 

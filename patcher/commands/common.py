@@ -1,18 +1,14 @@
 """What every verb shares: the target described, the notes under a result, the rows of
-patch outcomes, the rule for user patches edited since they were applied, and the retry
-when another writer got there first."""
+patch outcomes, and the rule for user patches edited since they were applied."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING
 
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
-    from patcher.connect.transport import Transport
     from patcher.engine import FilePlan, Snapshot
-
-T = TypeVar("T")
 
 
 def describe(snap: Snapshot) -> dict:
@@ -85,21 +81,3 @@ def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
             row["detail" if key == "state" else "hint"] = (
                 f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
                 f"'revert --only {row['id']}', then apply the new one")
-
-
-def with_reread(transport: Transport, snap: Snapshot, site_packages: str | None, attempt: Callable[[Snapshot], T],
-                retry: bool = True) -> tuple[Snapshot, T]:
-    """``attempt(snap)``, again on a fresh snapshot (up to five times in all) when a file
-    changed between the read and the commit (``changed-since-read``: another node applied
-    meanwhile; each retry follows another writer's success). Returns the snapshot the
-    answer was made on, and the answer."""
-    from patcher import engine
-
-    for tries in range(1, 6):
-        try:
-            return snap, attempt(snap)
-        except UserError as e:
-            if not (retry and tries < 5 and str(e).startswith("changed-since-read")):
-                raise
-            snap = engine.read_snapshot(transport, site_packages)
-    raise AssertionError("unreachable")

@@ -2,7 +2,7 @@
 
 The check itself (``patcher/agent/selftest/``) runs under the target's interpreter through
 the agent's ``run_python`` op, locally or over SSH: the same code either way. This module
-only sends it, relays its progress lines, and judges the report (``patcher.cli.reports``
+only sends it and judges the report (``patcher.cli.reports`` relays its progress and
 prints it): 0 every capture within the bound, 1 a capture out of bound or the generator
 failed (its own error text, and the patch that addresses it when one does), 2 bad input or
 a box that cannot run the check.
@@ -101,6 +101,18 @@ def run_remote(transport: Transport, snap: Snapshot, req: dict, timeout: float) 
     tail = [ln for ln in (answer["stdout"] + "\n" + transport.stderr_text()).splitlines() if ln.strip()]
     raise UserError(f"{transport.label}: selftest ended without a report (exit {answer['returncode']}): "
                     f"{tail[-1] if tail else 'no output'}")
+
+
+def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
+    """``selftest`` on one target: refuse a target without speculators or with a release no
+    patch is written for (its generator is not ours to test), run the check (``run_remote``,
+    at most ``timeout`` seconds) and judge its report (``summarize``). Raises ``UserError``."""
+    from patcher import engine
+
+    if snap.speculators_version is None:
+        raise UserError(f"{transport.label}: speculators is not installed in this environment")
+    engine.check_supported(snap)
+    return summarize(run_remote(transport, snap, req, timeout))
 
 
 def summarize(report: dict) -> dict:

@@ -71,11 +71,6 @@ class ExecTransport(BootstrapTransport):
         if code < 0:
             return (f"{self._where}: the agent was killed (signal {-code}) {during}; a commit it had started is "
                     f"rolled back by the next speculators-patch command on that target")
-        hint = "" if self._synced else (f"; the command must start a Python 3.8+ that runs the program given "
-                                        f"after it as -c PROGRAM (e.g. 'docker exec -i NAME python3')")
+        hint = "" if self._synced else ("; the command must start a Python 3.8+ that runs the program given "
+                                        "after it as -c PROGRAM (e.g. 'docker exec -i NAME python3')")
         return f"{self._where}: the command ended (status {code}) {during}: {last or 'no output'}{hint}"
-
-
-def exec_transport(command: str, target: str | None) -> tuple[ExecTransport, None]:
-    """The transport for ``--exec``; ``--target`` is resolved on the far side."""
-    return ExecTransport(command, target), None

@@ -1,85 +1,54 @@
-"""The agent under a local interpreter, and how ``--target`` names it (docs/ARCHITECTURE.md:
-"Which interpreter a target is")."""
+"""The agent on this machine: the bootstrap (``patcher/agent/bootstrap.py``) under
+speculators-patch's own Python resolves ``--target`` by the same rule as on a remote host
+(docs/ARCHITECTURE.md: "Which interpreter a target is") and starts the agent there."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from pathlib import Path
 
-from patcher.connect.program import AGENT_PROGRAM
+from patcher.connect.bootstrapped import BootstrapTransport
+from patcher.connect.program import bootstrap_program
 from patcher.connect.transport import Transport
 from patcher.errors import UserError
 
 
-class LocalTransport(Transport):
-    """The agent under a local interpreter.
+class LocalTransport(BootstrapTransport):
+    """The agent under a local interpreter, chosen by the bootstrap from ``target``.
 
     Args:
-        python: the interpreter of the target environment.
-        site_packages: set when the target is a bare site-packages directory; the agent then
-            runs isolated (``-I -S``) and adds that directory itself.
+        target: ``--target`` (a venv or conda prefix, a site-packages directory, a Python
+            interpreter), or None for the active environment (``$VIRTUAL_ENV``, then
+            ``$CONDA_PREFIX``, else the Python speculators-patch runs under).
+    A target the rule refuses is a ``UserError`` from the first request.
     """
 
-    def __init__(self, python: str, site_packages: str | None = None) -> None:
-        super().__init__()
-        self.python = python
-        self.site_packages = site_packages
-        self.tool_env = False  # True: the interpreter running this tool, chosen for want of a target
+    EXIT_WAIT = Transport.EXIT_WAIT
+
+    def __init__(self, target: str | None = None) -> None:
+        self.label = "local"
+        super().__init__(target)
+        self._header_where = None  # local messages name no host
+        self._where = f"--target {target}" if target else "the default interpreter"
+        # True: nothing names a target, so the agent runs under this tool's own Python, and an
+        # error about a missing speculators should say so (``commands.session``).
+        self.tool_env = target is None and not any(os.environ.get(v) for v in ("VIRTUAL_ENV", "CONDA_PREFIX"))
 
     def _argv(self) -> list[str]:
-        flags = ["-I", "-S"] if self.site_packages else []
-        return [self.python, *flags, "-c", AGENT_PROGRAM, self._marker.decode()]
+        return [sys.executable, "-I", "-S", "-c", bootstrap_program()]
 
-    def _env(self) -> dict[str, str]:
-        # The caller's PYTHONPATH must not decide which tree is patched (the state would go
-        # to the target's site-packages while another tree is rewritten).
-        return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    def __enter__(self) -> "LocalTransport":
+        try:
+            return super().__enter__()
+        except OSError as e:  # this tool's own interpreter, which runs the bootstrap, cannot be started
+            raise UserError(f"cannot start {sys.executable} (the Python speculators-patch runs under, which "
+                            f"starts the agent): {e.strerror}; nothing was read or changed") from None
 
+    def _where_text(self) -> str:
+        return f"{self.label}: {self._where}"
 
-def _is_site_packages(path: Path) -> bool:
-    return path.name in ("site-packages", "dist-packages") or any(path.glob("*.dist-info"))
+    def _no_answer(self, op: str) -> str:
+        return Transport._no_answer(self, op)
 
-
-def local_transport(target: str | None) -> tuple[LocalTransport, str | None]:
-    """Resolve ``--target`` to a transport; return it and the bare site-packages path, if any.
-
-    ``target`` may be None (the active environment: ``$VIRTUAL_ENV``, ``$CONDA_PREFIX``,
-    else this interpreter), a venv or conda prefix, a site-packages directory, or a Python
-    interpreter. Raises ``UserError`` for anything else.
-    """
-    if target is not None and (not target.strip() or "\0" in target):
-        raise UserError("--target is empty" if not target.strip() else "--target contains a NUL byte")
-    if target is None:
-        for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
-            prefix = os.environ.get(variable)
-            if prefix:
-                python = Path(prefix) / "bin" / "python"
-                if not python.exists():
-                    raise UserError(f"${variable} is {prefix}, which has no bin/python; pass --target")
-                return LocalTransport(str(python)), None
-        own = LocalTransport(sys.executable)
-        own.tool_env = True  # nothing named a target: an error about it should say so
-        return own, None
-    path = Path(target).expanduser()
-    try:
-        if not path.exists():
-            raise UserError(f"target does not exist: {target}")
-        if path.is_file():
-            # Nothing is sent to a program before we know it is Python (not bash, not a script).
-            names = {path.name, Path(os.path.realpath(path)).name}
-            if not os.access(path, os.X_OK) or not any(re.match(r"(python|pypy)[0-9.]*$", n) for n in names):
-                raise UserError(f"target is a file but not a Python interpreter (python3, python3.X): {target}")
-            return LocalTransport(str(path)), None
-        os.listdir(path)  # a directory this user cannot read or traverse fails here, in one line
-        for candidate in (path / "bin" / "python", path / "bin" / "python3"):
-            if candidate.exists():
-                return LocalTransport(str(candidate)), None
-        if _is_site_packages(path):
-            return LocalTransport(sys.executable, str(path.resolve())), str(path.resolve())
-    except OSError as e:
-        raise UserError(f"cannot read target {target}: {e.strerror}") from None
-    raise UserError(
-        f"target is not a Python environment (no bin/python), site-packages directory or interpreter: {target}"
-    )
+    def _not_json(self, line: bytes) -> str:
+        return Transport._not_json(self, line)

@@ -15,7 +15,6 @@ Why OpenSSH and not a Python SSH library: docs/ssh.md.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -372,10 +371,3 @@ class SshTransport(BootstrapTransport):
         check = subprocess.run(["ssh", "-o", f"ControlPath={self._control_path}", "-O", "check", "master"],
                                capture_output=True, timeout=10)
         return check.returncode != 0
-
-
-def ssh_transport(host: str, target: str | None, ssh_config: str | None = None,
-                  persist: int = DEFAULT_PERSIST) -> tuple[SshTransport, None]:
-    """The transport for ``--host``; the remote side resolves ``--target`` itself, so the
-    bare-site-packages path the local resolver returns is always None here."""
-    return SshTransport(host, target, ssh_config, persist), None

@@ -2,8 +2,8 @@
 
 A transport starts one agent process per subcommand and exchanges JSON lines with it:
 locally a subprocess of the target's interpreter (``connect.local``); remotely the same
-agent over one SSH connection (``connect.ssh``) or a command's pipes (``connect.exec``),
-both started by the bootstrap (``connect.bootstrapped``). Every transport counts its
+agent over one SSH connection (``connect.ssh``) or a command's pipes (``connect.exec``);
+all three are started by the bootstrap (``connect.bootstrapped``), which resolves the target. Every transport counts its
 exchanges, so round trips can be reported.
 """
 
@@ -324,9 +324,9 @@ class Transport:
         # The interpreter hint only where the failure looks like one (no output, or Python
         # 2 / a shell choking on the agent's source), not after e.g. a full disk.
         hint = not err or any(w in err[-1] for w in ("SyntaxError", "not found", "command", "invalid syntax"))
-        return (f"{self.label}: {self._argv()[0]} ended without answering the agent's request "
+        return (f"{self._where_text()} ended without answering the agent's request "
                 f"({err[-1] if err else 'no output'})" + ("; is it a Python 3.8+ interpreter?" if hint else ""))
 
     def _not_json(self, line: bytes) -> str:
-        return (f"{self.label}: {self._argv()[0]} did not answer as a Python interpreter running the agent "
+        return (f"{self._where_text()} did not answer as a Python interpreter running the agent "
                 f"(it printed {line[:60].decode(errors='replace').strip()!r})")

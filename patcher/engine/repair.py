@@ -26,7 +26,7 @@ class RepairResult:
     unrestorable: list[str]
 
 
-def repair(transport: Transport, site_packages: str | None) -> RepairResult:
+def repair(transport: Transport) -> RepairResult:
     """Rebuild a consistent state from what is on disk, changing no speculators file except
     to finish rolling back an interrupted commit where the files allow it.
 
@@ -40,9 +40,9 @@ def repair(transport: Transport, site_packages: str | None) -> RepairResult:
     Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
     reinstall speculators, then ``repair`` again), or when the state cannot be written.
     """
-    first = read_snapshot(transport, site_packages, tolerate_damage=True)
+    first = read_snapshot(transport, tolerate_damage=True)
     transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
-    snap = read_snapshot(transport, site_packages, tolerate_damage=True, record_check=True)
+    snap = read_snapshot(transport, tolerate_damage=True, record_check=True)
     entries = (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
     files, lines = {}, []
     paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))

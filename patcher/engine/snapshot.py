@@ -159,8 +159,7 @@ class Snapshot:
         return {pid for path in (self.manifest or {}).get("files", {}) for pid in self.recorded(path)}
 
 
-def read_snapshot(transport: Transport, site_packages: str | None = None, tolerate_damage: bool = False,
-                  record_check: bool = False) -> Snapshot:
+def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_check: bool = False) -> Snapshot:
     """One ``inspect`` exchange. The files read are those the patches of this run name and
     every file the target's state names (a user patch on any file, applied earlier, is
     read without its source). ``record_check`` (``repair``): also list the speculators
@@ -170,7 +169,6 @@ def read_snapshot(transport: Transport, site_packages: str | None = None, tolera
     way out."""
     patches = all_patches()
     request = dict(
-        site_packages=site_packages,
         speculators_files=sorted({p.file for p in patches}),
         vllm_files=sorted({m for p in patches for f in p.facts for m in f.modules}),
     )

@@ -56,7 +56,7 @@ def fake_site(root: Path) -> Path:
 
 def test_runtime_reading_reports_disagreements(tmp_path):
     site = str(fake_site(tmp_path / "site-packages"))
-    with LocalTransport(sys.executable, site) as transport:
+    with LocalTransport(site) as transport:
         speculators, vllm = callsite.fetch(transport, site)
         checked: list = []
         static = callsite.check(speculators, vllm, checked)

@@ -79,18 +79,18 @@ def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     from patcher import engine
     from patcher.fixes import registry
     from patcher.fixes.registry import select
-    from patcher.connect.local import local_transport
+    from patcher.connect.local import LocalTransport
 
     loaded = registry.use_patch_files([str(p) for p in patch_files])
     try:
-        return _capture(sandbox, engine, select, local_transport)
+        return _capture(sandbox, engine, select, LocalTransport)
     finally:
         for patch in loaded:
             registry._user.pop(patch.id, None)
         registry._all = None
 
 
-def _capture(sandbox, engine, select, local_transport) -> Requests:
+def _capture(sandbox, engine, select, LocalTransport) -> Requests:
 
     sent = []
 
@@ -105,7 +105,7 @@ def _capture(sandbox, engine, select, local_transport) -> Requests:
 
         transport.request = request
 
-    transport, _ = local_transport(str(sandbox))
+    transport = LocalTransport(str(sandbox))
     with transport:
         grab(transport)
         snap = engine.read_snapshot(transport)

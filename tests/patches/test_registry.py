@@ -61,6 +61,8 @@ def test_list_names_what_each_patch_depends_on():
     listed = {r["id"]: r for r in json.loads(run_cli("list", "--json").stdout)}
     assert "vllm/config/cache.py" in listed["SP021"]["depends_on"] and listed["SP021"]["facts"] == []
     assert listed["SP010"]["depends_on"] == "" and listed["SP004"]["facts"]
+    assert listed["SP012"]["requires"] == ["SP010"] and listed["SP024"]["requires"] == ["SP020"]
+    assert listed["SP010"]["requires"] == []
     text = run_cli("list").stdout
     assert "speculators' own logic" in text and "at run time" in text
 

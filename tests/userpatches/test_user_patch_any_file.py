@@ -80,11 +80,11 @@ def test_no_commit_drops_the_copy_of_a_file_that_still_differs(tmp_path, sandbox
     from patcher import engine
     from patcher.fixes import registry
     from patcher.errors import UserError
-    from patcher.connect.local import local_transport
+    from patcher.connect.local import LocalTransport
 
     _applied(tmp_path, sandbox, site)
     before = installed_state(site)
-    transport, _ = local_transport(str(sandbox))
+    transport = LocalTransport(str(sandbox))
     answer = None
     try:
         with transport:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import re
 import sys
 from importlib import metadata

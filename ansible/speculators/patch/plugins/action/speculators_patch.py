@@ -42,7 +42,7 @@ class ActionModule(ActionBase):
     def _work(self, args: dict, transport) -> dict:
         from patcher import engine
         from patcher.commands.apply import apply
-        from patcher.commands.common import with_reread
+        from patcher.commands import session
         from patcher.commands.status import revert
         from patcher.fixes.registry import select
 
@@ -58,7 +58,7 @@ class ActionModule(ActionBase):
             return revert(transport, snap, select(only, skip, "dependents", snap.applied_ids()),
                           partial=bool(only or skip), force=args["force"], dry_run=check)
 
-        snap, done = with_reread(transport, engine.read_snapshot(transport), None, attempt)
+        snap, done = session.run(transport, attempt)  # the CLI's read and retry
         outcome = done.result
         changing = [p for p in outcome.plans if p.changed]
         changed = bool(changing) if check else bool(outcome.written)

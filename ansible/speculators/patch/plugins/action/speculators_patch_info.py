@@ -40,15 +40,14 @@ class ActionModule(ActionBase):
         return run_task(self, task_vars or {}, MODULE, ARGUMENT_SPEC, self._work)
 
     def _work(self, args: dict, transport) -> dict:
-        from patcher import engine
+        from patcher.commands import session
         from patcher.commands.status import status
         from patcher.commands.verify import verify
         from patcher.fixes.registry import select
 
         controller.use_patch_files(args["patch_files"])
         chosen = select(tuple(args["only"]), tuple(args["skip"]))
-        snap = engine.read_snapshot(transport)
-        found = status(snap, chosen)  # the CLI's status: stale and source-changed rows included
+        snap, found = session.run(transport, lambda snap: status(snap, chosen))  # the CLI's status, as the CLI runs it
         patches = found.rows
         result = {**task_target(snap), "changed": False, "plan_cache": plan_cache_state(found.plans),
                   "status": {"files": found.files, "patches": patches}}
