@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from support import GENERATOR, run_cli, run_json, tree_digest
+from support import GENERATOR, ROOT, run_cli, run_json, tree_digest
 from sandbox import make_sandbox, site_packages
 from userfix import FIX001_LINE, write_fix001
 
@@ -74,6 +74,28 @@ def test_target_is_resolved_on_the_far_side(tmp_path, sandbox, site):
     result = run_cli("status", "--exec", "env -i python3", "--target", str(tmp_path / "no such env"))
     assert result.returncode == 2
     assert result.stderr == f"error: target does not exist on env -i python3: {tmp_path / 'no such env'}\n"
+
+
+def test_the_far_side_resolves_a_target_by_the_local_rule(tmp_path, sandbox, site):
+    """No --target: that side's $VIRTUAL_ENV (then $CONDA_PREFIX), as locally; a file not
+    named like a Python is refused before anything is sent to it; the caller's PYTHONPATH,
+    here a decoy speculators, never decides which tree is read."""
+    decoy = tmp_path / "decoy"
+    (decoy / "speculators").mkdir(parents=True)
+    (decoy / "speculators" / "__init__.py").write_text("__version__ = '9.9.9'\n")
+    for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        far = f"env -i {variable}={shlex.quote(str(sandbox))} PYTHONPATH={shlex.quote(str(decoy))} python3"
+        code, report = run_json("status", "--exec", far)
+        assert code == 0 and report["site_packages"] == str(site) and report["speculators"] == "0.3.0", variable
+        local = run_json("status", env={variable: str(sandbox), "PYTHONPATH": f"{decoy}:{ROOT}"})
+        assert local[1]["site_packages"] == str(site) and local[1]["speculators"] == "0.3.0", variable
+    gone = run_cli("status", "--exec", f"env -i VIRTUAL_ENV={shlex.quote(str(tmp_path / 'gone'))} python3")
+    assert gone.returncode == 2 and gone.stderr.startswith(f"error: $VIRTUAL_ENV on env -i VIRTUAL_ENV=")
+    assert "which has no bin/python; pass --target" in gone.stderr
+    for where in (("--exec", "env -i python3"), ()):
+        refused = run_cli("status", *where, "--target", "/bin/true")
+        assert refused.returncode == 2 and "is a file but not a Python interpreter (python3, python3.X): /bin/true" \
+            in refused.stderr, refused.stderr
 
 
 def test_several_commands_give_the_per_target_summary(tmp_path):
