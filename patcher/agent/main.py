@@ -46,9 +46,9 @@ SITE_PACKAGES = "--site-packages="
 def main(argv=None):
     """Read one JSON request per line on stdin, answer one JSON line each, until EOF.
 
-    Arguments (``argv``, default ``sys.argv[1:]``): the marker to print first (a local agent
-    is started as ``python -c PROGRAM MARKER``: the line says it runs, the handshake the
-    caller times; the bootstrap prints it for remote ones), and ``--site-packages=DIR`` for
+    Arguments (``argv``, default ``sys.argv[1:]``): the marker to print first (the agent is
+    started as ``python -c PROGRAM MARKER``, locally or by the bootstrap: the line says it
+    runs, the handshake the caller times), and ``--site-packages=DIR`` for
     a bare site-packages target (every request without one then names DIR)."""
     args = sys.argv[1:] if argv is None else argv
     # ``python -c``/``python -`` put the working directory first on sys.path: a

@@ -1,7 +1,7 @@
 """Transports that start the agent through the bootstrap (``patcher/agent/bootstrap.py``):
-local (``connect.local``), SSH (``connect.ssh``) and ``--exec`` (``connect.exec``). The
-first bytes on the bootstrap's stdin are a header -- the target, the agent program, a
-marker -- and the bootstrap resolves the target on its side, by one rule for all three."""
+SSH (``connect.ssh``) and ``--exec`` (``connect.exec``). The first bytes on the far side's
+stdin are a header -- the target, the agent program, a marker -- and the bootstrap resolves
+the target there, by the rule a local target is resolved by (``bootstrap.resolve``)."""
 
 from __future__ import annotations
 

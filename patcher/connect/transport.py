@@ -2,8 +2,9 @@
 
 A transport starts one agent process per subcommand and exchanges JSON lines with it:
 locally a subprocess of the target's interpreter (``connect.local``); remotely the same
-agent over one SSH connection (``connect.ssh``) or a command's pipes (``connect.exec``);
-all three are started by the bootstrap (``connect.bootstrapped``), which resolves the target. Every transport counts its
+agent over one SSH connection (``connect.ssh``) or a command's pipes (``connect.exec``),
+both started by the bootstrap (``connect.bootstrapped``). Every side resolves ``--target``
+by one rule, ``patcher/agent/bootstrap.py``'s ``resolve``. Every transport counts its
 exchanges, so round trips can be reported.
 """
 

@@ -125,5 +125,5 @@ def test_a_local_interpreter_that_never_starts_fails_at_the_connect_timeout(tmp_
     fake.chmod(0o755)
     result, took = _timed("status", "--target", str(fake), "--connect-timeout", "2")
     line = _one_line(result)
-    assert f"local: --target {fake}: no answer within 2 s (--connect-timeout) while starting the agent: it printed nothing" in line
+    assert f"local: {fake}: no answer within 2 s (--connect-timeout) while starting the agent: it printed nothing" in line
     assert took < 10
