@@ -70,8 +70,9 @@ PROVEN = (
     # vLLM's CUDA wheel, torch 2.11.0+cu130, transformers 5.17.0; each architecture under both
     # GPU model runners (vLLM's own choice: V2 for Llama, V1 for the other two; then the other
     # one forced), eager, FLASH_ATTN (FlashAttention 3) and FLASH_ATTN_MLA (docs/selftest.md).
-    # Selftest then gave the GPU 2 GiB: the KV cache kept every prompt whole, so no prompt was
-    # split across steps there (chunked prefill on GPUs is proven by source, not by this run).
+    # Selftest then gave the GPU 2 GiB, and the KV cache kept every prompt whole; rerun with
+    # 8 GiB (make test-gpu RUNNERS=auto, main ad89a6b): prompts split across steps for all
+    # three, so chunked prefill is proven there too (Llama under V2, the MLA models under V1).
     Proof("0.24.0", ("Llama (Model Runner V2, V1)", "DeepSeek-V3 (V1, V2)", "Kimi-K2.5 (V1, V2)"), "2026-12-01",
           "selftest --device cuda (make test-gpu)", H200),
     Proof("0.25.1", THREE, "2026-11-30", ONE_OFF),
