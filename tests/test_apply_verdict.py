@@ -72,6 +72,8 @@ def test_apply_after_a_hand_edit_is_not_calm(sandbox, site):
     dry = run_cli("apply", "--dry-run", "--target", str(sandbox))  # a dry run says what apply would meet
     assert dry.returncode == 0 and "dry run: 0 file(s) would change" in dry.stdout, dry.stdout
     assert f"{WORKER} changed after patching: apply would not touch it" in dry.stdout
+    _, data = run_json("apply", "--dry-run", "--target", str(sandbox))
+    assert data["modified_files"] == [WORKER]
     assert (site / WORKER).read_bytes() == edited
 
 

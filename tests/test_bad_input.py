@@ -172,3 +172,16 @@ def test_a_refused_command_line_answers_in_json_where_json_was_asked(tmp_path):
     assert result.returncode == 2 and result.stderr == "", result.stderr
     answer = json.loads(result.stdout)
     assert answer["exit_code"] == 2 and "given 2 times" in answer["error"]
+
+
+def test_list_answers_a_bad_patch_file_in_json(tmp_path):
+    result = run_cli("list", "--json", "--patch-file", "/etc/passwd")
+    assert result.returncode == 2 and result.stderr == ""
+    assert "patch file /etc/passwd:1: syntax error" in __import__("json").loads(result.stdout)["error"]
+
+
+def test_a_broken_interpreter_link_is_named_not_called_missing(tmp_path):
+    (tmp_path / "env" / "bin").mkdir(parents=True)
+    (tmp_path / "env" / "bin" / "python").symlink_to(tmp_path / "gone" / "python3")
+    assert_refused(run_cli("status", "--target", str(tmp_path / "env")),
+                   f"{tmp_path / 'env' / 'bin' / 'python'} is a link that cannot be followed")

@@ -28,10 +28,16 @@ def is_python(path):
     return any(re.match(r"(python|pypy)[0-9.]*$", n) for n in names)
 
 
-def environment_python(prefix):
+def environment_python(prefix, on=""):
+    """``prefix/bin/python`` (or ``python3``), or None; a link that cannot be followed is
+    refused here rather than taken for no interpreter at all."""
     for name in ("python", "python3"):
-        if os.path.exists(os.path.join(prefix, "bin", name)):
-            return os.path.join(prefix, "bin", name)
+        path = os.path.join(prefix, "bin", name)
+        if os.path.lexists(path):
+            if not os.path.exists(path):
+                raise Refused("%s%s is a link that cannot be followed (to %s; missing, or not readable by this user)"
+                              % (path, on, os.readlink(path)))
+            return path
     return None
 
 
@@ -43,15 +49,22 @@ def resolve(target, where=None, environ=None, executable=None):
     environ = os.environ if environ is None else environ
     executable = sys.executable if executable is None else executable
     on = " on " + where if where else ""
+    if not executable:  # e.g. started with no PATH: Python cannot say where it is
+        def fallback():
+            raise Refused("the Python%s cannot tell its own path (sys.executable is empty: started without PATH?); "
+                          "pass --target" % on)
+    else:
+        def fallback():
+            return executable
     if target is None:  # the active environment of this side, else the Python running this
         for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
             prefix = environ.get(variable)
             if prefix:
-                python = environment_python(prefix)
+                python = environment_python(prefix, on)
                 if python is None:
                     raise Refused("$%s%s is %s, which has no bin/python; pass --target" % (variable, on, prefix))
                 return python, [], None
-        return executable, [], None
+        return fallback(), [], None
     if not target.strip() or "\0" in target:
         raise Refused("--target is empty" if not target.strip() else "--target contains a NUL byte")
     path = os.path.abspath(os.path.expanduser(target))
@@ -59,7 +72,8 @@ def resolve(target, where=None, environ=None, executable=None):
         os.stat(path)
     except OSError as e:  # missing, or under a directory this user cannot traverse
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise Refused("target does not exist%s: %s" % (on, target))
+            shown = target if path in (target, target.rstrip("/")) else "%s (%s)" % (target, path)
+            raise Refused("target does not exist%s: %s" % (on, shown))
         raise Refused("cannot read target%s %s: %s" % (on, target, e.strerror))
     if os.path.isfile(path):
         if not os.access(path, os.X_OK) or not is_python(path):
@@ -69,11 +83,11 @@ def resolve(target, where=None, environ=None, executable=None):
         entries = os.listdir(path)
     except OSError as e:
         raise Refused("cannot read target%s %s: %s" % (on, target, e.strerror))
-    python = environment_python(path)
+    python = environment_python(path, on)
     if python is not None:
         return python, [], None
     if os.path.basename(path) in ("site-packages", "dist-packages") or [e for e in entries if e.endswith(".dist-info")]:
-        return executable, ["-I", "-S"], os.path.realpath(path)
+        return fallback(), ["-I", "-S"], os.path.realpath(path)
     raise Refused("target%s is not a Python environment (no bin/python), site-packages directory or interpreter: %s"
                   % (on, target))
 
@@ -117,6 +131,9 @@ def main():
         python, flags, site_dir = resolve(header["target"], header["where"])
     except Refused as e:
         fail(str(e))
+    # Which interpreter the rule chose, for the client's messages should it fail to start the agent.
+    sys.stdout.write("\n%s exec %s\n" % (header["marker"], python))
+    sys.stdout.flush()
     try:
         os.execve(python, agent_argv(python, flags, site_dir, header["agent"], header["marker"]),
                   agent_environment(os.environ))

@@ -446,8 +446,7 @@ def list_command(as_json):
         _load_patch_files()
         patches = all_patches()
     except UserError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _usage_error(str(e), as_json)
     rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
              **origin_fields(p),
              "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,

@@ -63,6 +63,7 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
         if row["file"] in modified:
             row["file_modified"] = True
     data = {**describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
+            "modified_files": sorted(modified),
             "verify": None if check is None else {"ok": check.ok, "failing": check.failing}}
     return Applied(result, rows, changed, modified, check, data)
 

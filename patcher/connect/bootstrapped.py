@@ -49,7 +49,20 @@ class BootstrapTransport(Transport):
         """Also the header's length line coming back (``cat`` sends it first)."""
         return super()._is_echo(line) or line.rstrip(b"\r\n") == self._header_size
 
+    def _consumed(self, line: bytes) -> bool:
+        """The bootstrap's ``MARKER exec PYTHON`` line: the far side started and chose PYTHON."""
+        prefix = self._marker + b" exec "
+        if line.startswith(prefix):
+            self.resolved = line[len(prefix):].rstrip(b"\r\n").decode(errors="replace")
+            return True
+        return False
+
     def _no_answer(self, op: str) -> str:
+        if not self._synced and self.resolved is not None:  # the target's interpreter, not the connection
+            code = self._exit_code()
+            said = last_line(self.stderr_text()) or last_line(b"".join(self._noise).decode(errors="replace"))
+            return (f"{self._where}: {self.resolved} (the target's interpreter there) ended (status {code}) without "
+                    f"starting the agent: {said[:200] or 'no output'}; is it a Python 3.8+ interpreter?")
         return self._failure(op)
 
     def _not_json(self, line: bytes) -> str:

@@ -66,6 +66,7 @@ class Transport:
         self._marker = f"speculators-patch-agent-{secrets.token_hex(8)}".encode()
         self._synced = False
         self._noise: list[bytes] = []  # what the far side printed before the marker
+        self.resolved: str | None = None  # the interpreter a bootstrap chose, once it says so
         self._started = 0.0
         self._abandoned = False  # a commit outlived --timeout: leave the agent to finish it
         self._preamble = b""  # bytes to write before the first request (a bootstrap's header)
@@ -241,12 +242,18 @@ class Transport:
             line = self._next_line(self._handshake_deadline())
             if not line:
                 return False
+            if self._consumed(line):
+                continue
             if self._is_echo(line):
                 self._proc.kill()
                 raise UserError(self._echoed())
             self._noise.append(line)
             self._synced = line.rstrip(b"\r\n") == self._marker
         return True
+
+    def _consumed(self, line: bytes) -> bool:
+        """A line before the marker that is ours to read, not the far side's noise (none here)."""
+        return False
 
     def _is_echo(self, line: bytes) -> bool:
         """A line carrying our marker inside other text (the header or a request sent back),
@@ -268,7 +275,9 @@ class Transport:
         if not self._synced:
             self._proc.kill()
             seconds = self.connect_timeout
-            if not self._noise and not self.stderr_text().strip():
+            if self.resolved is not None:
+                what = f"{self.resolved} (the target's interpreter there) started, but not the agent"
+            elif not self._noise and not self.stderr_text().strip():
                 what = ("it printed nothing and was still running (silent: not a Python that runs the program given "
                         "to it? if it is only slow to start, raise --connect-timeout)")
             else:

@@ -189,7 +189,7 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | N
         why = (f": no --patch-file or installed pack defines {', '.join(users)}, and this target's record names "
                f"no such patch (never applied here, or already reverted)" if users else "")
         raise UserError(
-            f"unknown patch id {', '.join(unknown)}{why} (known: {', '.join(sorted(p.id for p in patches))}; "
+            f"unknown patch id {', '.join(u or repr(u) for u in unknown)}{why} (known: {', '.join(sorted(p.id for p in patches))}; "
             f"or a name from 'speculators-patch list')"
         )
     chosen = [p for p in patches if not only or p.id in only or p.name in only]

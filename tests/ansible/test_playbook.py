@@ -118,7 +118,7 @@ def test_bad_input_is_a_task_failure_with_one_line(tmp_path, collections, fleet)
     assert '"msg": "unknown patch id SP999 (known: SP0' in r.stdout
     r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1", "-e", "target=~/no-such-env")
     assert r.returncode == 2 and recap(r.stdout)["node1"]["failed"] == 1
-    assert '"msg": "target does not exist on node1: ~/no-such-env"' in r.stdout, r.stdout
+    assert '"msg": "target does not exist on node1: ~/no-such-env (/' in r.stdout, r.stdout  # and where it looked
 
 
 def test_a_users_patch_file_through_the_playbook(tmp_path, collections, fleet, fleet_envs):

@@ -98,6 +98,22 @@ def test_the_far_side_resolves_a_target_by_the_local_rule(tmp_path, sandbox, sit
             in refused.stderr, refused.stderr
 
 
+def test_a_far_side_failure_names_the_interpreter_the_rule_chose(tmp_path):
+    """The command started a Python, the target's "python3" did not run the agent: the message
+    names that interpreter and what it said, not the --exec command; a Python started without
+    PATH (no sys.executable) and no --target is told to pass one."""
+    fake = tmp_path / "fake" / "python3"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho hello from a fake python\n")
+    fake.chmod(0o755)
+    result = run_cli("status", "--exec", "env -i python3", "--target", str(fake))
+    assert result.returncode == 2 and result.stderr == (
+        f"error: --exec 'env -i python3': {fake} (the target's interpreter there) ended (status 0) without starting "
+        f"the agent: hello from a fake python; is it a Python 3.8+ interpreter?\n")
+    bare = run_cli("status", "--exec", "env -i python3")  # env finds python3 by its default path; Python has none
+    assert bare.returncode == 2 and "cannot tell its own path (sys.executable is empty" in bare.stderr, bare.stderr
+
+
 def test_several_commands_give_the_per_target_summary(tmp_path):
     one, two = make_sandbox(tmp_path / "one"), make_sandbox(tmp_path / "two")
     result = run_cli("apply", "--exec", f"env -i {one}/bin/python", "--exec", f"env -i {two}/bin/python",
