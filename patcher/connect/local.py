@@ -5,7 +5,6 @@ interpreter a target is"), called here in-process rather than in one more interp
 from __future__ import annotations
 
 import os
-import sys
 
 from patcher.agent import bootstrap
 from patcher.connect.program import AGENT_PROGRAM
