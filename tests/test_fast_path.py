@@ -181,3 +181,36 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
     assert exchanges == 2 and all(isinstance(v, str) is (site_packages(env) / p).exists()
                                   for p, v in sent[-1]["answer"]["vllm"]["files"].items())
     assert contents(third) == contents(first)
+
+
+def test_a_call_check_stored_by_another_run_during_apply_costs_no_exchange(tmp_path, monkeypatch):
+    """``apply``'s verdict check rides on its commit: inspect + commit, two exchanges, on a
+    target the cache has never seen (the entry it expects is the last one stored for any
+    target). Another run that stores its own entry in between (a verify of a pristine install
+    on the same controller, whose findings differ) neither costs this apply a third exchange
+    nor lends it its findings: the verdict is this install's."""
+    from patcher import engine
+    from patcher.commands import session
+    from patcher.commands.apply import apply as apply_verb
+    from patcher.connect.local import LocalTransport
+    from patcher.fixes.registry import select
+
+    cache = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("SPECULATORS_PATCH_CACHE", cache["SPECULATORS_PATCH_CACHE"])
+    seen, pristine, fresh = (make_sandbox(tmp_path / name) for name in ("seen", "pristine", "fresh"))
+    _apply(seen, cache=tmp_path / "cache")  # the entry the fresh target's apply will expect
+    real_apply = engine.apply
+
+    def commit_while_another_run_verifies(*args, **kwargs):
+        result = real_apply(*args, **kwargs)
+        other = run_cli("verify", "--target", str(pristine), env=cache)
+        verdict = next(line for line in other.stdout.splitlines() if line.startswith("verify: "))
+        assert other.returncode == 1 and "the calls" in verdict, verdict  # its own findings, stored
+        return result
+
+    monkeypatch.setattr(engine, "apply", commit_while_another_run_verifies)
+    transport = LocalTransport(str(fresh))
+    with transport:
+        _, done = session.run(transport, lambda snap: apply_verb(transport, snap, select((), (), "requires"), False))
+    assert done.result.written and done.check.ok and done.exit_code == 0, done.check.failing
+    assert transport.exchanges == 2

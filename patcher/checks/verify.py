@@ -154,22 +154,28 @@ def _first_reader(transport: Transport, snap: Snapshot, runtime: bool) -> tuple[
     return request, earlier
 
 
-def send_calls_ahead(transport: Transport, snap: Snapshot) -> None:
+def send_calls_ahead(transport: Transport, snap: Snapshot) -> tuple[dict, dict | None]:
     """Have ``verify_calls``'s ``sources`` request ride on the transport's next request
     (``Transport.send_ahead``): ``apply`` sends it with its commit, so checking the
-    install it just wrote costs no round trip of its own."""
+    install it just wrote costs no round trip of its own. Returns what was sent (the
+    request and the cached entry it expects), for ``verify_calls(sent_ahead=...)``."""
     request, earlier = _first_reader(transport, snap, False)
     transport.send_ahead("sources", **request, expect=earlier["reads"] if earlier else None)
+    return request, earlier
 
 
-def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False) -> CallsCheck:
+def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False,
+                 sent_ahead: tuple[dict, dict | None] | None = None) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
-    the imports the generator's import runs; the model runner switch.
+    the imports the generator's import runs; the model runner switch. ``sent_ahead``: what
+    ``send_calls_ahead`` returned, whose answer then costs no exchange; the cache is not
+    looked up again (another run may have stored a newer entry since, and the answer that
+    came back was made against the one sent).
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
     agent confirms that nothing they were computed from changed (``patcher.checks.calls_cache``)."""
-    request, earlier = _first_reader(transport, snap, runtime)
+    request, earlier = sent_ahead if sent_ahead is not None and not runtime else _first_reader(transport, snap, runtime)
     try:
         return _verify_calls(transport, snap, runtime, request, earlier)
     finally:  # what was read is stored (or failed): hosts waiting for it go on

@@ -51,7 +51,7 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
         if check is not None and not check.ok:
             render_findings(console, check, snap, transport)
             console.print(verdict_line(check))
-            console.print(f"[dim]`{escape(again('verify', transport))}` shows the evidence[/]")
+            console.print(f"[dim]`{escape(again('verify', transport))}` shows the evidence[/]", soft_wrap=True)
 
     return Report(done.data, done.exit_code, render)
 

@@ -49,15 +49,15 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     check_after = verify_after and not dry_run
-    if check_after:
-        send_calls_ahead(transport, snap)
+    sent_ahead = send_calls_ahead(transport, snap) if check_after else None
     result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
     rows = outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
-    check = check_install(transport, engine.after(snap, result), {p.id for p in chosen}, advise=advise) if check_after else None
+    check = check_install(transport, engine.after(snap, result), {p.id for p in chosen}, advise=advise,
+                          sent_ahead=sent_ahead) if check_after else None
     modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
     for row in rows:
         if row["file"] in modified:

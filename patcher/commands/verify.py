@@ -56,16 +56,17 @@ NO_PROOF = "no engine proof for this vLLM"
 
 
 def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: bool = False,
-                  advise: Callable[[str], str] = str) -> InstallCheck:
+                  advise: Callable[[str], str] = str, sent_ahead: tuple[dict, dict | None] | None = None) -> InstallCheck:
     """Every check ``verify`` makes on ``snap`` (one ``sources`` exchange, or none when it
-    was sent ahead: ``verify.send_calls_ahead``). ``ids``: the patches whose verdicts count;
-    ``advise``: a fix hint as this caller words it (the CLI adds its target options)."""
+    was sent ahead: ``sent_ahead`` is what ``verify.send_calls_ahead`` returned). ``ids``:
+    the patches whose verdicts count; ``advise``: a fix hint as this caller words it (the
+    CLI adds its target options)."""
     from patcher.checks import proven
     from patcher.checks.verify import verify, verify_calls
 
     facts, checks = verify(snap)
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
-    calls = verify_calls(transport, snap, runtime)
+    calls = verify_calls(transport, snap, runtime, sent_ahead)
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in source_changes(snap) if c["id"] in ids]
