@@ -19,6 +19,8 @@ from support import GENERATOR, ROOT, WORKER, run_cli, tree_digest
 
 COMMANDS = ("apply", "diff", "status", "verify", "revert")
 COUNT: dict[str, int] = {"kinds": 0}
+# The count spans the file's tests, in file order: under pytest-xdist they share one worker.
+pytestmark = pytest.mark.xdist_group("bad-input-table")
 
 
 def _assert_refused(code: int, stderr: str, stdout: str, kind: str) -> None:
