@@ -40,10 +40,10 @@ engine-env:
 	scripts/build-engine-env.sh 0.16.0
 	scripts/build-engine-env.sh 0.18.1
 
-# Tests run on every core (pytest-xdist); the real-engine tier stays on one worker, one test
-# at a time (tests/conftest.py). JOBS=0: one process, one test after another.
+# Tests run on every core (pytest-xdist, each test to the next free worker). JOBS=0: one
+# process, one test after another.
 JOBS ?= auto
-PYTEST := $(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
+PYTEST := $(BIN)/python -m pytest -n $(JOBS)
 
 test: dev system-deps engine-env  ## every tier, the real-engine one included
 	$(PYTEST) -m "not newer_engine"

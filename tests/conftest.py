@@ -39,15 +39,7 @@ def site(sandbox) -> Path:
 os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"
 
 
-# --- Parallel runs (pytest-xdist, ``make test``: ``-n auto --dist loadgroup``) -------------
-
-def pytest_collection_modifyitems(items):
-    """The real-engine tier runs on one worker, one test at a time: each vLLM CPU engine
-    takes every core and gigabytes of KV cache. Every other test may run beside it."""
-    for item in items:
-        if item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
-
+# --- Parallel runs (pytest-xdist, ``make test``: ``-n auto``) ------------------------------
 
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
