@@ -40,9 +40,10 @@ engine-env:
 	scripts/build-engine-env.sh 0.16.0
 	scripts/build-engine-env.sh 0.18.1
 
-# Tests run on every core (pytest-xdist, each test to the next free worker). JOBS=0: one
-# process, one test after another.
-JOBS ?= auto
+# Tests run on two workers (pytest-xdist, each test to the next free worker): measured so
+# (docs/design.md); more workers would also run more vLLM CPU engines at once, each taking
+# every core and its KV cache. JOBS=0: one process, one test after another.
+JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(JOBS)
 
 test: dev system-deps engine-env  ## every tier, the real-engine one included
