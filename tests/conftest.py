@@ -39,7 +39,7 @@ def site(sandbox) -> Path:
 os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"
 
 
-# --- Parallel runs (pytest-xdist, ``make test``: ``-n auto``) ------------------------------
+# --- Parallel runs (pytest-xdist; ``make test`` runs two workers) ---------------------------
 
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from faultkit import capture  # noqa: E402
 from support import FIGURES  # noqa: E402
 
+
 @pytest.fixture(scope="session")
 def reqs(tmp_path_factory):
     from sandbox import make_sandbox
@@ -33,4 +34,3 @@ def user_reqs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def figures():
     return FIGURES
-
