@@ -64,4 +64,5 @@ PATCH = Patch(
     ),
     order=50,
     portable=True,
+    engine_steps=("sample_tokens",),
 )

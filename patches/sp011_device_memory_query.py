@@ -45,4 +45,5 @@ PATCH = Patch(
     ),
     order=110,
     portable=True,
+    engine_steps=("determine_available_memory",),
 )

@@ -60,5 +60,6 @@ PATCH = Patch(
     codemod=ResolveKvCacheLayout,
     order=150,
     portable=True,
+    engine_steps=("get_supported_kv_cache_layouts", "set_kv_cache_layout"),
     depends_on="at run time: Executor.get_supported_kv_cache_layouts/set_kv_cache_layout and resolve_kv_cache_layout (vllm/v1/executor/abstract.py, vllm/v1/attention/backends/utils.py; 0.29+)",
 )

@@ -20,7 +20,7 @@ import base64
 from typing import TYPE_CHECKING
 
 from patcher import cache
-from patcher.checks import model_runner
+from patcher.checks import lifecycle, model_runner
 from patcher.digest import tool as tool_digest
 from patcher.checks.callsite import Checked, Finding
 from patcher.checks.import_path import ImportFinding, ImportPathCheck
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from patcher.engine import Snapshot
 
 KIND = "verify-calls"
+# The vLLM files of the checks computed afresh on each run (they depend on more than these
+# files: the job's environment, the patches applied), kept with the findings.
+KEPT = (model_runner.WORKER, model_runner.CONFIG, *lifecycle.FILES)
 def _key(snap: Snapshot, request: dict) -> str:
     return cache.key({"code": tool_digest(), "request": request,
                       "target": [snap.label, snap.python, snap.site_packages, snap.speculators_root, snap.vllm_root]})
@@ -63,7 +66,7 @@ def save(snap: Snapshot, request: dict, reads: dict | None, findings: list[Findi
     if not reads:
         return
     runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode()
-                    for p in (model_runner.WORKER, model_runner.CONFIG)}
+                    for p in KEPT}
     entry = {
         "reads": reads,
         "findings": [f.__dict__ for f in findings],
@@ -77,7 +80,7 @@ def save(snap: Snapshot, request: dict, reads: dict | None, findings: list[Findi
 
 
 def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck, dict[str, bytes | None]] | None:
-    """(findings, checked calls, import-path check, the model-runner files) of an entry, or
+    """(findings, checked calls, import-path check, the ``KEPT`` vLLM files) of an entry, or
     None when it is not of the shape ``save`` writes. The checked calls carry no parsed call
     or signature (only ``verify --runtime`` needs them, and it never reads this cache)."""
     try:
@@ -86,6 +89,8 @@ def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck,
         imports = ImportPathCheck([ImportFinding(**f) for f in entry["imports"]["findings"]],
                                   list(entry["imports"]["modules"]), int(entry["imports"]["checked"]))
         vllm = {p: None if d is None else base64.b64decode(d) for p, d in entry["runner_files"].items()}
+        if set(vllm) != set(KEPT):
+            return None
     except (KeyError, TypeError, ValueError):
         return None
     return findings, checked, imports, vllm

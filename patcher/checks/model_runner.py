@@ -5,11 +5,16 @@ vLLM's GPU worker (vllm/v1/worker/gpu_worker.py, ``Worker.__init__``) builds the
 - 0.11: V1 only (no switch);
 - 0.12-0.21: V2 when ``VLLM_USE_V2_MODEL_RUNNER`` is set and true
   (``self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER``);
-- 0.22 and later: ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py) decides: the
+- 0.22-0.33: ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py) decides: the
   variable when set, else vLLM's own choice -- V2 for the architectures in
   ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` (0.22: Qwen3; 0.24: Llama, DeepSeek-V2, ...), and
-  from 0.29 (no such list) V2 for every model unless a feature it lacks is used.
-vLLM's CPU worker always builds the V1 runner (it ignores the variable).
+  from 0.29 (no such list) V2 for every model unless a feature it lacks is used;
+- 0.34 and later: V2 only. The V1 runner is removed, the worker imports V2's
+  ``GPUModelRunner`` in ``_make_model_runner``, and vLLM refuses the variable at any value
+  but 1 (``Platform.validate_environ``, vllm/platforms/interface.py).
+A worker without the switch is read for the one runner it imports (``_only_runner``).
+vLLM's CPU worker builds the V1 runner up to 0.33 (V2 with the variable at 1 from 0.24) and V2
+from 0.34.
 
 Capture splits each step per request from the runner's batch: V1's ``input_batch`` (SP010)
 or V2's per-step ``InputBatch`` in ``execute_model_state`` (SP022). Whether the installed
@@ -103,6 +108,22 @@ def _config_property(tree: ast.Module) -> ast.FunctionDef | None:
     return None
 
 
+V1_MODULE, V2_MODULE = "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner"
+
+
+def _only_runner(tree: ast.Module) -> tuple[str, ast.ImportFrom] | None:
+    """``("v1" | "v2", the import)`` when the worker imports ``GPUModelRunner`` from one runner's
+    module only (0.11: V1; 0.34 on: V2), else None."""
+    found: dict[str, ast.ImportFrom] = {}
+    for fn in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.ImportFrom) and node.module in (V1_MODULE, V2_MODULE)
+                    and any(a.name == "GPUModelRunner" for a in node.names)):
+                # the import inside the method that builds the runner is the evidence, if any
+                found["v1" if node.module == V1_MODULE else "v2"] = node
+    return next(iter(found.items())) if len(found) == 1 else None
+
+
 def _env_says(value: str | None) -> bool | None:
     """What vLLM makes of the variable: True (V2), False (V1), None (unset: vLLM decides)."""
     if value is None or value.strip() == "":
@@ -148,11 +169,12 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
     if data is None:
         return None
     try:
-        switch = _switch(ast.parse(data))
+        tree = ast.parse(data)
     except SyntaxError:
         return None
+    switch = _switch(tree)
     if switch is None:
-        return None
+        return _one_runner(tree, env_value, capture_v2, fix)
     found = ast.unparse(switch).strip()
     chosen = _env_says(env_value)
     shown = f"{VARIABLE}={env_value}" if env_value is not None else f"{VARIABLE} unset"
@@ -192,3 +214,24 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
     return RunnerCheck("warning", f"{shown} here: on GPU vLLM builds {which}; {CANNOT}. {fix}",
                        CONFIG, prop.lineno, evidence, runner,
                        tuple(default or ()))
+
+
+def _one_runner(tree: ast.Module, env_value: str | None, capture_v2: bool, fix: str) -> RunnerCheck | None:
+    """A worker with no switch builds the one runner it imports: V1 (0.11) or Model Runner V2
+    (0.34 on, where vLLM refuses ``VLLM_USE_V2_MODEL_RUNNER`` at any value but 1)."""
+    only = _only_runner(tree)
+    if only is None:
+        return None
+    kind, node = only
+    found = " ".join(ast.unparse(node).split())
+    if kind == "v1":
+        return RunnerCheck("note", "a GPU job gets the V1 model runner, the only one in this vLLM; hidden-state "
+                           "capture works with it", WORKER, node.lineno, found, "v1")
+    which = "a GPU job gets Model Runner V2, the only runner since vLLM 0.34"
+    refused = (f"; {VARIABLE}={env_value} here, which this vLLM refuses at start (any value but 1; "
+               "vllm/platforms/interface.py): unset it") if _env_says(env_value) is False else ""
+    if capture_v2:
+        return RunnerCheck("warning" if refused else "note", f"{which}; hidden-state capture works with it{refused}",
+                           WORKER, node.lineno, found, "v2", capture_v2=True)
+    way_out = fix.split(", or ", 1)[1] if ", or " in fix else "no patch here reads V2's batch for this speculators"
+    return RunnerCheck("error", f"{which}, and {CANNOT}: {way_out}{refused}", WORKER, node.lineno, found, "v2")

@@ -18,6 +18,7 @@ from patcher.fixes.vllm_source import Evidence
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding
     from patcher.checks.import_path import ImportPathCheck
+    from patcher.checks.lifecycle import LifecycleCheck
     from patcher.checks.model_runner import RunnerCheck
     from patcher.connect.transport import Transport
 
@@ -99,6 +100,7 @@ class CallsCheck:
     runtime: object | None = None  # patcher.checks.runtime.RuntimeReport
     imports: ImportPathCheck | None = None
     runner: RunnerCheck | None = None
+    vllm: dict | None = None  # the vLLM files the checks computed on each run read (lifecycle, model runner)
 
     @property
     def ok(self) -> bool:
@@ -128,7 +130,8 @@ def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict 
     from patcher.checks import calls_cache, callsite, import_path, model_runner
 
     request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
-                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"]],
+                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"],
+                            ["vllm.v1.engine.core", "EngineCore"], ["vllm.v1.executor.abstract", "Executor"]],
                    import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
     return request, None if runtime else calls_cache.lookup(snap, request)
 
@@ -192,7 +195,7 @@ def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: 
         findings, checked, imports, vllm = stored
         runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION),
                                     _v2_fix(snap))
-        return CallsCheck(findings, checked, None, imports, runner)
+        return CallsCheck(findings, checked, None, imports, runner, vllm)
     if answer.get("unchanged"):  # an entry that cannot be read back: read in full
         answer = transport.request("sources", **request)
     speculators, vllm = callsite.decode(answer)
@@ -204,8 +207,8 @@ def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: 
                                 _v2_fix(snap))
     if not runtime:
         calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
-        return CallsCheck(findings, checked, None, imports, runner)
+        return CallsCheck(findings, checked, None, imports, runner, vllm)
     from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it
 
     report = runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER)
-    return CallsCheck(findings, checked, report, imports, runner)
+    return CallsCheck(findings, checked, report, imports, runner, vllm)

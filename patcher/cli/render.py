@@ -180,6 +180,22 @@ def render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
             console.print(f"  {escape(line)}")
 
 
+def render_lifecycle(console: Console, check: InstallCheck) -> None:
+    """vLLM's engine-core set-up steps against the generator's: a summary, then each skipped
+    step with both file:lines and the patch that handles it."""
+    life = check.lifecycle
+    if life is None:
+        return
+    count = {how: sum(s.how == how for s in life.steps) for how in ("made", "handled", "not-needed")}
+    title = (f"engine life cycle ({len(life.steps)} steps vLLM's engine core makes on its executor, static): "
+             f"{count['made']} made by the generator, {count['handled']} handled by patches, "
+             f"{count['not-needed']} not needed for it")
+    console.print(f"{title}" + (f", [red]{len(life.findings)} skipped[/]" if life.findings else ""))
+    for f in life.findings:
+        console.print(f"  [red]break[/] {escape(f'{f.where}: {f.call}: {f.detail}')}")
+        console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
+
+
 def render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
     """What importing the generator runs (transformers, vLLM), and the model runner switch."""
     imports = calls.imports

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from patcher.commands.common import describe
 
 from patcher.cli.render import (APPLY_WORDS, DRY_RUN_WORDS, SELFTEST_HINT, Report, again, escape, outcome_table,
-                                render_calls, render_findings, render_imports_and_runner, verdict_line, with_target)
+                                render_calls, render_findings, render_imports_and_runner, render_lifecycle, verdict_line, with_target)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,6 +49,8 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
         else:
             console.print("nothing to do: every needed patch is already applied")
         if check is not None and not check.ok:
+            if check.lifecycle is not None and not check.lifecycle.ok:
+                render_lifecycle(console, check)
             render_findings(console, check, snap, transport)
             console.print(verdict_line(check))
             console.print(f"[dim]`{escape(again('verify', transport))}` shows the evidence[/]", soft_wrap=True)
@@ -111,6 +113,7 @@ def verify_report(transport: Transport, snap: Snapshot, done: tuple[InstallCheck
             table.add_row(r["id"], needed, r["state"], f"[{color}]{r['verdict']}[/]", escape(r["hint"]))
         console.print(table)
         render_calls(console, calls, snap)
+        render_lifecycle(console, check)
         render_imports_and_runner(console, calls)
         render_findings(console, check, snap, transport)
         console.print(verdict_line(check))

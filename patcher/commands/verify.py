@@ -12,6 +12,7 @@ from patcher.commands.common import describe, mark_edited, source_changes
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
+    from patcher.checks.lifecycle import LifecycleCheck
     from patcher.checks.verify import CallsCheck
 
 # verify's exit code when every static check passes but the installed vLLM's release has no
@@ -35,6 +36,7 @@ class InstallCheck:
     modified: list[str]
     failing: list[str]
     devices: list[str] = field(default_factory=list)
+    lifecycle: LifecycleCheck | None = None
 
     @property
     def ok(self) -> bool:
@@ -61,12 +63,17 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     was sent ahead: ``sent_ahead`` is what ``verify.send_calls_ahead`` returned). ``ids``:
     the patches whose verdicts count; ``advise``: a fix hint as this caller words it (the
     CLI adds its target options)."""
-    from patcher.checks import proven
+    from patcher.checks import lifecycle, proven
     from patcher.checks.verify import verify, verify_calls
+    from patcher.engine import written_for
+    from patcher.fixes.registry import all_patches
 
     facts, checks = verify(snap)
+    present = {c.patch.id for c in checks if c.state in ("applied", "satisfied")}  # in the installed code
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime, sent_ahead)
+    life = lifecycle.check(calls.vllm or {}, snap.files.get(lifecycle.GENERATOR),
+                           written_for(snap.speculators_version, all_patches()), present)
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in source_changes(snap) if c["id"] in ids]
@@ -76,10 +83,11 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     modified = sorted(p for p in (snap.manifest or {}).get("files", {}) if snap.file_state(p) == "modified")
     failing = [what for what, bad in (
         ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
-        ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
+        ("the calls", not calls.ok), ("the engine's life cycle", life is not None and not life.ok),
+        ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
         ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
         (NO_PROOF, bool(unproven))) if bad]
-    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices)
+    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices, life)
 
 
 def _release(minor: tuple[int, int] | None) -> str | None:
@@ -107,6 +115,7 @@ def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
         "patches": rows,
         "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
                   "runtime": calls.runtime.as_dict() if calls.runtime else None},
+        "lifecycle": check.lifecycle.as_dict() if check.lifecycle else None,
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
         "user_patch_sources_changed": changed_sources,

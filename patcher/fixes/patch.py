@@ -66,6 +66,11 @@ class Patch:
         depends_on: for a patch without facts, what its emitted code depends on, in words
             (what it reads from vLLM or transformers at run time, with module and release);
             ``list`` shows it. Empty: a fix of speculators' own logic.
+        engine_steps: set-up steps of vLLM's own engine core (executor methods that
+            ``EngineCore`` calls, vllm/v1/engine/core.py) which this patch makes the generator
+            account for, by making the call or by configuring vLLM so that the step has
+            nothing to do; ``verify``'s life-cycle check (``patcher.checks.lifecycle``) names
+            the patch when the step is skipped and the patch is not applied.
         origin: where the patch comes from, set by the loader, not by its author:
             ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
             pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
@@ -87,6 +92,7 @@ class Patch:
     portable: bool = False
     requires: tuple[str, ...] = ()
     depends_on: str = ""
+    engine_steps: tuple[str, ...] = ()
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

@@ -64,6 +64,19 @@ def init_field_required(path: str, cls: str, name: str) -> Probe:
 
 
 @_recorded
+def field_defined(path: str, cls: str, name: str) -> Probe:
+    """Holds when class ``cls`` declares the field ``name`` (evidence: its declaration)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        field = _class_field(src, path, cls, name)
+        if isinstance(field, Evidence):
+            return field
+        return Evidence(True, path, field.lineno, f"{cls}.{ast.unparse(field).strip()}")
+
+    return probe
+
+
+@_recorded
 def field_default(path: str, cls: str, name: str, value: str) -> Probe:
     """Holds when ``cls.name`` defaults to ``value`` (source text, e.g. ``True``)."""
 
@@ -147,6 +160,23 @@ def class_lacks_base(path: str, cls: str, base: str) -> Probe:
             return _gone(path, cls)
         bases = [ast.unparse(b) for b in node.bases]
         return Evidence(base not in bases, path, node.lineno, f"class {cls}({', '.join(bases)})")
+
+    return probe
+
+
+@_recorded
+def imports_at_top(path: str, module: str) -> Probe:
+    """Holds when module ``path`` imports from ``module`` at its top level (not inside a
+    function or a branch: whatever loads ``path`` loads ``module``)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        tree = src.tree(path)
+        if tree is None:
+            return _missing(path, path)
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module == module and not node.level:
+                return Evidence(True, path, node.lineno, " ".join(ast.unparse(node).split()))
+        return _missing(path, f"a top-level import from {module}")
 
     return probe
 

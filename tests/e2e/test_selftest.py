@@ -105,7 +105,7 @@ def test_selftest_refuses_model_runner_v2_on_cpu(target_016):
     proc = cli("selftest", "--target", str(target_016), "--runner", "both", env=engine_environ("0.16.0"), timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "error: local: selftest cannot run here: --runner both: vLLM's CPU worker builds only the V1 model runner"]
+        "error: local: selftest cannot run here: --runner both: vLLM's CPU worker builds the V1 model runner up to 0.33"]
 
 
 def test_a_worker_that_dies_at_start_is_reported_with_its_own_exception(target_016):

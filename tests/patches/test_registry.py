@@ -32,6 +32,18 @@ def release_of(patch) -> str:
     return next(r for r in RELEASES if patch in BY_RELEASE[r])
 
 
+def requirements(patch) -> set:
+    """The patches ``patch`` requires, directly or through another."""
+    found, queue = set(), list(patch.requires)
+    while queue:
+        wanted = queue.pop()
+        required = next(p for p in PATCHES if p.id == wanted)
+        if required not in found:
+            found.add(required)
+            queue += required.requires
+    return found
+
+
 def apply_in_order(sources: dict[str, bytes], patches) -> dict[str, bytes]:
     out = dict(sources)
     for patch in patches:
@@ -74,10 +86,12 @@ def test_every_patch_is_written_for_a_release_tested_here():
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_alone_on_pristine_changes_then_is_satisfied(patch):
-    """Alone, or after the patches of the same file it requires (SP022 rewrites SP010's code)."""
+    """Alone, or after the patches of the same file it requires, directly or through another
+    (SP022 rewrites SP010's code, SP027 SP022's)."""
     source = release_sources(release_of(patch))[patch.file]
-    for required in (p for p in PATCHES if p.id in patch.requires and p.file == patch.file):
-        source = run_codemod(required, source)[1]
+    for required in sorted(requirements(patch), key=lambda p: p.order):
+        if required.file == patch.file:
+            source = run_codemod(required, source)[1]
     verdict, once, _ = run_codemod(patch, source)
     assert verdict == "changed"
     compile(once, patch.file, "exec")
@@ -126,7 +140,13 @@ def test_required_patches_are_selected_together():
         select(skip=(dependent.requires[0],), keep="requires")
     with pytest.raises(UserError, match=f"(SP\\d+, )*{dependent.id}(, SP\\d+)* require\\(s\\) {dependent.requires[0]}"):
         select(only=(dependent.requires[0],), keep="dependents")
-    # Together: the requirement and every patch that requires it (SP010 with SP012 and SP022).
-    group = {dependent.id, *dependent.requires} | {p.id for p in PATCHES if set(p.requires) & set(dependent.requires)}
+    # Together: the requirement and every patch that requires it, directly or through another
+    # (SP010 with SP012, SP022 and SP027).
+    group = {dependent.id, *dependent.requires}
+    while True:
+        more = {p.id for p in PATCHES if set(p.requires) & group} | {r for p in PATCHES if p.id in group for r in p.requires}
+        if more <= group:
+            break
+        group |= more
     for keep in ("requires", "dependents", None):
         assert group <= {p.id for p in select(only=tuple(sorted(group)), keep=keep)}

@@ -14,8 +14,18 @@ from __future__ import annotations
 import sys
 
 
+def _keeps_batch_state(runner) -> bool:
+    """``execute_model_state`` set in ``__init__`` (V2 from 0.17) or stored by ``execute_model``."""
+    import inspect
+
+    if hasattr(runner, "execute_model_state"):
+        return True
+    code = getattr(inspect.unwrap(getattr(type(runner), "execute_model", None)), "__code__", None)
+    return code is not None and "execute_model_state" in code.co_names
+
+
 def facts(worker) -> dict:
-    """Runs in a vLLM worker: ``{"runner": "module.Class", "runner_kind": "v1" | "v2",
+    """Runs in a vLLM worker: ``{"runner": "module.Class", "runner_kind": "v1" | "v2" | "unknown",
     "attention": [backend names], "rank": int | None}``."""
     runner = worker.model_runner
     cls = type(runner)
@@ -29,7 +39,7 @@ def facts(worker) -> dict:
             names.add(backend.get_name())
     hooks = getattr(worker, "_capture_hooks", None)  # the patched extension's (SP009), on this rank
     return {"runner": f"{cls.__module__}.{cls.__qualname__}",
-            "runner_kind": "v2" if cls.__module__.startswith("vllm.v1.worker.gpu.") else "v1",
+            "runner_kind": "v1" if hasattr(runner, "input_batch") else "v2" if _keeps_batch_state(runner) else "unknown",
             "attention": sorted(names), "rank": getattr(worker, "rank", None),
             "capture_hooks": None if hooks is None else len(hooks)}
 

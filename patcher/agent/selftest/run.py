@@ -341,12 +341,31 @@ def versions() -> dict:
     return found
 
 
-def runners_for(requested: str, device: str) -> list[str]:
+def v1_runner_installed(device: str) -> bool:
+    """Whether the installed vLLM still has the V1 model runner for ``device``
+    (vllm/v1/worker/gpu_model_runner.py, cpu_model_runner.py; both removed in 0.34), read
+    from the files without importing vLLM."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    name = "cpu_model_runner.py" if device == "cpu" else "gpu_model_runner.py"
+    return any((Path(d) / "v1" / "worker" / name).is_file() for d in spec.submodule_search_locations)
+
+
+def runners_for(requested: str, device: str, has_v1: bool = True) -> list[str]:
     """The runs ``--runner`` asks for: ``auto`` (vLLM's choice), ``v1``, ``v2`` or ``both``.
-    Raises ``Refused`` for V2 on the CPU, whose worker builds only the V1 runner."""
+    ``has_v1``: the installed vLLM still has the V1 runner (``v1_runner_installed``). Raises
+    ``Refused`` for a runner this vLLM does not build for ``device``: V1 from 0.34 on (only
+    Model Runner V2 is left), V2 on the CPU up to 0.33 (its worker builds V1 unless told
+    otherwise)."""
     runs = ["v1", "v2"] if requested == "both" else [requested]
-    if device == "cpu" and "v2" in runs:
-        raise Refused(f"--runner {requested}: vLLM's CPU worker builds only the V1 model runner")
+    if not has_v1 and "v1" in runs:
+        raise Refused(f"--runner {requested}: this vLLM has no V1 model runner (removed in 0.34); "
+                      "its workers build Model Runner V2 only: use --runner auto or v2")
+    if has_v1 and device == "cpu" and "v2" in runs:
+        raise Refused(f"--runner {requested}: vLLM's CPU worker builds the V1 model runner up to 0.33")
     return runs
 
 
@@ -357,7 +376,7 @@ def main(request: dict, workdir: Path) -> dict:
     found = versions()
     try:
         device = resolve_device(request["device"])
-        runners = runners_for(request.get("runner", "auto"), device)
+        runners = runners_for(request.get("runner", "auto"), device, v1_runner_installed(device))
         model_config = request.get("model_config")
         if request.get("model_path"):
             import json
