@@ -24,12 +24,18 @@ first; the ratio is the median of the per-round ratios (tokens/s generator / tok
 Printed: tokens/s of each, the ratio, the model FLOP utilisation of each (2 x 6.98e9 FLOP per
 prompt token: the decoder layers' parameters; embedding and LM head excluded, prefill samples
 one token per prompt; against 790 TFLOP/s of bf16, the H200's measured matrix rate), peak GPU
-memory in use on the device and host memory (this process and its children), and where the
-generator's time goes: scheduling (this process's Python), steps (``execute_model`` +
-``sample_tokens``: the GPU forward and the worker's per-step Python), collecting captures
-(``_get_captured_states``: concatenation and transfer out of the worker) and the rest of
-``generate()`` (requests, results to the host). A JSON line after ``@@gpu-bench`` has every
-figure.
+memory in use on the device and host memory (this process and its children), the generator's
+host memory against what it captures (the largest ``generate()`` call's captured bytes; this
+process's resident memory at its peak during a call, over what it held just before the call;
+its growth over the whole run; the shared ring of SP028, which the worker maps too), and where
+the generator's time goes: scheduling (this process's Python), steps (``execute_model`` +
+``sample_tokens``: the GPU forward and the worker's per-step Python), transfer (copying the
+finished steps' captures out of shared host memory between steps, SP029), collect (the last
+step's captures at the end of ``generate()``; without SP028/SP029, ``_get_captured_states``:
+concatenation and transfer out of the worker) and the rest of ``generate()`` (requests, and
+without SP029 the results' copies to the host). ``--runner v1|v2`` sets
+``VLLM_USE_V2_MODEL_RUNNER`` for both engines (``auto``: vLLM's choice). A JSON line after
+``@@gpu-bench`` has every figure.
 """
 
 from __future__ import annotations
@@ -112,6 +118,33 @@ class Peak(threading.Thread):
             self.host = max(self.host, rss)
 
 
+class HostMemory(threading.Thread):
+    """This process's resident memory (bytes) sampled every 10 ms while ``during`` is set:
+    ``peak_over_start`` is the largest rise within one call over the value just before it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.process = psutil.Process()
+        self.during, self.stop = threading.Event(), threading.Event()
+        self.start_rss = self.peak = self.peak_over_start = 0
+
+    def begin(self) -> None:
+        self.start_rss = self.peak = self.process.memory_info().rss
+        self.during.set()
+
+    def end(self) -> None:
+        self.during.clear()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+        self.peak_over_start = max(self.peak_over_start, self.peak - self.start_rss)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.01):
+            if self.during.is_set():
+                self.peak = max(self.peak, self.process.memory_info().rss)
+
+
 class Timers:
     """Wall time spent inside wrapped callables, by name (seconds)."""
 
@@ -119,11 +152,11 @@ class Timers:
         self.seconds: dict[str, float] = {}
 
     def wrap(self, owner, attr: str, name: str, only=None) -> None:
-        """Time ``owner.attr`` under ``name``; ``only(args)`` selects the calls counted."""
+        """Time ``owner.attr`` under ``name``; ``only(args, kwargs)`` selects the calls counted."""
         inner = getattr(owner, attr)
 
         def timed(*args, **kwargs):
-            if only is not None and not only(args):
+            if only is not None and not only(args, kwargs):
                 return inner(*args, **kwargs)
             t = time.perf_counter()
             try:
@@ -159,10 +192,17 @@ def run_vllm(llm, batch) -> None:
     llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
 
 
-def run_generator(generator, batch, hidden: int) -> None:
+def run_generator(generator, batch, hidden: int, memory: HostMemory | None = None) -> int:
+    """One ``generate()`` call; returns the bytes of hidden states it returned."""
+    if memory is not None:
+        memory.begin()
     results = generator.generate(batch)
+    if memory is not None:
+        memory.end()
     assert len(results) == len(batch) and all(
-        tuple(r["hidden_states"][0].shape) == (len(ids), hidden) for r, ids in zip(results, batch))
+        tuple(r["hidden_states"][0].shape) == (len(ids), hidden) and r["hidden_states"][0].device.type == "cpu"
+        for r, ids in zip(results, batch))
+    return sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
 
 
 def main() -> None:
@@ -171,7 +211,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64, help="prompts per generate() call")
     parser.add_argument("--tiny", action="store_true", help="a tiny Llama on any device: checks the script only")
+    parser.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto",
+                        help="the GPU model runner of both engines (VLLM_USE_V2_MODEL_RUNNER; auto: vLLM's choice)")
     args = parser.parse_args()
+    if args.runner != "auto":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
     config, layers = (TINY, [0, 3, 5]) if args.tiny else (LLAMA_8B, LAYERS)
     for key, value in {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false",
                        "VLLM_LOGGING_LEVEL": "WARNING", "NCCL_NVLS_ENABLE": "0",
@@ -204,10 +248,21 @@ def main() -> None:
         timers.wrap(generator.scheduler, "schedule", "schedule")
         for attr in ("execute_model", "sample_tokens"):
             timers.wrap(generator.executor, attr, "steps")
-        # The executor's own steps go through collective_rpc too: only the capture RPCs count here.
-        timers.wrap(generator.executor, "collective_rpc", "collect",
-                    only=lambda args: bool(args) and args[0] in ("_get_captured_states", "_reset_capture"))
-        gen_s, llm_s, ratios, tokens = 0.0, 0.0, [], 0
+        host = getattr(generator, "_host_captures", None)  # SP029
+        ring = getattr(host, "ring", None)
+        if ring is not None:
+            timers.wrap(host, "collect", "transfer", only=lambda args, kwargs: not (args or kwargs))  # between steps
+            timers.wrap(host, "finish", "collect")
+            timers.wrap(generator.executor, "collective_rpc", "collect",
+                        only=lambda args, kwargs: bool(args) and args[0] == "_reset_capture")
+        else:
+            # The executor's own steps go through collective_rpc too: only the capture RPCs count here.
+            timers.wrap(generator.executor, "collective_rpc", "collect",
+                        only=lambda args, kwargs: bool(args) and args[0] in ("_get_captured_states", "_reset_capture"))
+        memory = HostMemory()
+        memory.start()
+        rss_before = memory.process.memory_info().rss
+        captured_max, gen_s, llm_s, ratios, tokens = 0, 0.0, 0.0, [], 0
         for r, prompts_r in enumerate(rounds):
             batches = [prompts_r[i:i + args.batch] for i in range(0, len(prompts_r), args.batch)]
             n = sum(map(len, prompts_r))
@@ -215,7 +270,10 @@ def main() -> None:
             for which in (("gen", "llm") if r % 2 == 0 else ("llm", "gen")):
                 t = time.perf_counter()
                 for batch in batches:
-                    run_generator(generator, batch, hidden) if which == "gen" else run_vllm(llm, batch)
+                    if which == "gen":
+                        captured_max = max(captured_max, run_generator(generator, batch, hidden, memory))
+                    else:
+                        run_vllm(llm, batch)
                 if cuda:
                     torch.cuda.synchronize()
                 times[which] = time.perf_counter() - t
@@ -224,6 +282,8 @@ def main() -> None:
             print(f"round {r + 1}: {len(prompts_r)} prompts, {n} tokens: generator {n / times['gen']:,.0f} tok/s, "
                   f"vLLM {n / times['llm']:,.0f} tok/s, ratio {ratios[-1]:.3f}", flush=True)
         peak.stop.set()
+        memory.stop.set()
+        growth = memory.process.memory_info().rss - rss_before
         flop = 2 * layer_params(config)
         gen_tps, llm_tps = tokens / gen_s, tokens / llm_s
         where = dict(timers.seconds)
@@ -237,12 +297,25 @@ def main() -> None:
             "peak_device_gib": round(peak.device / 2**30, 1), "peak_host_gib": round(peak.host / 2**30, 1),
             "start_s": {"generator": round(start_gen, 1), "vllm": round(start_llm, 1)},
             "generator_seconds": {k: round(v, 2) for k, v in where.items()}, "generator_total_s": round(gen_s, 2),
+            "runner": args.runner, "transfer": "shared host memory (SP028/SP029)" if ring is not None else "RPC",
+            "ring_mib": round(ring.numel() * ring.element_size() / 2**20) if ring is not None else 0,
+            "ring_pinned": bool(ring is not None and host.shared["pinned"]),  # as the worker registered it
+            "captured_per_call_gib": round(captured_max / 2**30, 2),
+            "host_rise_per_call_gib": round(memory.peak_over_start / 2**30, 2),
+            "host_rise_over_captured": round(memory.peak_over_start / captured_max, 2) if captured_max else None,
+            "host_growth_gib": round(growth / 2**30, 2),
         }
         print(f"GPU {figures['gpu']}: {figures['prompts']} prompts, {tokens:,} tokens, batches of {args.batch}")
         print(f"patched generator: {gen_tps:,.0f} tok/s (MFU {figures['mfu_generator']:.1%}); "
               f"vLLM LLM.generate(max_tokens=1): {llm_tps:,.0f} tok/s (MFU {figures['mfu_vllm']:.1%}); "
               f"ratio {figures['ratio_median']:.3f} (median of {args.rounds} rounds)")
         print(f"peak GPU memory in use (both engines) {figures['peak_device_gib']} GiB; host {figures['peak_host_gib']} GiB")
+        print(f"generator host memory: captured {figures['captured_per_call_gib']} GiB in the largest generate() call; "
+              f"this process rose by at most {figures['host_rise_per_call_gib']} GiB during a call "
+              f"({figures['host_rise_over_captured']}x the captured bytes), {figures['host_growth_gib']} GiB over the run; "
+              f"transfer: {figures['transfer']}"
+              + (f", ring {figures['ring_mib']} MiB {'pinned' if figures['ring_pinned'] else 'not pinned'}"
+                 if ring is not None else ""))
         print("generator time: " + ", ".join(f"{k} {v:.1f} s ({v / gen_s:.0%})" for k, v in where.items()))
         print(MARK + json.dumps(figures), flush=True)
         generator.executor.shutdown()

@@ -9,7 +9,7 @@ to the host again. On an H200 (vLLM 0.24.0, Llama-3.1-8B shapes, three layers) t
 took 72 % of the generator's time: 0.24x vLLM's own prefill (docs/speed.md).
 
 The emitted methods give the generator (SP029) a ring of host memory both processes map: a
-``memfd`` of ``slots`` x layers x ``max_num_batched_tokens`` rows x hidden size in the model's
+``memfd`` of ``slots`` (3) x layers x ``max_num_batched_tokens`` rows x hidden size in the model's
 dtype, created by rank 0's worker and opened by the generator through
 ``/proc/<worker pid>/fd/<fd>`` (no /dev/shm size limit, nothing left behind when both exit).
 On a GPU it is registered as pinned memory (``cudaHostRegister``). After each step a wrapper
@@ -18,8 +18,9 @@ non-blocking device-to-host copy per captured layer into the step's slot, on a c
 its own that waits for the step's forward, and records an event; the GPU tensors are then
 dropped. ``_staged_captures`` hands the generator the steps whose copies are done -- every
 step but the newest, or all of them at the end -- with their batch layout (SP010/SP022), so
-the generator copies step k-1 out while the GPU computes step k. Two slots suffice: a slot is
-written again two steps later, after the generator took it. On the CPU engine the copy is a
+the generator copies step k-1 out while the GPU computes step k. A slot is written again
+three steps later; the generator's copies of it are done by then (SP029), and a step that
+would overwrite captures not yet handed out raises instead. On the CPU engine the copy is a
 plain one. Nothing is pickled but the layouts.
 
 Requires SP010 (the per-step layouts it records, ``_captured_states``' per-layer lists) and
@@ -38,7 +39,7 @@ SP010_METHOD = m.FunctionDef(name=m.Name("_get_captured_states_per_request"))
 METHODS = '''\
 class HiddenStatesWorkerExtension:
 
-    def _share_captures(self, slots=2):
+    def _share_captures(self, slots=3):
         """Create the shared host memory the generator collects captures from, and stage each
         step's captures there (speculators-patch SP028). Rank 0 only (it alone captures):
         other ranks return None. Returns {"path", "shape": [slots, layers, rows, hidden],

@@ -3,16 +3,18 @@
 The generator side of SP028. At the end of set-up the generator asks rank 0's worker for the
 shared ring (``_share_captures``) and maps it. In ``generate()``, after each
 ``execute_model``, it asks for the steps whose copies are done (``_staged_captures``: a few
-hundred bytes of layout, no tensor data) and copies their rows into one CPU tensor per request
-and layer, allocated at the prompt's length in the model's dtype -- while the GPU computes the
-step just launched. After the last step it collects the rest. Each request then has what
+hundred bytes of layout, no tensor data) and a thread of its own copies their rows into one
+CPU tensor per request and layer, allocated at the prompt's length in the model's dtype,
+while the GPU computes the step just launched and the next one is scheduled (torch's copies
+release the GIL; the ring has three slots, so the slot being read is never the one being
+written). After the last step it collects the rest. Each request then has what
 speculators 0.3.0 returned for it: ``hidden_states`` is a list of contiguous CPU tensors of
 shape (prompt length, hidden size), one storage each, in the model's dtype; nothing of it is
 moved to or from a GPU in this process, which no longer creates a CUDA context of its own.
 SP012's checks still refuse to return a request whose rows do not cover its prompt (a request
 short of rows gets tensors cut at the rows it has).
 
-Host memory: the results of one ``generate()`` call plus the ring (2 steps x layers x
+Host memory: the results of one ``generate()`` call plus the ring (3 steps x layers x
 ``max_num_batched_tokens`` rows), both reported at set-up in the log. Where the worker cannot
 share memory (no memfd or /proc), the generator logs why and falls back to the
 per-request RPC of SP010/SP012.
@@ -51,17 +53,21 @@ HELPER_CODE = '''\
 class _HostCaptures:
     """Hidden states collected from the shared host memory the worker stages each step's
     captures in (speculators-patch SP028/SP029): one CPU tensor per request and layer, filled
-    step by step. Without that memory (``ring`` None) the per-request RPC answers instead."""
+    step by step on a thread of its own while the next steps run. Without that memory
+    (``ring`` None) the per-request RPC answers instead."""
 
     def __init__(self, executor):
-        self.executor, self.ring = executor, None
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.executor, self.ring, self.pending = executor, None, None
         try:
-            shared = executor.collective_rpc("_share_captures")[0]
+            self.shared = shared = executor.collective_rpc("_share_captures")[0]
             data = torch.from_file(shared["path"], shared=True, size=shared["bytes"], dtype=torch.uint8)
             self.ring = data.view(getattr(torch, shared["dtype"])).view(*shared["shape"])
         except Exception as e:  # e.g. no memfd or /proc on this system
             log.warning(f"hidden states go through the RPC, not shared memory ({type(e).__name__}: {e})")
             return
+        self.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hidden-state-copy")
         slots, layers, rows, hidden = shared["shape"]
         log.info(
             f"hidden-state transfer: {shared['bytes'] / 2**20:.0f} MiB of shared host memory "
@@ -71,15 +77,35 @@ class _HostCaptures:
 
     def start(self, prompt_lens):
         """Begin a batch: ``prompt_lens`` maps each request id to its prompt's length."""
+        self._wait(raise_error=False)  # an earlier batch that failed half-way
         self.prompt_lens, self.filled, self.states = prompt_lens, dict.fromkeys(prompt_lens, 0), {}
 
     def collect(self, final=False):
-        """Copy the steps the worker has staged into each request's tensors (all of them when
-        ``final``; else every step but the one running)."""
+        """Take the steps the worker has staged (every step but the one running; all of them
+        when ``final``) and copy them out: on the copy thread, or here when ``final``. The
+        worker writes a step's slot again three steps later; the copies of the step before
+        are done by then, since each call first waits for them."""
         if self.ring is None:
             return
+        self._wait()
+        steps = self.executor.collective_rpc("_staged_captures", kwargs={"final": final})[0]
+        if final:
+            self._copy_out(steps)
+        elif steps:
+            self.pending = self.copier.submit(self._copy_out, steps)
+
+    def _wait(self, raise_error=True):
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception:
+                if raise_error:
+                    raise
+
+    def _copy_out(self, steps):
         _, layers, _, hidden = self.ring.shape
-        for step, slot, layout in self.executor.collective_rpc("_staged_captures", kwargs={"final": final})[0]:
+        for step, slot, layout in steps:
             offset = 0
             for req_id, n in layout:
                 if req_id not in self.prompt_lens or self.filled[req_id] + n > self.prompt_lens[req_id]:
@@ -109,7 +135,7 @@ SHARE = '''\
 self._host_captures = _HostCaptures(self.executor)
 '''
 START = "self._host_captures.start(prompt_lens)\n"
-COLLECT = "self._host_captures.collect()  # the previous step's rows, while the GPU runs this one\n"
+COLLECT = "self._host_captures.collect()  # the previous step's rows, copied while the GPU runs this one\n"
 FINISH = "aux_hidden_states = self._host_captures.finish()\n"
 
 
