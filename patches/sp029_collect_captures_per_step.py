@@ -40,12 +40,15 @@ GENERATOR = m.ClassDef(name=m.Name("VllmHiddenStatesGenerator"))
 HELPER = m.ClassDef(name=m.Name("_HostCaptures"))
 INITIALIZED = _line(m.Expr(_self_call("executor", "initialize_from_config")))
 RESET = _line(m.Expr(_self_call("executor", "collective_rpc", m.Arg(m.SimpleString('"_reset_capture"')))))
-STEP = _line(m.Assign(targets=[m.AssignTarget(m.Name("model_output"))],
-                      value=_self_call("executor", "execute_model", m.Arg(m.Name("scheduler_output")))))
+# The step in generate()'s loop: SP005's 'model_output = ...' form, or 0.3.0's own (vLLM 0.11)
+STEP_CALL = _self_call("executor", "execute_model", m.Arg(m.Name("scheduler_output")))
+STEP = _line(m.Assign(targets=[m.AssignTarget(m.Name("model_output"))], value=STEP_CALL) | m.Expr(STEP_CALL))
+STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(
+    value=m.NamedExpr(target=m.Name("scheduler_output")), attr=m.Name("total_num_scheduled_tokens"))))
 # SP012's per-request RPC and the line reading rank 0's reply
-ASKED = _line(m.Assign(targets=[m.AssignTarget(m.Name("captured_states_list"))],
-                       value=_self_call("executor", "collective_rpc", m.Arg(m.SimpleString('"_get_captured_states"')),
-                                        m.Arg(keyword=m.Name("kwargs")))))
+ASKED = _line(m.Assign(targets=[m.AssignTarget(m.Name("captured_states_list"))], value=_self_call(
+    "executor", "collective_rpc", m.Arg(m.SimpleString('"_get_captured_states"')), m.ZeroOrMore(),
+    m.Arg(keyword=m.Name("kwargs")), m.ZeroOrMore())))  # SP006 drops a unique_reply_rank= beside it (0.12+)
 TAKEN = _line(m.Assign(targets=[m.AssignTarget(m.Name("aux_hidden_states"))],
                        value=m.Subscript(m.Name("captured_states_list"), [m.SubscriptElement(m.Index(m.Integer("0")))])))
 
@@ -145,13 +148,16 @@ class CollectCapturesPerStep(PatchCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if m.findall(tree, HELPER):
             self.already_satisfied("captures are collected from shared host memory")
-        anchors = {"self.executor.initialize_from_config(...)": INITIALIZED,
-                   'self.executor.collective_rpc("_reset_capture")': RESET,
-                   "model_output = self.executor.execute_model(scheduler_output)": STEP,
-                   'captured_states_list = self.executor.collective_rpc("_get_captured_states", kwargs=...)': ASKED,
-                   "aux_hidden_states = captured_states_list[0]": TAKEN}
-        for shown, matcher in anchors.items():
-            found = m.findall(tree, matcher)
+        loops = m.findall(tree, STEP_LOOP)
+        anchors = {"self.executor.initialize_from_config(...)": (tree, INITIALIZED),
+                   'self.executor.collective_rpc("_reset_capture")': (tree, RESET),
+                   "self.executor.execute_model(scheduler_output) in the step loop": (loops[0] if loops else tree, STEP),
+                   'captured_states_list = self.executor.collective_rpc("_get_captured_states", kwargs=...)': (tree, ASKED),
+                   "aux_hidden_states = captured_states_list[0]": (tree, TAKEN)}
+        if len(loops) != 1:
+            self.refuse(None, "one 'while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens' loop")
+        for shown, (where, matcher) in anchors.items():
+            found = m.findall(where, matcher)
             if len(found) != 1:
                 self.refuse(found[1] if found else None, f"one '{shown}' in the generator (SP029 applies after SP012)")
         if len(m.findall(tree, GENERATOR)) != 1:
@@ -165,13 +171,20 @@ class _Rewrite(cst.CSTTransformer):
         super().__init__()
         self.helper = helper
 
+    def visit_While(self, node):
+        self.in_loop = getattr(self, "in_loop", 0) + m.matches(node, STEP_LOOP)
+
+    def leave_While(self, original, updated):
+        self.in_loop -= m.matches(original, STEP_LOOP)
+        return updated
+
     def leave_SimpleStatementLine(self, original, updated):
+        if m.matches(updated, STEP) and getattr(self, "in_loop", 0):
+            return cst.FlattenSentinel([updated, *statements(COLLECT).nodes])
         if m.matches(updated, INITIALIZED):
             return cst.FlattenSentinel([updated, *statements(SHARE).nodes])
         if m.matches(updated, RESET):
             return cst.FlattenSentinel([updated, *statements(START).nodes])
-        if m.matches(updated, STEP):
-            return cst.FlattenSentinel([updated, *statements(COLLECT).nodes])
         if m.matches(updated, ASKED):
             return statements(FINISH, leading_lines=updated.leading_lines)
         if m.matches(updated, TAKEN):
