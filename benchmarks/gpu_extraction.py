@@ -141,8 +141,10 @@ class HostMemory(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.01):
+            rss = self.process.memory_info().rss
+            self.overall = max(getattr(self, "overall", 0), rss)
             if self.during.is_set():
-                self.peak = max(self.peak, self.process.memory_info().rss)
+                self.peak = max(self.peak, rss)
 
 
 class Timers:
@@ -242,6 +244,9 @@ def main() -> None:
         llm = start_vllm(model)
         start_llm = time.perf_counter() - t
         hidden = config["hidden_size"]
+        memory = HostMemory()
+        rss_started = memory.process.memory_info().rss  # both engines up, no generate() call yet
+        memory.start()
         run_generator(generator, warmup, hidden)
         run_vllm(llm, warmup)
         timers = Timers()
@@ -259,8 +264,6 @@ def main() -> None:
             # The executor's own steps go through collective_rpc too: only the capture RPCs count here.
             timers.wrap(generator.executor, "collective_rpc", "collect",
                         only=lambda args, kwargs: bool(args) and args[0] in ("_get_captured_states", "_reset_capture"))
-        memory = HostMemory()
-        memory.start()
         rss_before = memory.process.memory_info().rss
         captured_max, gen_s, llm_s, ratios, tokens = 0, 0.0, 0.0, [], 0
         for r, prompts_r in enumerate(rounds):
@@ -304,6 +307,8 @@ def main() -> None:
             "host_rise_per_call_gib": round(memory.peak_over_start / 2**30, 2),
             "host_rise_over_captured": round(memory.peak_over_start / captured_max, 2) if captured_max else None,
             "host_growth_gib": round(growth / 2**30, 2),
+            "host_peak_over_started_gib": round((memory.overall - rss_started) / 2**30, 2),
+            "host_peak_over_captured": round((memory.overall - rss_started) / captured_max, 2) if captured_max else None,
         }
         print(f"GPU {figures['gpu']}: {figures['prompts']} prompts, {tokens:,} tokens, batches of {args.batch}")
         print(f"patched generator: {gen_tps:,.0f} tok/s (MFU {figures['mfu_generator']:.1%}); "
@@ -313,6 +318,8 @@ def main() -> None:
         print(f"generator host memory: captured {figures['captured_per_call_gib']} GiB in the largest generate() call; "
               f"this process rose by at most {figures['host_rise_per_call_gib']} GiB during a call "
               f"({figures['host_rise_over_captured']}x the captured bytes), {figures['host_growth_gib']} GiB over the run; "
+              f"its peak was {figures['host_peak_over_started_gib']} GiB above its size before the first call "
+              f"({figures['host_peak_over_captured']}x the captured bytes); "
               f"transfer: {figures['transfer']}"
               + (f", ring {figures['ring_mib']} MiB {'pinned' if figures['ring_pinned'] else 'not pinned'}"
                  if ring is not None else ""))
