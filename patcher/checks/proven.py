@@ -85,6 +85,12 @@ PROVEN = (
     Proof("0.31.0", THREE, "2026-11-30", ONE_OFF),
     # transformers 5.19; the CPU attention's block sizes (SP021).
     Proof("0.32.0", THREE, "2026-11-30", OPT_IN),
+    # vLLM 0.34.0's CUDA wheel on torch 2.14.0+cu130 (carried to the H200), transformers 5.22.2;
+    # Model Runner V2, the only runner from 0.34, eager; the install patched with SP026 (no
+    # extensible KV cache), SP027 and the shared-memory transfer (SP028/SP029). Without SP026 the
+    # worker dies at the chunked case (CUDA illegal memory access). docs/selftest.md.
+    Proof("0.34.0", ("Llama (Model Runner V2)", "DeepSeek-V3 (Model Runner V2)", "Kimi-K2.5 (Model Runner V2)"),
+          "2026-12-03", "selftest --device cuda", H200),
     # speculators 0.4.x's own generator with SP015-SP018 (tests/e2e/test_engine_speculators_04.py).
     Proof("0.16.0", ("Llama", "DeepSeek-V3"), "2026-11-30", speculators="~=0.4.0"),
 )
