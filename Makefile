@@ -61,9 +61,10 @@ test-fast: dev system-deps  ## everything but the real-engine tier
 
 # Opt-in, on a box with a CUDA GPU: selftest --device cuda on the installed speculators (patched
 # by `apply` beforehand) and vLLM of TARGET, for Llama, DeepSeek-V3 and Kimi-K2.5 under each of
-# RUNNERS (auto: vLLM's own choice; both: V1 and Model Runner V2). Exit 0 only if every capture
-# of every run is within the bound. CLI: a speculators-patch that need not be this checkout's.
-# About 50 s per architecture and runner on an H200 (docs/selftest.md). CI never runs it.
+# RUNNERS (auto: vLLM's own choice; both: V1 and Model Runner V2; vLLM 0.34 has only V2: use
+# RUNNERS=auto there). Exit 0 only if every capture of every run is within the bound. CLI: a
+# speculators-patch that need not be this checkout's. About 30-80 s per architecture and runner
+# on an H200 (docs/selftest.md); one selftest at a time per GPU. CI never runs it.
 RUNNERS ?= auto both
 test-gpu:
 	@test -n "$(TARGET)" || { echo "usage: make test-gpu TARGET=/path/to/env [RUNNERS='auto both'] [CLI=...]"; exit 2; }
