@@ -298,8 +298,9 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
     monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))  # one line unwrapped
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
     assert text.exit_code == 3
-    assert ("verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is newer than the newest release proven "
-            "on the engine (0.32.x): run 'speculators-patch selftest' on this box to prove it") in text.output.splitlines()
+    assert ("verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is a release not proven on the engine "
+            "(proven: 0.15.x to 0.34.x, not every one): run 'speculators-patch selftest' on this box to prove it"
+            ) in text.output.splitlines()
     assert "FAILED" not in text.output
 
 
