@@ -23,6 +23,7 @@ PATCH = Patch(
     name="kv-cache-config-signature",
     version=1,
     title="get_kv_cache_config_from_groups: drop the removed kv_cache_specs argument",
+    risk="the generator fails to start: get_kv_cache_config_from_groups no longer takes kv_cache_specs",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=DropKvCacheSpecs,
     facts=(

@@ -44,6 +44,7 @@ PATCH = Patch(
     name="two-phase-execution",
     version=1,
     title="Two-phase execution: call sample_tokens(None) after execute_model() returns None",
+    risk="the second step fails: sample_tokens() must follow execute_model()",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=CallSampleTokens,
     facts=(

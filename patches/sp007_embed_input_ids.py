@@ -44,6 +44,7 @@ PATCH = Patch(
     name="embed-input-ids",
     version=1,
     title="Replacement forward: use embed_input_ids() (renamed from get_input_embeddings)",
+    risk="the replacement forward fails: get_input_embeddings() was renamed embed_input_ids()",
     file="speculators/data_generation/custom_worker.py",
     codemod=EmbedInputIds,
     facts=(

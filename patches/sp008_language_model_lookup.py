@@ -64,6 +64,7 @@ PATCH = Patch(
     name="language-model-lookup",
     version=2,
     title="Capture setup: reach the text model via get_language_model() (DeepSeek-V2/V3, Kimi-K2.5), not supports_eagle3",
+    risk="DeepSeek-V2/V3 and Kimi-K2.5 are refused, or a multimodal wrapper fails at capture setup",
     file="speculators/data_generation/custom_worker.py",
     codemod=LanguageModelLookup,
     facts=(

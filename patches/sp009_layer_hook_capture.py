@@ -124,6 +124,7 @@ PATCH = Patch(
     name="layer-hook-capture",
     version=1,
     title="Capture via forward hooks on the decoder layers (no replacement forward)",
+    risk="DeepSeek's llama_4_scaling is dropped by the replacement forward: hidden states silently differ",
     file="speculators/data_generation/custom_worker.py",
     codemod=LayerHookCapture,
     facts=(

@@ -180,6 +180,7 @@ PATCH = Patch(
     name="per-request-capture",
     version=2,
     title="Worker: split captures per request by vLLM's batch order and chunked steps",
+    risk="hidden states can be attributed to the wrong request",
     file="speculators/data_generation/custom_worker.py",
     codemod=PerRequestCapture,
     order=100,

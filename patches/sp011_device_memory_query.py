@@ -32,6 +32,7 @@ PATCH = Patch(
     name="device-memory-query",
     version=1,
     title="KV cache sizing: executor.determine_available_memory() instead of torch.cuda",
+    risk="the KV cache cannot be sized off CUDA (torch.cuda.mem_get_info)",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PlatformMemoryQuery,
     facts=(

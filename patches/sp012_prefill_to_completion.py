@@ -184,6 +184,7 @@ PATCH = Patch(
     name="prefill-to-completion",
     version=1,
     title="Generator: finish each prompt across chunked steps, results per request or an error",
+    risk="prompts split across steps are aborted half-way: hidden states can be attributed to the wrong request",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PrefillToCompletion,
     order=120,

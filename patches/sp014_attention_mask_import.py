@@ -70,6 +70,7 @@ PATCH = Patch(
     name="attention-mask-import",
     version=1,
     title="EAGLE model: import transformers' removed modeling_attn_mask_utils with a fallback (transformers 5.24)",
+    risk="with transformers 5.24 and later speculators cannot be imported (modeling_attn_mask_utils is gone)",
     file="speculators/models/eagle.py",
     codemod=AttentionMaskImport,
     order=10,

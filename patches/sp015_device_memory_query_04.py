@@ -35,6 +35,7 @@ PATCH = Patch(
     name="device-memory-query-04",
     version=1,
     title="KV cache sizing (0.4.x): executor.determine_available_memory() instead of torch.accelerator",
+    risk="the KV cache gets 0 bytes on a CPU, or sizing it fails without a GPU",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PlatformMemoryQuery04,
     facts=SP011.facts,

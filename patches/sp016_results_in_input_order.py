@@ -39,6 +39,7 @@ PATCH = Patch(
     name="results-in-input-order",
     version=1,
     title="Results (0.4.x): in input order, not request ids sorted as strings (req_10 < req_2)",
+    risk="from 11 prompts on, results are returned paired with the wrong prompts",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=ResultsInInputOrder,
     speculators=">=0.4.0,<0.4.1",

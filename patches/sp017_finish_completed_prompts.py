@@ -77,6 +77,7 @@ PATCH = Patch(
     name="finish-completed-prompts",
     version=1,
     title="Step loop (0.4.x): finish each prompt once it has run, so prompts beyond max_num_seqs are scheduled",
+    risk="a batch of more prompts than max_num_seqs fails: finished requests keep their slots",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=FinishCompletedPrompts,
     speculators=">=0.4.0,<0.4.1",

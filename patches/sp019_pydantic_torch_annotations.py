@@ -48,6 +48,7 @@ PATCH = Patch(
     name="pydantic-torch-annotations",
     version=1,
     title="Config models: resolve transformers 5's torch annotations when pydantic rebuilds them",
+    risk="with transformers 5 speculators cannot be imported (pydantic cannot resolve torch)",
     file="speculators/utils/pydantic_utils.py",
     codemod=TorchForAnnotations,
     order=10,

@@ -56,6 +56,7 @@ PATCH = Patch(
     name="kv-cache-layout",
     version=1,
     title="Generator: resolve and broadcast the KV cache layout before sizing the cache (vLLM 0.29+)",
+    risk="on vLLM 0.29 and later the generator fails at start-up: the KV cache layout is not resolved",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=ResolveKvCacheLayout,
     order=150,

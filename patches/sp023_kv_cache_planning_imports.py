@@ -62,6 +62,7 @@ PATCH = Patch(
     name="kv-cache-planning-imports",
     version=1,
     title="KV cache helpers: import them from kv_cache_planning where vLLM moved them (0.33)",
+    risk="on vLLM 0.33 the generator cannot be imported: the KV cache helpers moved",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=KvCachePlanningImports,
     facts=tuple(

@@ -62,6 +62,7 @@ PATCH = Patch(
     name="release-finished-requests",
     version=1,
     title="Generator: send the last scheduler output, so Model Runner V2 frees finished requests",
+    risk="under Model Runner V2 finished requests keep their slots: a later batch fails (No free indices)",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=ReleaseFinishedRequests,
     facts=(

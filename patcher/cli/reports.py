@@ -46,8 +46,19 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
             pass
         elif modified:
             console.print(f"nothing written: {', '.join(sorted(modified))} changed after patching (below)")
+        elif done.left_out:
+            console.print(f"nothing written: every chosen patch is applied, but {', '.join(r['id'] for r in done.left_out)} "
+                          f"{'is' if len(done.left_out) == 1 else 'are'} needed and left out by --only/--skip")
         else:
             console.print("nothing to do: every needed patch is already applied")
+        partial = done.data.get("allow_partial")
+        for r in done.left_out:
+            console.print(f"[{'yellow' if partial else 'red'}]{r['id']} skipped but needed[/]: {escape(r['risk'])}"
+                          + (" (--allow-partial: accepted)" if partial else ""), soft_wrap=True)
+        if done.left_out and not partial:
+            them = "it" if len(done.left_out) == 1 else "them"
+            console.print(f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
+                          f"an install without {them}[/]", soft_wrap=True)
         if check is not None and not check.ok:
             render_findings(console, check, snap, transport)
             console.print(verdict_line(check))

@@ -35,6 +35,7 @@ class InstallCheck:
     modified: list[str]
     failing: list[str]
     devices: list[str] = field(default_factory=list)
+    all_rows: list[dict] = field(default_factory=list)  # the verdict of every patch, counted or not
 
     @property
     def ok(self) -> bool:
@@ -64,8 +65,8 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     from patcher.checks import proven
     from patcher.checks.verify import verify, verify_calls
 
-    facts, checks = verify(snap)
-    facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
+    facts, every = verify(snap)
+    facts, checks = [f for f in facts if f.patch.id in ids], [c for c in every if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime, sent_ahead)
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
@@ -79,7 +80,8 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
         ("the calls", not calls.ok), ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
         ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
         (NO_PROOF, bool(unproven))) if bad]
-    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices)
+    all_rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict} for c in every]
+    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices, all_rows)
 
 
 def _release(minor: tuple[int, int] | None) -> str | None:

@@ -66,6 +66,9 @@ class Patch:
         depends_on: for a patch without facts, what its emitted code depends on, in words
             (what it reads from vLLM or transformers at run time, with module and release);
             ``list`` shows it. Empty: a fix of speculators' own logic.
+        risk: what goes wrong where the installed vLLM needs this patch and it is left out
+            (one line, e.g. "hidden states can be attributed to the wrong request"); ``apply``
+            names it when ``--only``/``--skip`` leave a needed patch out. Empty: the title.
         origin: where the patch comes from, set by the loader, not by its author:
             ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
             pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
@@ -87,6 +90,7 @@ class Patch:
     portable: bool = False
     requires: tuple[str, ...] = ()
     depends_on: str = ""
+    risk: str = ""
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

@@ -60,7 +60,7 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
                           "first_release": f.first_release, "probe": recipe})
         rows.append({"id": p.id, "name": p.name, "version": p.version, "title": p.title, "file": p.file,
                      "module": modules[p.id], "facts": facts, "speculators": p.speculators, "order": p.order,
-                     "portable": p.portable, "requires": list(p.requires), "depends_on": p.depends_on})
+                     "portable": p.portable, "requires": list(p.requires), "depends_on": p.depends_on, "risk": p.risk})
     return rows
 
 
@@ -73,7 +73,7 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
                                getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2])) for f in r["facts"])
         patches.append(Patch(r["id"], r["name"], r["version"], r["title"], r["file"], LazyCodemod(r["module"]),
                              facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"]),
-                             depends_on=r["depends_on"]))
+                             depends_on=r["depends_on"], risk=r["risk"]))
     return tuple(patches)
 
 
