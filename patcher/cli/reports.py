@@ -88,6 +88,9 @@ def status_report(transport: Transport, snap: Snapshot, done: Status) -> Report:
                       f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}", soft_wrap=True)  # one line for grep
         for path, state in files.items():
             console.print(f"  {path}: {state}")
+        install = done.data["install"]
+        console.print(f"install is {install['state']}" + (f" ({escape(install['reason'])})" if install["reason"] else ""),
+                      soft_wrap=True)
         console.print(outcome_table(rows, "patches"))
         if any(r["state"] == "stale" for r in rows):
             console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "

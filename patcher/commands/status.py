@@ -36,7 +36,34 @@ def status(snap: Snapshot, chosen) -> Status:
         r["state"] = moved.get(r["id"], r["state"])
     mark_edited(source_changes(snap), rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
-    return Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows})
+    state, reason = install_state(rows, files)
+    return Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows,
+                                       "install": {"state": state, "reason": reason}})
+
+
+# The state of a whole install, as ``status`` names it (and the fan-out summary per host).
+INSTALL_STATES = ("patched", "pristine", "partial", "modified", "unsupported")
+NOT_APPLIED = ("pending", "refused", "stale", "source-changed")
+
+
+def install_state(rows: list[dict], files: dict[str, str]) -> tuple[str, str]:
+    """(state, reason) of the install from ``status``'s rows and file states: ``modified``
+    (a file changed after patching, or differing from what pip installed with no record),
+    ``unsupported`` (a patch's vLLM fact is missing: no patch here handles this vLLM),
+    ``patched`` (every needed patch is in), ``pristine`` (none applied by this tool) or
+    ``partial``; the reason names the files or patches, empty when patched."""
+    changed = [p for p, state in files.items() if state in ("modified", "edited")]
+    if changed:
+        return "modified", f"changed by hand: {', '.join(changed)}"
+    gone = sorted({r["id"] for r in rows if r["state"] == "fact-missing"})
+    if gone:
+        return "unsupported", f"no patch handles this vLLM ({', '.join(gone)}: fact missing)"
+    missing = sorted({r["id"] for r in rows if r["state"] in NOT_APPLIED})
+    if not missing:
+        return "patched", ""
+    if not any(r["state"] == "applied" for r in rows):
+        return "pristine", f"needed, not applied: {', '.join(missing)}"
+    return "partial", f"needed, not applied: {', '.join(missing)}"
 
 
 @dataclass

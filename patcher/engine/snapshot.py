@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
-from patcher.errors import UserError
+from patcher.errors import Unsupported, UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import add_recorded, all_patches, shipped_patches
 from patcher.connect.transport import Transport
@@ -136,10 +136,15 @@ class Snapshot:
                                                     for p in all_patches() for f in p.facts})
 
     def file_state(self, path: str) -> str:
-        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``."""
+        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``
+        (changed after patching) | ``edited`` (no record here, and not the bytes pip installed:
+        its ``RECORD`` digest differs; never called pristine)."""
         entry = ((self.manifest or {}).get("files") or {}).get(path)
         current = self.files.get(path)
         if not isinstance(entry, dict) or current is None:
+            installed = self.record.get(path)
+            if current is not None and installed is not None and sha256(current) != installed:
+                return "edited"
             return "pristine"
         digest = sha256(current)
         if digest == entry.get("patched_sha256"):
@@ -228,12 +233,12 @@ def check_supported(snap: Snapshot) -> None:
                         f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)")
     if not written_for(version, shipped_patches()):
         specifiers = sorted({p.speculators for p in shipped_patches()})
-        raise UserError(
+        raise Unsupported(
             f"speculators {version} is not supported: speculators-patch has no patches for it "
             f"(patches exist for speculators {' and '.join(specifiers)}); nothing was changed"
         )
     if snap.vllm is None:
-        raise UserError(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
+        raise Unsupported(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
 
 
 @dataclass(frozen=True)
@@ -269,7 +274,7 @@ def check_covered(snap: Snapshot) -> None:
         evidence = snap.evidence[uncovered.fact]
         if version in SpecifierSet(uncovered.speculators) and evidence.holds:
             pid = uncovered.fact[0]
-            raise UserError(f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
+            raise Unsupported(f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
                             f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
                             f"({pid} is written for speculators {by_id[pid].speculators}); nothing was changed")
 
