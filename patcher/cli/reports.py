@@ -40,8 +40,9 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
         elif result.written:
             console.print(f"patched {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
         if result.adopted:
-            console.print(f"adopted {len(result.adopted)} file(s) as they are, as their new pristine copy (every patch "
-                          f"needed is already in them): {', '.join(result.adopted)}")
+            console.print(f"adopted {len(result.adopted)} file(s): each one's change is now part of its pristine copy "
+                          f"(stock speculators plus the change, what revert restores), with the patches on top: "
+                          f"{', '.join(result.adopted)}")
         elif dry_run or result.written:
             pass
         elif modified:

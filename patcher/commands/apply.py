@@ -55,7 +55,8 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     check_after = verify_after and not dry_run
     sent_ahead = send_calls_ahead(transport, snap) if check_after else None
-    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
+    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt,
+                          revert_command=advise("speculators-patch revert"))
     rows = outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
