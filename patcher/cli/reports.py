@@ -60,6 +60,8 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
             them = "it" if len(done.left_out) == 1 else "them"
             console.print(f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
                           f"an install without {them}[/]", soft_wrap=True)
+        if result.unfinished:
+            console.print(f"[red]apply: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
         if check is not None and not check.ok:
             render_findings(console, check, snap, transport)
             console.print(verdict_line(check))
@@ -145,8 +147,10 @@ def revert_report(snap: Snapshot, done: Reverted, dry_run: bool) -> Report:
             console.print(f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
         else:
             console.print("nothing to revert: no file needed restoring")
+        if result.unfinished:
+            console.print(f"[red]revert: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
 
-    return Report(done.data, 0, render)
+    return Report(done.data, 1 if result.unfinished else 0, render)
 
 
 def relay_progress(transport: Transport, host: str | None) -> None:

@@ -32,8 +32,10 @@ class Applied:
 
     @property
     def exit_code(self) -> int:
-        """verify's exit code on the result (0 when none was made)."""
-        return 0 if self.check is None else self.check.exit_code
+        """verify's exit code on the result (0 when none was made); 1 at least when the commit's
+        cleanup could not finish (``CommitResult.unfinished``)."""
+        code = 0 if self.check is None else self.check.exit_code
+        return 1 if self.result.unfinished and code in (0, 3) else code
 
 
 def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False,
@@ -74,7 +76,7 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     data = {**describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
             "modified_files": sorted(modified),
             "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
-            "left_out": left_out, "allow_partial": allow_partial}
+            "left_out": left_out, "allow_partial": allow_partial, "unfinished": result.unfinished}
     return Applied(result, rows, changed, modified, check, data, left_out)
 
 

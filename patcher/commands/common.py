@@ -31,6 +31,8 @@ def notes(snap: Snapshot) -> list[str]:
         notes.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
     if snap.recovered:
         notes.append("an interrupted commit was found and rolled back: the install is as it was before it")
+    if snap.unfinished:
+        notes.append(snap.unfinished)
     elif snap.journal_pending:
         notes.append(f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
                      "(read-only?) and will be on the next writable run")

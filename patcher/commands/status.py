@@ -89,4 +89,4 @@ def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: b
     result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
     changed = [p.path for p in result.plans if p.changed]
     return Reverted(result, changed, {**describe(snap), "dry_run": dry_run, "written": result.written,
-                                      "would_change": changed})
+                                      "would_change": changed, "unfinished": result.unfinished})

@@ -33,6 +33,7 @@ class CommitResult:
     manifest: dict | None = None
     committed: bool = False
     adopted: list[str] = field(default_factory=list)  # apply --adopt: files whose edit joined their pristine copy
+    unfinished: str | None = None  # committed, but its cleanup stopped: one line with the command that recovers
 
 
 def after(snap: Snapshot, result: CommitResult) -> Snapshot:
@@ -118,7 +119,8 @@ def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], prist
         manifest_expect_sha256=snap.manifest_sha256,
         **extra,
     )
-    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True)
+    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True,
+                        unfinished=answer.get("unfinished"))
 
 
 def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:

@@ -125,6 +125,7 @@ class Snapshot:
     record: dict[str, str] = field(default_factory=dict)
     dist_info: str | None = None
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
+    unfinished: str | None = None  # a finished commit's cleanup that could not be completed (one line)
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
@@ -206,6 +207,7 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
         record=spec.get("record") or {},
         dist_info=spec.get("dist_info"),
         record_differs=answer.get("record_differs"),
+        unfinished=answer.get("unfinished"),
     )
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)
