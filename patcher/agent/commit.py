@@ -556,8 +556,23 @@ def commit(request):
         raise
     try:
         return _commit_locked(state, root, writes, keep, request, env, repair)
+    except BaseException:
+        _tidy_refused(state)
+        raise
     finally:
         lock.__exit__()
+
+
+def _tidy_refused(state):
+    """After a refused or rolled-back commit, under the lock: a state directory that records
+    nothing (no manifest, no copy, no journal: the first apply's, made for this commit) goes,
+    lock included, so a refusal leaves the install as pip left it."""
+    if any(os.path.exists(os.path.join(state, n)) for n in (MANIFEST, JOURNAL, CLEANUP)) or _list_backups(state):
+        return
+    try:
+        _remove_empty_state(state)
+    except OSError:
+        pass  # what is left records nothing; the next command that writes takes it over
 
 
 def _commit_locked(state, root, writes, keep, request, env, repair):

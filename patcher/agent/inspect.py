@@ -77,6 +77,7 @@ def inspect(request):
         "pristine": {p: _content(d, have) for p, d in pristine.items()},
         "backups": {p: [_content(d, have) for d in ds] for p, ds in backups.items()},
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
+        "state_exists": os.path.isdir(state),
         "state_problem": problem,
         "recovered": recovered,
         "unfinished": unfinished,

@@ -145,6 +145,9 @@ def revert_report(snap: Snapshot, done: Reverted, dry_run: bool) -> Report:
             console.print(f"dry run: {len(changed)} file(s) would be restored, nothing written")
         elif result.written:
             console.print(f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
+        elif result.committed:
+            console.print(f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
+                          f"nothing (left by an earlier run)", soft_wrap=True)
         else:
             console.print("nothing to revert: no file needed restoring")
         if result.unfinished:

@@ -187,6 +187,8 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
     manifest = new_manifest(snap, files, fresh)
     same_record = {k: v["patches"] for k, v in files.items()} == {
         k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")}
-    if dry_run or (not changed and same_record):
+    litter = not partial and snap.manifest is None and snap.state_exists and not snap.backups
+    if dry_run or (not changed and same_record and not litter):
         return CommitResult([], plans)
+    # (``litter``: a state directory recording nothing, left by an earlier run: the commit removes it)
     return _commit(transport, snap, changed, {}, manifest, plans)

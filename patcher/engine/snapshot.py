@@ -126,6 +126,7 @@ class Snapshot:
     dist_info: str | None = None
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
     unfinished: str | None = None  # a finished commit's cleanup that could not be completed (one line)
+    state_exists: bool = False  # the state directory is there (perhaps only a lock an earlier run left)
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
@@ -208,6 +209,7 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
         dist_info=spec.get("dist_info"),
         record_differs=answer.get("record_differs"),
         unfinished=answer.get("unfinished"),
+        state_exists=bool(answer.get("state_exists")),
     )
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)

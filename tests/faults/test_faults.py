@@ -198,6 +198,7 @@ def test_disk_full_at_several_levels(reqs, tmp_path, figures, space_check):
                 assert verdict == expected, (which, kib, answer, verdict)
                 if not ok:
                     assert "space" in answer["error"].lower(), answer
+                    assert start or not tree.state.exists(), "a refused first apply leaves no state (issue 30 item 6)"
                 results[f"{which}@{kib}KiB"] = "done" if ok else "refused"
                 (mnt / "filler").unlink()
                 assert tree.next_command()["ok"]["state_problem"] is None
@@ -228,6 +229,7 @@ def test_immutable_file_is_refused_before_the_first_write(reqs, tmp_path, figure
         subprocess.run(["chattr", "+i", str(tree.site / last)], check=True)
         answer = tree.run(tree.request("apply"))
         assert "immutable" in answer["error"] and tree.verdict() == "pristine", answer
+        assert not tree.state.exists(), "a refused first apply leaves no state (issue 30 item 6)"
         subprocess.run(["chattr", "-i", str(tree.site / last)], check=True)
 
         tree.reset()
@@ -244,8 +246,8 @@ def test_immutable_file_is_refused_before_the_first_write(reqs, tmp_path, figure
         answer = json.loads(out)
         subprocess.run(["chattr", "-i", str(tree.site / last)], check=True)
         assert "error" in answer and "nothing changed" in answer["error"], answer
-        assert tree.verdict() == "pristine"
-        figures["immutable (chattr +i on ext4)"] = "refused before writing; flipped mid-commit: rolled back"
+        assert tree.verdict() == "pristine" and not tree.state.exists()
+        figures["immutable (chattr +i on ext4)"] = "refused before writing; flipped mid-commit: rolled back; no state left"
     finally:
         subprocess.run(["chattr", "-R", "-i", str(mnt)], capture_output=True)
         subprocess.run(["umount", "-l", str(mnt)])
