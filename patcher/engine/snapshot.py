@@ -17,6 +17,7 @@ from functools import cached_property
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+import patcher
 from patcher import cache
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
@@ -213,9 +214,49 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
     )
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)
+    check_state_version(snap)
     if not snap.state_problem:
         add_recorded(snap.manifest)  # user patches applied earlier, nameable without their source
     return snap
+
+
+def state_written_by(snap: Snapshot) -> Version | None:
+    """The speculators-patch version that wrote the target's manifest (its ``tool`` field), or None."""
+    tool = snap.manifest.get("tool") if isinstance(snap.manifest, dict) else None
+    try:
+        return Version(tool.rpartition(" ")[2]) if isinstance(tool, str) else None
+    except InvalidVersion:
+        return None
+
+
+def check_state_version(snap: Snapshot) -> None:
+    """Raise ``UserError`` (both versions named, nothing changed) when the target's state was
+    written by a newer speculators-patch, or records a shipped patch (``SPnnn``) this one does
+    not have or has only at an older version: what it recorded may not be what this version
+    would write or could take back. A state of an older version is read as this one's (the
+    next write records this version)."""
+    files = snap.manifest.get("files") if isinstance(snap.manifest, dict) else None
+    if not isinstance(files, dict):
+        return
+    ours, theirs = Version(patcher.__version__), state_written_by(snap)
+    where = f"{snap.state_dir}/manifest.json"
+    upgrade = (f"nothing was changed; run speculators-patch {theirs} or newer on this target "
+               f"(pip install 'speculators-patch>={theirs}')" if theirs else
+               "nothing was changed; run the speculators-patch that applied it")
+    if theirs is not None and theirs > ours:
+        raise UserError(f"{where} was written by speculators-patch {theirs}, newer than this speculators-patch {ours}; "
+                        f"{upgrade}")
+    shipped = {p.id: p for p in shipped_patches()}
+    for path in sorted(files):
+        patches = files[path].get("patches") if isinstance(files[path], dict) else None
+        for pid, version in sorted((patches or {}).items()):
+            if not (pid.startswith("SP") and pid[2:].isdigit()):
+                continue  # a user patch: its record says where it came from
+            mine = shipped.get(pid)
+            if mine is None or version > mine.version:
+                has = f"has {pid} v{mine.version}" if mine else f"has no {pid}"
+                raise UserError(f"{where} records {pid} v{version} on {path}, applied by speculators-patch "
+                                f"{theirs or '(unknown version)'}; this speculators-patch {ours} {has}; {upgrade}")
 
 
 def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
