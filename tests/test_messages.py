@@ -6,6 +6,7 @@ leaves no state directory; piped tables carry no trailing spaces."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -120,3 +121,28 @@ def test_piped_tables_carry_no_trailing_spaces(sandbox):
     for args in (("status", "--target", str(sandbox)), ("verify", "--target", str(sandbox)), ("list",)):
         out = run_cli(*args).stdout
         assert out.strip() and [line for line in out.splitlines() if line != line.rstrip()] == [], args
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site):
+    """Issue 30 item 8: Ctrl-C 0.03 s in lands while click and rich are imported; it is one
+    line and exit 130 there too (here it lands exactly there: the import of click raises it)."""
+    code = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def interrupted(name, *args, **kwargs):\n"
+            "    if name == 'click':\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = interrupted\n"
+            "sys.argv[0] = 'speculators-patch'\n"
+            "from patcher.cli import console\n"
+            "console()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for json_flag in ((), ("--json",)):
+        result = subprocess.run([sys.executable, "-c", code, "apply", "--target", str(sandbox), *json_flag],
+                                capture_output=True, text=True, env=env)
+        assert result.returncode == 130, result.stderr
+        if json_flag:
+            assert json.loads(result.stdout)["exit_code"] == 130 and result.stderr == ""
+        else:
+            assert _one_line(result) == "error: interrupted (Ctrl-C) before anything was written: nothing changed"
+    assert not (site / ".speculators-patch").exists()

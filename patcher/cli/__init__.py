@@ -1,7 +1,46 @@
 """The command line: ``app`` (options, one target or a fan-out, exit codes), ``reports`` (each
-verb's data as printed), ``render`` (console, tables, advice), ``fanout`` (several hosts)."""
+verb's data as printed), ``render`` (console, tables, advice), ``fanout`` (several hosts).
 
-from patcher.cli.app import main
-from patcher.cli.render import Report
+``console`` is the ``speculators-patch`` script; ``main`` (the click group) and ``Report`` are
+imported on first use, so that importing this package is instant and a Ctrl-C while the command
+line is still loading is answered in one line, like one at any later moment."""
 
-__all__ = ["Report", "main"]
+import sys  # already loaded: importing this package runs nothing a Ctrl-C could interrupt mid-way
+
+__all__ = ["Report", "console", "main"]
+
+# The exit code after Ctrl-C (as ``render.INTERRUPTED_EXIT``, which this module may not import yet).
+_INTERRUPTED = 130
+
+
+def console() -> None:
+    """The ``speculators-patch`` console script: ``main``, and Ctrl-C at any moment one line
+    (exit 130) -- while click and rich are still being imported too."""
+    try:
+        from patcher.cli.app import main as group
+
+        group()
+    except KeyboardInterrupt:  # outside what the commands answer themselves (they exit first)
+        render = sys.modules.get("patcher.cli.render")
+        message = render.interrupted_message() if render else \
+            "interrupted (Ctrl-C) before anything was written: nothing changed"
+        if "--json" in sys.argv[1:]:
+            import json
+
+            sys.stdout.write(json.dumps({"error": message, "exit_code": _INTERRUPTED}) + "\n")
+        else:
+            sys.stderr.write(f"error: {message}\n")
+        raise SystemExit(_INTERRUPTED) from None
+
+
+def __getattr__(name: str):
+    """``main`` (the click group) and ``Report``, imported on first use (PEP 562)."""
+    if name == "main":
+        from patcher.cli.app import main
+
+        return main
+    if name == "Report":
+        from patcher.cli.render import Report
+
+        return Report
+    raise AttributeError(f"module 'patcher.cli' has no attribute {name!r}")
