@@ -146,3 +146,36 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site):
         else:
             assert _one_line(result) == "error: interrupted (Ctrl-C) before anything was written: nothing changed"
     assert not (site / ".speculators-patch").exists()
+
+
+def test_diff_says_why_it_shows_nothing_on_a_file_changed_after_patching(sandbox, site):
+    """Issue 30 item 8: apply refuses to touch a hand-edited patched file; diff said nothing."""
+    from support import GENERATOR
+
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    with (site / GENERATOR).open("a") as f:
+        f.write("# edited by hand\n")
+    result = run_cli("diff", "--target", str(sandbox))
+    assert (result.returncode, result.stdout) == (1, "")
+    [line] = result.stderr.splitlines()  # one line, on stderr: stdout stays a diff
+    assert line.startswith(f"no diff: {GENERATOR} changed after patching, so apply leaves it as it is")
+    assert f"speculators-patch apply --target {sandbox} --adopt" in line and "--force" in line
+    code, data = run_json("diff", "--target", str(sandbox))
+    assert code == 1 and data["modified_files"] == [GENERATOR] and data["diff"] == ""
+
+
+def test_revert_after_a_pip_upgrade_names_repair_which_cleans_it_up(sandbox, site):
+    """Issue 30 item 8: after `pip install --force-reinstall speculators==0.4.0.1` over a patched
+    0.3.0, revert refuses (no 0.3.0 bytes over 0.4.0.1) and names repair, which drops the record."""
+    from sandbox import wheel
+
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet",
+                    "--no-deps", "--no-compile", "--force-reinstall", str(wheel("speculators", "0.4.0.1"))], check=True)
+    result = run_cli("revert", "--target", str(sandbox))
+    assert result.returncode == 2 and f"`speculators-patch repair --target {sandbox}` drops that record" \
+        in _one_line(result)
+    repaired = run_cli("repair", "--target", str(sandbox))
+    assert repaired.returncode == 0 and "repaired:" in repaired.stdout, repaired.stdout
+    assert not (site / ".speculators-patch").exists()
+    assert run_cli("revert", "--target", str(sandbox)).returncode == 0

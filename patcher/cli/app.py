@@ -357,7 +357,7 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
                 console.print(f"repair: {len(result.unrestorable)} file(s) differ from what pip installed and nothing "
                               f"kept here restores them (listed above); the record covers the rest")
             else:
-                console.print("repaired: the record matches the files" if snap.state_problem
+                console.print("repaired: the record matches the files" if snap.state_problem or result.dropped
                               else "nothing to repair: the record already matched the files; checked again")
 
         return Report(data, 1 if result.unrestorable else 0, render)
@@ -373,7 +373,7 @@ def diff(target, hosts, hosts_file, ssh_config, only, skip, as_json):
 
     _main(hosts, hosts_file, lambda host: run_on_target(
         target, host, ssh_config, lambda t, s: verb(t, s, select(only, skip, "requires")),
-        lambda t, s, done: reports.diff_report(done)), as_json)
+        lambda t, s, done: reports.diff_report(t, done)), as_json)
 
 
 @main.command()
@@ -411,7 +411,8 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
 
     _main(hosts, hosts_file, lambda host: run_on_target(
         target, host, ssh_config,
-        lambda t, s: verb(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run),
+        lambda t, s: verb(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run,
+                          advise=lambda hint: with_target(hint, t)),
         lambda t, s, done: reports.revert_report(s, done, dry_run)), as_json)
 
 

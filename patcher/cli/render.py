@@ -148,8 +148,8 @@ def again(subcommand: str, transport: Transport) -> str:
 
 
 def with_target(hint: str, transport: Transport) -> str:
-    """A hint's ``speculators-patch apply``/``revert`` with this run's target options."""
-    for sub in ("revert", "apply"):
+    """A hint's ``speculators-patch apply``/``revert``/``repair`` with this run's target options."""
+    for sub in ("revert", "apply", "repair"):
         hint = hint.replace(f"speculators-patch {sub}", again(sub, transport))
     return hint
 

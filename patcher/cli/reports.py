@@ -70,14 +70,25 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
     return Report(done.data, done.exit_code, render)
 
 
-def diff_report(done: Diffed) -> Report:
-    """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one."""
+def diff_report(transport: Transport, done: Diffed) -> Report:
+    """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one, or
+    when a file changed after patching keeps it empty (``apply`` leaves such a file as it is
+    and fails verify's check): then one line on stderr says so, with both ways on."""
+    modified = done.data["modified_files"]
 
     def render(console: Console) -> None:
         sys.stdout.write(done.text)
         sys.stdout.flush()
+        if modified and not done.text:
+            from rich.console import Console as Stderr
 
-    return Report(done.data, 1 if done.text else 0, render)
+            Stderr(stderr=True, highlight=False, soft_wrap=True).print(
+                f"no diff: {', '.join(modified)} changed after patching, so apply leaves "
+                f"{'it' if len(modified) == 1 else 'them'} as {'it is' if len(modified) == 1 else 'they are'} and ends "
+                f"with verify: FAILED (a file modified after patching); `{escape(again('apply', transport))} --adopt` "
+                f"keeps the edit, `{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)")
+
+    return Report(done.data, 1 if done.text or modified else 0, render)
 
 
 def status_report(transport: Transport, snap: Snapshot, done: Status) -> Report:

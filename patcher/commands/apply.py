@@ -112,7 +112,9 @@ def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
         raise UserError(refused[0])
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = unified_diff(plans)
-    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans)})
+    modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
+    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans),
+                                "modified_files": modified})
 
 
 def _text(source: bytes) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from patcher.commands.common import describe, mark_edited, outcome_rows, refuse_edited_user_patches, source_changes
 
@@ -75,10 +75,12 @@ class Reverted:
     data: dict
 
 
-def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Reverted:
+def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool,
+           advise: Callable[[str], str] = str) -> Reverted:
     """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
     patches. A partial revert replays the patches it keeps from the pristine copies, so it
-    refuses when one of those is a user patch whose file changed since it was applied."""
+    refuses when one of those is a user patch whose file changed since it was applied.
+    ``advise``: a way-out command as this caller words it (the CLI adds its target options)."""
     from patcher import engine
 
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
@@ -86,7 +88,8 @@ def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: b
         entries = (snap.manifest or {}).get("files", {})
         replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
         refuse_edited_user_patches(snap, replayed - ids, "this revert")
-    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
+    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run,
+                           repair_command=advise("speculators-patch repair"))
     changed = [p.path for p in result.plans if p.changed]
     return Reverted(result, changed, {**describe(snap), "dry_run": dry_run, "written": result.written,
                                       "would_change": changed, "unfinished": result.unfinished})

@@ -141,16 +141,18 @@ def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = N
 
 
 def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], partial: bool,
-           force: bool = False, dry_run: bool = False) -> CommitResult:
+           force: bool = False, dry_run: bool = False, repair_command: str = "speculators-patch repair") -> CommitResult:
     """Restore pristine bytes, or with ``partial`` re-derive each file from its pristine copy
     with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
-    after patching unless ``force``."""
+    after patching unless ``force``, and on a record of another speculators release (naming
+    ``repair_command``, which drops it)."""
     entries = (snap.manifest or {}).get("files", {})
     kept_for = (snap.manifest or {}).get("speculators_version")
     if entries and kept_for != snap.speculators_version:
         raise UserError(
             f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
-            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files)"
+            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files); "
+            f"nothing was changed; `{repair_command}` drops that record and its copies"
         )
     plans, files, fresh = [], {}, {}
     chosen_ids = {p.id for p in chosen}
