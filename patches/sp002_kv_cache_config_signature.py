@@ -16,6 +16,8 @@ class DropKvCacheSpecs(RemoveKeyword):
     DESCRIPTION = "get_kv_cache_config_from_groups(..., kv_cache_specs=...) -> without it"
     CALLEE = "get_kv_cache_config_from_groups"
     KEYWORD = "kv_cache_specs"
+    # Any value goes: vLLM has no such parameter, so whatever it carries never reached it (the
+    # value is not read elsewhere). A **mapping, which may carry it unseen, is refused.
 
 
 PATCH = Patch(

@@ -17,6 +17,7 @@ class DropUniqueReplyRank(RemoveKeyword):
     CALLEE = "collective_rpc"
     FIRST_ARG = "_get_captured_states"
     KEYWORD = "unique_reply_rank"
+    EXPECTED = ("0",)  # without it rank 0 comes first; another rank's reply cannot be had by dropping it
 
 
 PATCH = Patch(

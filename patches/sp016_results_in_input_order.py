@@ -32,6 +32,7 @@ class ResultsInInputOrder(Replace):
     SATISFIED = KEYED_SORT
     SATISFIED_REASON = "request ids are sorted by their input index"
     EXPECTED = "'sorted(request_id_to_idx.keys())' (the results loop of generate())"
+    TOUCHES = m.Call(func=m.Name("sorted"), args=[m.Arg(m.Call(func=m.Attribute(IDS, m.Name("keys")))), m.ZeroOrMore()])
 
 
 PATCH = Patch(

@@ -41,6 +41,7 @@ cls.model_rebuild(force=True)
     SATISFIED = TORCH_IN_SCOPE
     SATISFIED_REASON = "torch is imported where the models are rebuilt"
     EXPECTED = "'cls.model_rebuild(force=True)' in ReloadableBaseModel.reload_schema"
+    TOUCHES = m.Call(func=m.Attribute(value=m.Name("cls"), attr=m.Name("model_rebuild")))
 
 
 PATCH = Patch(

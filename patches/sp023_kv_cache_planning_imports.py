@@ -55,6 +55,8 @@ except ImportError:
     SATISFIED = m.ImportFrom(module=_module("vllm.v1.core.kv_cache_planning"))
     SATISFIED_REASON = "the generator imports the KV cache helpers from kv_cache_planning where they are"
     EXPECTED = f"'from vllm.v1.core.kv_cache_utils import ({', '.join(HELPERS)},)' in the generator"
+    TOUCHES = m.ImportFrom(module=_module("vllm.v1.core.kv_cache_utils"), names=[
+        m.ZeroOrMore(), m.ImportAlias(name=m.OneOf(*(m.Name(name) for name in HELPERS))), m.ZeroOrMore()])
 
 
 PATCH = Patch(
