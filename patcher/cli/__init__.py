@@ -31,6 +31,10 @@ def console() -> None:
         else:
             sys.stderr.write(f"error: {message}\n")
         raise SystemExit(_INTERRUPTED) from None
+    finally:  # answered, exit code set: a Ctrl-C while the interpreter shuts down changes nothing
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def __getattr__(name: str):
