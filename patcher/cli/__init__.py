@@ -13,27 +13,54 @@ __all__ = ["Report", "console", "main"]
 _INTERRUPTED = 130
 
 
+_LOADING = "interrupted (Ctrl-C) before anything was written: nothing changed"
+
+
+def _say_interrupted(message: str) -> None:
+    """The one line a Ctrl-C gets: ``error: ...`` on stderr, or a JSON object with ``--json``."""
+    if "--json" in sys.argv[1:]:
+        import json
+
+        sys.stdout.write(json.dumps({"error": message, "exit_code": _INTERRUPTED}) + "\n")
+        sys.stdout.flush()
+    else:
+        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.flush()
+
+
+def _interrupted_while_loading(signum, frame) -> None:
+    """SIGINT while the command line is imported: nothing has been read or written, so the
+    process ends at once (a KeyboardInterrupt raised inside an import can be swallowed by
+    the import machinery's callbacks, and the command would then run on)."""
+    import os
+
+    _say_interrupted(_LOADING)
+    os._exit(_INTERRUPTED)
+
+
 def console() -> None:
     """The ``speculators-patch`` console script: ``main``, and Ctrl-C at any moment one line
     (exit 130) -- while click and rich are still being imported too."""
+    import signal
+
+    loading = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+    if loading:
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
     try:
         from patcher.cli.app import main as group
-
+    except KeyboardInterrupt:  # where our handler could not be set (SIGINT not at its default)
+        _say_interrupted(_LOADING)
+        raise SystemExit(_INTERRUPTED) from None
+    finally:
+        if loading:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
         group()
     except KeyboardInterrupt:  # outside what the commands answer themselves (they exit first)
         render = sys.modules.get("patcher.cli.render")
-        message = render.interrupted_message() if render else \
-            "interrupted (Ctrl-C) before anything was written: nothing changed"
-        if "--json" in sys.argv[1:]:
-            import json
-
-            sys.stdout.write(json.dumps({"error": message, "exit_code": _INTERRUPTED}) + "\n")
-        else:
-            sys.stderr.write(f"error: {message}\n")
+        _say_interrupted(render.interrupted_message() if render else _LOADING)
         raise SystemExit(_INTERRUPTED) from None
     finally:  # answered, exit code set: a Ctrl-C while the interpreter shuts down changes nothing
-        import signal
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
