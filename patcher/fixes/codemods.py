@@ -33,10 +33,6 @@ class _KeywordCodemod(PatchCodemod):
         targets = self._targets(tree)
         if not targets:
             self.refuse(None, self._shape())
-        for call in targets:  # a **mapping may carry KEYWORD= where no codemod can see it
-            splat = next((a for a in call.args if a.star == "**"), None)
-            if splat is not None:
-                self.refuse(splat, f"{self._shape()} without **kwargs (they may carry {self.KEYWORD}=)")
         pending = [c for c in targets if self.needs_change(c)]
         if not pending:
             self.already_satisfied(self.satisfied_reason())
@@ -44,6 +40,14 @@ class _KeywordCodemod(PatchCodemod):
 
     def needs_change(self, call: cst.Call) -> bool:
         raise NotImplementedError
+
+    def refuse_unseen(self, call: cst.Call) -> None:
+        """A call without ``KEYWORD=`` but with ``**kwargs``: they may carry it where no codemod
+        can see, so the codemod can tell neither that it is needed nor that it is not."""
+        splat = next((a for a in call.args if a.star == "**"), None)
+        if splat is not None:
+            self.refuse(splat, f"{self._shape()} without **kwargs, or with {self.KEYWORD}= itself "
+                               f"(they may carry {self.KEYWORD}=)")
 
     def change(self, call: cst.Call) -> cst.Call:
         raise NotImplementedError
@@ -66,8 +70,8 @@ class AddKeyword(_KeywordCodemod):
     """Add ``KEYWORD=VALUE`` to every call of ``CALLEE`` that lacks it.
 
     An existing ``KEYWORD=`` whose value is one of ``ACCEPTED`` (source text) counts as
-    satisfied; any other existing value is refused, never overwritten. A call with
-    ``**kwargs`` is refused: they may carry the keyword.
+    satisfied; any other existing value is refused, never overwritten. A call without the
+    keyword but with ``**kwargs`` is refused: they may carry it.
     """
 
     VALUE: str = ""
@@ -76,6 +80,7 @@ class AddKeyword(_KeywordCodemod):
     def needs_change(self, call: cst.Call) -> bool:
         existing = keyword(call, self.KEYWORD)
         if existing is None:
+            self.refuse_unseen(call)
             return True
         code = cst.Module([]).code_for_node(existing.value)
         if code not in (self.VALUE, *self.ACCEPTED):
@@ -93,8 +98,8 @@ class RemoveKeyword(_KeywordCodemod):
     """Remove the ``KEYWORD=`` argument from every call of ``CALLEE`` that has it.
 
     ``EXPECTED`` (source text): the values of ``KEYWORD=`` the removal is written for; any
-    other value is refused, never dropped (empty: any value). A call with ``**kwargs`` is
-    refused (it may carry the keyword), as for ``AddKeyword``.
+    other value is refused, never dropped (empty: any value). A call without the keyword but
+    with ``**kwargs`` is refused (they may carry it), as for ``AddKeyword``.
     """
 
     EXPECTED: tuple[str, ...] = ()
@@ -102,6 +107,7 @@ class RemoveKeyword(_KeywordCodemod):
     def needs_change(self, call: cst.Call) -> bool:
         existing = keyword(call, self.KEYWORD)
         if existing is None:
+            self.refuse_unseen(call)
             return False
         code = cst.Module([]).code_for_node(existing.value)
         if self.EXPECTED and code not in self.EXPECTED:
