@@ -1,3 +1,3 @@
-from patcher.cli import main
+from patcher.cli import console
 
-main()
+console()

@@ -6,6 +6,10 @@ class UserError(Exception):
     """Bad input or a refused operation; nothing on the target was changed."""
 
 
+class Unsupported(UserError):
+    """A target no patch here is written for (its speculators or vLLM); nothing was changed."""
+
+
 class Interrupted(UserError):
     """Ctrl-C during a commit, with what became of it (one line); the CLI exits 130."""
 

@@ -23,6 +23,7 @@ PATCH = Patch(
     name="scheduler-config-init-fields",
     version=1,
     title="SchedulerConfig: pass the required init-only field is_encoder_decoder",
+    risk="the generator fails to start: SchedulerConfig requires is_encoder_decoder",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PassIsEncoderDecoder,
     facts=(

@@ -16,6 +16,8 @@ class DropKvCacheSpecs(RemoveKeyword):
     DESCRIPTION = "get_kv_cache_config_from_groups(..., kv_cache_specs=...) -> without it"
     CALLEE = "get_kv_cache_config_from_groups"
     KEYWORD = "kv_cache_specs"
+    # Any value goes: vLLM has no such parameter, so whatever it carries never reached it (the
+    # value is not read elsewhere). A **mapping, which may carry it unseen, is refused.
 
 
 PATCH = Patch(
@@ -23,6 +25,7 @@ PATCH = Patch(
     name="kv-cache-config-signature",
     version=1,
     title="get_kv_cache_config_from_groups: drop the removed kv_cache_specs argument",
+    risk="the generator fails to start: get_kv_cache_config_from_groups no longer takes kv_cache_specs",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=DropKvCacheSpecs,
     facts=(

@@ -23,6 +23,7 @@ PATCH = Patch(
     name="scheduler-block-size",
     version=1,
     title="Scheduler: pass the required block_size",
+    risk="the generator fails to start: the Scheduler requires block_size",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PassBlockSize,
     facts=(

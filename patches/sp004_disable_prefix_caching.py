@@ -23,6 +23,7 @@ PATCH = Patch(
     name="disable-prefix-caching",
     version=1,
     title="CacheConfig: disable prefix caching so every prompt token is computed and captured",
+    risk="cached prompt prefixes are never computed, so their hidden states are not captured (or the KV manager crashes)",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=DisablePrefixCaching,
     facts=(

@@ -13,13 +13,13 @@ also right on single-phase releases.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.fixes.cst_helpers import calls_to, replace_statements
+from patcher.fixes.cst_helpers import calls_to, replace_statements, same_code
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 
-EXECUTE = m.SimpleStatementLine(
-    body=[m.Expr(m.Call(func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model"))))]
-)
+ANY_EXECUTE = m.Call(func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model")))
+EXECUTE = m.SimpleStatementLine(body=[m.Expr(ANY_EXECUTE)])
+STEP = "self.executor.execute_model(scheduler_output)"  # the one call rewritten: its result is what it tests
 TWO_PHASE = '''\
 model_output = self.executor.execute_model(scheduler_output)
 if model_output is None and hasattr(self.executor, "sample_tokens"):
@@ -34,8 +34,15 @@ class CallSampleTokens(PatchCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if calls_to(tree, "sample_tokens"):
             self.already_satisfied("sample_tokens() already follows execute_model()")
-        if not m.findall(tree, EXECUTE):
-            self.refuse(None, "a statement self.executor.execute_model(scheduler_output)")
+        steps = m.findall(tree, EXECUTE)
+        if not steps:
+            self.refuse(None, f"a statement {STEP}")
+        # Every call is rewritten into TWO_PHASE, which passes scheduler_output: another argument,
+        # or a call whose result is already used, is not a shape it may replace.
+        alone = {id(call) for step in steps for call in m.findall(step, ANY_EXECUTE)}
+        for call in m.findall(tree, ANY_EXECUTE):
+            if id(call) not in alone or not same_code(call, STEP):
+                self.refuse(call, f"every self.executor.execute_model call a statement {STEP}")
         return replace_statements(tree, {EXECUTE: TWO_PHASE})
 
 
@@ -44,6 +51,7 @@ PATCH = Patch(
     name="two-phase-execution",
     version=1,
     title="Two-phase execution: call sample_tokens(None) after execute_model() returns None",
+    risk="the second step fails: sample_tokens() must follow execute_model()",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=CallSampleTokens,
     facts=(

@@ -17,6 +17,7 @@ class DropUniqueReplyRank(RemoveKeyword):
     CALLEE = "collective_rpc"
     FIRST_ARG = "_get_captured_states"
     KEYWORD = "unique_reply_rank"
+    EXPECTED = ("0",)  # without it rank 0 comes first; another rank's reply cannot be had by dropping it
 
 
 PATCH = Patch(
@@ -24,6 +25,7 @@ PATCH = Patch(
     name="collective-rpc-reply-list",
     version=1,
     title="collective_rpc: take rank 0 from the reply list instead of unique_reply_rank",
+    risk="captures are read from rank 0's single reply as if it were a list: the wrong tensor",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=DropUniqueReplyRank,
     facts=(

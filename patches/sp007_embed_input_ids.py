@@ -16,6 +16,8 @@ from patcher.fixes.probes import method_defined
 
 OLD_CALL = m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name("get_input_embeddings")))
 EITHER = '(self.embed_input_ids if hasattr(self, "embed_input_ids") else self.get_input_embeddings)'
+FORWARD = m.FunctionDef(m.Name("_patched_forward"))
+ONE_POSITIONAL = m.Call(args=[m.Arg(keyword=None, star="")])
 FIXED = m.Call(func=m.Name("hasattr"), args=[m.Arg(m.Name("self")), m.Arg(m.SimpleString('"embed_input_ids"'))])
 
 
@@ -26,9 +28,15 @@ class EmbedInputIds(PatchCodemod):
         if m.findall(tree, FIXED):
             self.already_satisfied("the forward already prefers embed_input_ids()")
         if not m.findall(tree, OLD_CALL):
-            if calls_to(tree, "embed_input_ids") or not m.findall(tree, m.FunctionDef(m.Name("_patched_forward"))):
+            if calls_to(tree, "embed_input_ids") or not m.findall(tree, FORWARD):
                 self.already_satisfied("no replacement forward calls get_input_embeddings()")
             self.refuse(None, "self.get_input_embeddings(input_ids) in _patched_forward")
+        # The rewrite keeps the arguments and swaps the method: only the call the forward makes,
+        # with the token ids alone (what both methods take), is that call.
+        in_forward = {id(c) for f in m.findall(tree, FORWARD) for c in m.findall(f, OLD_CALL)}
+        for call in m.findall(tree, OLD_CALL):
+            if id(call) not in in_forward or not m.matches(call, ONE_POSITIONAL):
+                self.refuse(call, "self.get_input_embeddings(input_ids) in _patched_forward, one positional argument")
         return tree.visit(_Rewrite())
 
 
@@ -44,6 +52,7 @@ PATCH = Patch(
     name="embed-input-ids",
     version=1,
     title="Replacement forward: use embed_input_ids() (renamed from get_input_embeddings)",
+    risk="the replacement forward fails: get_input_embeddings() was renamed embed_input_ids()",
     file="speculators/data_generation/custom_worker.py",
     codemod=EmbedInputIds,
     facts=(

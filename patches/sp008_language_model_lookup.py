@@ -27,6 +27,14 @@ from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 
 GATE = m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Call(func=m.Name("supports_eagle3"))))
+# The gate it replaces, whole: ``if not supports_eagle3(model): raise ...`` and nothing else
+# (LOOKUP rebinds ``model``: another argument, or other statements in the gate, would be lost).
+EXACT_GATE = m.If(
+    test=m.UnaryOperation(operator=m.Not(), expression=m.Call(
+        func=m.Name("supports_eagle3"), args=[m.Arg(m.Name("model"), keyword=None, star="")])),
+    body=m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Raise()])]),
+    orelse=None,
+)
 BASE_MODEL = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Name("base_model"))], value=m.Attribute(m.Name("model"), m.Name("model")))]
 )
@@ -55,6 +63,10 @@ class LanguageModelLookup(PatchCodemod):
             self.already_satisfied("the language model is looked up without supports_eagle3()")
         if not (has_gate and has_base):
             self.refuse(None, "'if not supports_eagle3(model): raise ...' then 'base_model = model.model'")
+        gates, bases = m.findall(tree, GATE), m.findall(tree, BASE_MODEL)
+        for node in [*gates[1:], *bases[1:], *(g for g in gates[:1] if not m.matches(g, EXACT_GATE))]:
+            self.refuse(node, "one 'if not supports_eagle3(model): raise ...' (nothing else in it) and one "
+                              "'base_model = model.model'")
         RemoveImportsVisitor.remove_unused_import(self.context, "vllm.model_executor.models.interfaces", "supports_eagle3")
         return replace_statements(tree, {GATE: LOOKUP, BASE_MODEL: CHECK})
 
@@ -64,6 +76,7 @@ PATCH = Patch(
     name="language-model-lookup",
     version=2,
     title="Capture setup: reach the text model via get_language_model() (DeepSeek-V2/V3, Kimi-K2.5), not supports_eagle3",
+    risk="DeepSeek-V2/V3 and Kimi-K2.5 are refused, or a multimodal wrapper fails at capture setup",
     file="speculators/data_generation/custom_worker.py",
     codemod=LanguageModelLookup,
     facts=(

@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from patcher.fixes.cst_helpers import calls_to
+from patcher.fixes.cst_helpers import calls_to, code_digest, same_code
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 
@@ -36,6 +36,13 @@ BIND_EXTENSION = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("base_model"), attr=m.Name("_extension")))])]
 )
 REGISTER = "self._register_capture_hooks(base_model)\n"
+# What the codemod deletes or replaces whole must be speculators 0.3.0's, unedited (a hand
+# edit in it would be lost): the code_digest (patcher.fixes.cst_helpers) of each function,
+# the forward as 0.3.0 ships it and as SP007 leaves it; and the two statements, exactly.
+FORWARD_DIGESTS = ("808381b04673c9cc", "ab0bc91bd7e8408e")
+STORE_DIGESTS = ("5f11eccb598f5bed",)
+BIND_FORWARD_CODE = "base_model.forward = types.MethodType(_patched_forward, base_model)"
+BIND_EXTENSION_CODE = "base_model._extension = self"
 
 # Methods as they appear in the class (parsed inside it, so docstrings keep their indent).
 HOOK_METHODS = '''\
@@ -88,6 +95,16 @@ class LayerHookCapture(PatchCodemod):
                  "'base_model.forward = types.MethodType(_patched_forward, base_model)'")
         if not (has_forward and m.findall(tree, STORE_METHOD) and m.findall(tree, BIND_FORWARD)):
             self.refuse(None, shape)
+        for node in m.findall(tree, REPLACEMENT_FORWARD):
+            if code_digest(node) not in FORWARD_DIGESTS:
+                self.refuse(node, "speculators 0.3.0's _patched_forward, unedited (SP009 removes it)")
+        for node in m.findall(tree, STORE_METHOD):
+            if code_digest(node) not in STORE_DIGESTS:
+                self.refuse(node, "speculators 0.3.0's _store_captured_states, unedited (SP009 replaces it)")
+        for matcher, code in ((BIND_FORWARD, BIND_FORWARD_CODE), (BIND_EXTENSION, BIND_EXTENSION_CODE)):
+            for node in m.findall(tree, matcher):
+                if not same_code(node, code):
+                    self.refuse(node, f"'{code}'")
         for module, name in UNUSED_AFTER:
             if name is None:
                 RemoveImportsVisitor.remove_unused_import(self.context, module)
@@ -124,6 +141,7 @@ PATCH = Patch(
     name="layer-hook-capture",
     version=1,
     title="Capture via forward hooks on the decoder layers (no replacement forward)",
+    risk="DeepSeek's llama_4_scaling is dropped by the replacement forward: hidden states silently differ",
     file="speculators/data_generation/custom_worker.py",
     codemod=LayerHookCapture,
     facts=(

@@ -137,6 +137,18 @@ class PerRequestCapture(PatchCodemod):
         found = m.findall(tree, CLASS) and m.findall(tree, GET_STATES)
         if not found or not all(m.findall(tree, _method(n)) for n in AFTER_RESET):
             self.refuse(None, shape)
+        # What it edits, once each: the class it extends, the method it gives a parameter, and
+        # the one reset line of each method it adds a line after; names it adds, not yet taken.
+        once = [CLASS, GET_STATES, *(m.FunctionDef(name=m.Name(n)) for n in AFTER_RESET)]
+        for matcher in once:
+            for extra in m.findall(tree, matcher)[1:]:
+                self.refuse(extra, shape + ", each once")
+        for name in AFTER_RESET:
+            for extra in m.findall(m.findall(tree, m.FunctionDef(name=m.Name(name)))[0], RESET_LINE)[1:]:
+                self.refuse(extra, f"one 'self._captured_states = None' in {name}")
+        for taken in m.findall(tree, m.FunctionDef(name=m.Name("_track_batch_layout")) | m.Attribute(
+                value=m.Name("self"), attr=m.Name("_batch_layouts"))):
+            self.refuse(taken, "no _track_batch_layout or self._batch_layouts before this patch adds them")
         return tree.visit(_Rewrite(tree.default_newline))
 
 
@@ -180,6 +192,7 @@ PATCH = Patch(
     name="per-request-capture",
     version=2,
     title="Worker: split captures per request by vLLM's batch order and chunked steps",
+    risk="hidden states can be attributed to the wrong request",
     file="speculators/data_generation/custom_worker.py",
     codemod=PerRequestCapture,
     order=100,

@@ -13,14 +13,18 @@ from patcher.fixes.codemods import Replace
 from patcher.fixes.patch import Patch, VllmFact
 from patcher.fixes.probes import method_defined
 
-CUDA_QUERY = m.Call(func=m.Attribute(value=m.Attribute(m.Name("torch"), m.Name("cuda")), attr=m.Name("mem_get_info")))
+ANY_CUDA_QUERY = m.Call(func=m.Attribute(value=m.Attribute(m.Name("torch"), m.Name("cuda")), attr=m.Name("mem_get_info")))
+CUDA_QUERY = m.Call(func=ANY_CUDA_QUERY.func, args=[])
+# free_memory, _ = ... (the one shape rewritten: the replacement binds free_memory only)
+FREE_AND_TOTAL = [m.AssignTarget(m.Tuple([m.Element(m.Name("free_memory")), m.Element(m.Name("_"))]))]
 NEUTRAL = "free_memory = min(self.executor.determine_available_memory())  # bytes, any platform\n"
 EXECUTOR_QUERY = m.Call(func=m.Attribute(attr=m.Name("determine_available_memory")))
 
 
 class PlatformMemoryQuery(Replace):
     DESCRIPTION = "torch.cuda.mem_get_info() -> min(self.executor.determine_available_memory())"
-    MATCH = m.SimpleStatementLine(body=[m.Assign(value=CUDA_QUERY)])
+    MATCH = m.SimpleStatementLine(body=[m.Assign(targets=FREE_AND_TOTAL, value=CUDA_QUERY)])
+    TOUCHES = ANY_CUDA_QUERY
     REPLACEMENT = NEUTRAL
     SATISFIED = EXECUTOR_QUERY
     SATISFIED_REASON = "memory is queried through the executor"
@@ -32,6 +36,7 @@ PATCH = Patch(
     name="device-memory-query",
     version=1,
     title="KV cache sizing: executor.determine_available_memory() instead of torch.cuda",
+    risk="the KV cache cannot be sized off CUDA (torch.cuda.mem_get_info)",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PlatformMemoryQuery,
     facts=(

@@ -19,7 +19,7 @@ or a preempted one that was recomputed).
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.fixes.cst_helpers import append_keyword, statements
+from patcher.fixes.cst_helpers import append_keyword, same_code, statements
 from patcher.fixes.patch import Patch, PatchCodemod
 
 PER_REQUEST = '{"per_request": True}'  # collective_rpc(..., kwargs=PER_REQUEST)
@@ -98,6 +98,25 @@ layer_states = [h.cpu() for h in layer_states]
 '''
 
 
+# What the rewrite drops or replaces, as speculators 0.3.0 has it (a hand edit there is refused, not lost).
+EXACT = (
+    (ABORT_LOOP, "for req_id in scheduler_output.num_scheduled_tokens:\n"
+                 "    self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)"),
+    (SEQ_LENS, "seq_lens = [len(ids) for ids in input_ids_list]"),
+    (SLICE_STATES, "layer_states = [h[offset : offset + seq_len].clone().cpu() for h in aux_hidden_states]"),
+    (OFFSET_STEP, "offset += seq_len"),
+    (ADD_REQUEST, "self.scheduler.add_request(req)"),
+)
+RESULTS_HEAD = "for i, seq_len in enumerate(seq_lens): pass"
+IDS_LIST = m.Assign(targets=[m.AssignTarget(m.Name("ids_list"))])  # RECORD_LEN reads it
+
+
+def _rpc_args_known(call: cst.Call) -> bool:
+    """``collective_rpc("_get_captured_states")``, or with 0.3.0's ``unique_reply_rank=0`` (SP006 skipped)."""
+    rest = call.args[1:]
+    return not rest or (len(rest) == 1 and m.matches(rest[0], m.Arg(m.Integer("0"), keyword=m.Name("unique_reply_rank"))))
+
+
 def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node).strip()
 
@@ -106,13 +125,33 @@ class PrefillToCompletion(PatchCodemod):
     DESCRIPTION = "abort a request only after its whole prompt ran; assemble results per request id"
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if any(m.matches(c, RPC_PER_REQUEST) for c in m.findall(tree, RPC)):
-            self.already_satisfied("the generator assembles captures per request")
+        for call in m.findall(tree, RPC):
+            if m.matches(call, RPC_PER_REQUEST):
+                kwargs = next(a for a in call.args if a.keyword is not None and a.keyword.value == "kwargs")
+                if not same_code(kwargs.value, PER_REQUEST):
+                    self.refuse(kwargs, f'collective_rpc("_get_captured_states", kwargs={PER_REQUEST})')
+                self.already_satisfied("the generator assembles captures per request")
         anchors = (SUBMIT_LOOP, STEP_LOOP, RPC, SEQ_LENS, OFFSET, RESULTS_LOOP)
+        shape = ("speculators 0.3.0's generate(): the add_request loop, the step loop aborting every scheduled "
+                 "request, collective_rpc(\"_get_captured_states\"), and the seq_lens/offset slicing loop")
         if not all(m.findall(tree, a) for a in anchors):
-            self.refuse(None, "speculators 0.3.0's generate(): the add_request loop, the step loop "
-                              "aborting every scheduled request, collective_rpc(\"_get_captured_states\"), "
-                              "and the seq_lens/offset slicing loop")
+            self.refuse(None, shape)
+        for matcher in (*anchors, ADD_REQUEST, ABORT_LOOP, SLICE_STATES, OFFSET_STEP):
+            for extra in m.findall(tree, matcher)[1:]:
+                self.refuse(extra, shape + ", each once")
+        for matcher, code in EXACT:
+            for node in m.findall(tree, matcher):
+                if not same_code(node, code):
+                    self.refuse(node, f"'{code.splitlines()[0]}...'" if "\n" in code else f"'{code}'")
+        loop = m.findall(tree, RESULTS_LOOP)[0]
+        if not same_code(loop.with_changes(body=cst.IndentedBlock([cst.SimpleStatementLine([cst.Pass()])])),
+                         RESULTS_HEAD):
+            self.refuse(loop, f"'{RESULTS_HEAD[:-6]}'")
+        for call in m.findall(tree, RPC):
+            if not _rpc_args_known(call):
+                self.refuse(call, 'collective_rpc("_get_captured_states") without other arguments')
+        if not m.findall(m.findall(tree, SUBMIT_LOOP)[0], IDS_LIST):
+            self.refuse(m.findall(tree, SUBMIT_LOOP)[0], "an add_request loop that sets ids_list")
         return tree.visit(_Rewrite())
 
 
@@ -184,6 +223,7 @@ PATCH = Patch(
     name="prefill-to-completion",
     version=1,
     title="Generator: finish each prompt across chunked steps, results per request or an error",
+    risk="prompts split across steps are aborted half-way: hidden states can be attributed to the wrong request",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PrefillToCompletion,
     order=120,

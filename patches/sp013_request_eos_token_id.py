@@ -74,6 +74,7 @@ PATCH = Patch(
     name="request-eos-token-id",
     version=2,
     title="Request: pass eos_token_id only where Request.__init__ takes it (removed in 0.17)",
+    risk="on vLLM 0.17 and later every request fails: Request() no longer takes eos_token_id",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PortableEosTokenId,
     order=57,

@@ -29,6 +29,10 @@ IMPORT = m.SimpleStatementLine(body=[m.ImportFrom(
     names=[m.ImportAlias(name=m.Name(NAME), asname=None)],
 )])
 GUARDED = m.Try(body=m.IndentedBlock(body=[IMPORT]))
+# Satisfied only where the guard still gives the name: an ImportError handler that defines it.
+DEFINES = m.FunctionDef(name=m.Name(NAME)) | m.AssignTarget(target=m.Name(NAME)) | m.ImportAlias(
+    name=m.Name(NAME), asname=None) | m.ImportAlias(asname=m.AsName(m.Name(NAME)))
+FALLBACK = m.ExceptHandler(type=m.Name("ImportError"), body=m.MatchIfTrue(lambda body: bool(m.findall(body, DEFINES))))
 PORTABLE = f'''\
 try:  # transformers < 5.24
     from transformers.{MODULE} import {NAME}
@@ -56,7 +60,9 @@ class AttentionMaskImport(PatchCodemod):
     DESCRIPTION = f"from transformers.{MODULE} import {NAME} -> guarded, with a fallback"
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if m.findall(tree, GUARDED):
+        for guard in m.findall(tree, GUARDED):
+            if not any(m.matches(h, FALLBACK) for h in guard.handlers):
+                self.refuse(guard, f"'except ImportError:' that defines {NAME} after the guarded import")
             self.already_satisfied(f"the {MODULE} import has a fallback")
         top_level = [s for s in tree.body if m.matches(s, IMPORT)]
         if len(top_level) != 1 or not m.findall(tree, m.ImportFrom(module=m.Name("torch")) | m.Import(
@@ -70,6 +76,7 @@ PATCH = Patch(
     name="attention-mask-import",
     version=1,
     title="EAGLE model: import transformers' removed modeling_attn_mask_utils with a fallback (transformers 5.24)",
+    risk="with transformers 5.24 and later speculators cannot be imported (modeling_attn_mask_utils is gone)",
     file="speculators/models/eagle.py",
     codemod=AttentionMaskImport,
     order=10,

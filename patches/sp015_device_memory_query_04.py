@@ -16,17 +16,19 @@ The emitted line is SP011's; the helper's import is left in place (``empty_cache
 
 import libcst.matchers as m
 
+from speculators_patch_codemods.sp011_device_memory_query import FREE_AND_TOTAL
 from speculators_patch_codemods.sp011_device_memory_query import PATCH as SP011
 from speculators_patch_codemods.sp011_device_memory_query import PlatformMemoryQuery
 from patcher.fixes.patch import Patch
 
 # free_memory, _ = mem_get_info()   (speculators.utils.util.mem_get_info)
-HELPER_QUERY = m.Call(func=m.Name("mem_get_info"))
+HELPER_QUERY = m.Call(func=m.Name("mem_get_info"), args=[])
 
 
 class PlatformMemoryQuery04(PlatformMemoryQuery):
     DESCRIPTION = "mem_get_info() -> min(self.executor.determine_available_memory())"
-    MATCH = m.SimpleStatementLine(body=[m.Assign(value=HELPER_QUERY)])
+    MATCH = m.SimpleStatementLine(body=[m.Assign(targets=FREE_AND_TOTAL, value=HELPER_QUERY)])
+    TOUCHES = m.Call(func=m.Name("mem_get_info"))
     EXPECTED = "'free_memory, _ = mem_get_info()'"
 
 
@@ -35,6 +37,7 @@ PATCH = Patch(
     name="device-memory-query-04",
     version=1,
     title="KV cache sizing (0.4.x): executor.determine_available_memory() instead of torch.accelerator",
+    risk="the KV cache gets 0 bytes on a CPU, or sizing it fails without a GPU",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PlatformMemoryQuery04,
     facts=SP011.facts,

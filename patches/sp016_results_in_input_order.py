@@ -32,6 +32,7 @@ class ResultsInInputOrder(Replace):
     SATISFIED = KEYED_SORT
     SATISFIED_REASON = "request ids are sorted by their input index"
     EXPECTED = "'sorted(request_id_to_idx.keys())' (the results loop of generate())"
+    TOUCHES = m.Call(func=m.Name("sorted"), args=[m.Arg(m.Call(func=m.Attribute(IDS, m.Name("keys")))), m.ZeroOrMore()])
 
 
 PATCH = Patch(
@@ -39,6 +40,7 @@ PATCH = Patch(
     name="results-in-input-order",
     version=1,
     title="Results (0.4.x): in input order, not request ids sorted as strings (req_10 < req_2)",
+    risk="from 11 prompts on, results are returned paired with the wrong prompts",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=ResultsInInputOrder,
     speculators=">=0.4.0,<0.4.1",

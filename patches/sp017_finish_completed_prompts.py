@@ -23,7 +23,7 @@ loop stays: ``Scheduler.finish_requests`` skips ids already finished (0.11: gone
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.fixes.cst_helpers import statements
+from patcher.fixes.cst_helpers import same_code, statements
 from patcher.fixes.patch import Patch, PatchCodemod
 
 SCHEDULE = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("scheduler")), m.Name("schedule")))
@@ -59,7 +59,13 @@ class FinishCompletedPrompts(PatchCodemod):
             self.refuse(loops[1] if loops else None,
                         "one 'while (scheduler_output := self.scheduler.schedule())...' loop that calls "
                         "self.executor.execute_model and counts request_num_computed[req_id] += num_tokens")
-        if m.findall(loops[0].body, FINISH):
+        calls = m.findall(loops[0].body, FINISH)
+        if calls:  # 0.4.x finishes requests after the loop: in it, only this patch's statement is known
+            ours = {id(c) for s in m.findall(loops[0].body, m.SimpleStatementLine(body=[m.Expr(FINISH)]))
+                    if same_code(s, FINISH_COMPLETED) for c in m.findall(s, FINISH)}
+            for call in calls:
+                if id(call) not in ours:
+                    self.refuse(call, "no finish_requests in the step loop but the one this patch adds")
             self.already_satisfied("the step loop finishes requests whose prompt has run")
         return tree.visit(_Rewrite())
 
@@ -77,6 +83,7 @@ PATCH = Patch(
     name="finish-completed-prompts",
     version=1,
     title="Step loop (0.4.x): finish each prompt once it has run, so prompts beyond max_num_seqs are scheduled",
+    risk="a batch of more prompts than max_num_seqs fails: finished requests keep their slots",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=FinishCompletedPrompts,
     speculators=">=0.4.0,<0.4.1",

@@ -24,6 +24,7 @@ PATCH = Patch(
     name="request-eos-token-id-04",
     version=1,
     title="Request (0.4.x): pass eos_token_id only where Request.__init__ takes it (removed in 0.17)",
+    risk="on vLLM 0.17 and later every request fails: Request() no longer takes eos_token_id",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PortableEosTokenId04,
     speculators=">=0.4.0,<0.4.1",

@@ -41,6 +41,7 @@ cls.model_rebuild(force=True)
     SATISFIED = TORCH_IN_SCOPE
     SATISFIED_REASON = "torch is imported where the models are rebuilt"
     EXPECTED = "'cls.model_rebuild(force=True)' in ReloadableBaseModel.reload_schema"
+    TOUCHES = m.Call(func=m.Attribute(value=m.Name("cls"), attr=m.Name("model_rebuild")))
 
 
 PATCH = Patch(
@@ -48,6 +49,7 @@ PATCH = Patch(
     name="pydantic-torch-annotations",
     version=1,
     title="Config models: resolve transformers 5's torch annotations when pydantic rebuilds them",
+    risk="with transformers 5 speculators cannot be imported (pydantic cannot resolve torch)",
     file="speculators/utils/pydantic_utils.py",
     codemod=TorchForAnnotations,
     order=10,

@@ -20,11 +20,12 @@ import libcst.matchers as m
 from patcher.fixes.codemods import Replace
 from patcher.fixes.patch import Patch
 
+SPEC_NAME = m.SimpleString('"get_kv_cache_spec"') | m.SimpleString("'get_kv_cache_spec'")
 SPECS = m.SimpleStatementLine(body=[m.Assign(
     targets=[m.AssignTarget(m.Name("kv_cache_spec_list"))],
     value=m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("executor")),
                                   attr=m.Name("collective_rpc")),
-                 args=[m.Arg(m.SimpleString('"get_kv_cache_spec"') | m.SimpleString("'get_kv_cache_spec'"))]),
+                 args=[m.Arg(SPEC_NAME)]),
 )])
 BROADCAST = m.Call(func=m.Attribute(attr=m.Name("set_kv_cache_layout")))
 
@@ -49,6 +50,7 @@ if hasattr(self.executor, "get_supported_kv_cache_layouts") and hasattr(self.exe
     SATISFIED = BROADCAST
     SATISFIED_REASON = "the generator already resolves the KV cache layout"
     EXPECTED = "'kv_cache_spec_list = self.executor.collective_rpc(\"get_kv_cache_spec\")' in the generator"
+    TOUCHES = m.Call(func=m.Attribute(attr=m.Name("collective_rpc")), args=[m.Arg(SPEC_NAME), m.ZeroOrMore()])
 
 
 PATCH = Patch(
@@ -56,6 +58,7 @@ PATCH = Patch(
     name="kv-cache-layout",
     version=1,
     title="Generator: resolve and broadcast the KV cache layout before sizing the cache (vLLM 0.29+)",
+    risk="on vLLM 0.29 and later the generator fails at start-up: the KV cache layout is not resolved",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=ResolveKvCacheLayout,
     order=150,

@@ -66,6 +66,7 @@ PATCH = Patch(
     name="kv-cache-block-size",
     version=1,
     title="CacheConfig: let vLLM pick the KV cache block size where it does (0.18+), 16 before",
+    risk="on vLLM 0.18 and later a backend that refuses block size 16 fails at KV cache set-up",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=LetVllmPickBlockSize,
     order=160,

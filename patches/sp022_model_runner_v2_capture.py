@@ -141,6 +141,7 @@ PATCH = Patch(
     name="model-runner-v2-capture",
     version=1,
     title="Worker: read each step's batch layout from Model Runner V2 too (vLLM's GPU default)",
+    risk="under Model Runner V2 hidden states cannot be attributed to their requests (capture stops at setup)",
     file="speculators/data_generation/custom_worker.py",
     codemod=ModelRunnerV2Capture,
     facts=(

@@ -55,6 +55,8 @@ except ImportError:
     SATISFIED = m.ImportFrom(module=_module("vllm.v1.core.kv_cache_planning"))
     SATISFIED_REASON = "the generator imports the KV cache helpers from kv_cache_planning where they are"
     EXPECTED = f"'from vllm.v1.core.kv_cache_utils import ({', '.join(HELPERS)},)' in the generator"
+    TOUCHES = m.ImportFrom(module=_module("vllm.v1.core.kv_cache_utils"), names=[
+        m.ZeroOrMore(), m.ImportAlias(name=m.OneOf(*(m.Name(name) for name in HELPERS))), m.ZeroOrMore()])
 
 
 PATCH = Patch(
@@ -62,6 +64,7 @@ PATCH = Patch(
     name="kv-cache-planning-imports",
     version=1,
     title="KV cache helpers: import them from kv_cache_planning where vLLM moved them (0.33)",
+    risk="on vLLM 0.33 the generator cannot be imported: the KV cache helpers moved",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=KvCachePlanningImports,
     facts=tuple(

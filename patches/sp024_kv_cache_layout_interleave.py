@@ -85,6 +85,7 @@ PATCH = Patch(
     name="kv-cache-layout-interleave",
     version=1,
     title="Generator: send the KV cache interleave size with the layout where vLLM takes it (0.33)",
+    risk="on vLLM 0.33 the generator fails at KV cache set-up: set_kv_cache_layout needs the interleave size",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PassInterleaveSize,
     facts=(

@@ -21,8 +21,10 @@ tokens, with no sample_tokens to follow).
 import libcst as cst
 import libcst.matchers as m
 
+from patcher.fixes.cst_helpers import same_code
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import class_reads
+from speculators_patch_codemods.sp005_two_phase_execution import TWO_PHASE
 
 # while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
 STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(
@@ -36,11 +38,18 @@ if scheduler_output.finished_req_ids:
 """
 
 
+# The flush as this patch writes it, and as SP005 leaves it when it ran after it (two-phase).
+FLUSHES = (CODE, "if scheduler_output.finished_req_ids:\n" + "".join(
+    f"    {line}\n" for line in TWO_PHASE.splitlines()))
+
+
 class ReleaseFinishedRequests(PatchCodemod):
     DESCRIPTION = "send the step loop's last (token-less) scheduler output when it finishes requests"
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if m.findall(tree, FLUSH):
+        for flush in m.findall(tree, FLUSH):
+            if not any(same_code(flush, code) for code in FLUSHES):
+                self.refuse(flush, f"'{CODE.splitlines()[2]}' with nothing but {CODE.splitlines()[3].strip()!r}")
             self.already_satisfied("the last scheduler output reaches the workers")
         if len(m.findall(tree, STEP_LOOP)) != 1:
             self.refuse(None, "one 'while (scheduler_output := self.scheduler.schedule())"
@@ -62,6 +71,7 @@ PATCH = Patch(
     name="release-finished-requests",
     version=1,
     title="Generator: send the last scheduler output, so Model Runner V2 frees finished requests",
+    risk="under Model Runner V2 finished requests keep their slots: a later batch fails (No free indices)",
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=ReleaseFinishedRequests,
     facts=(

@@ -91,5 +91,6 @@ PATCH = Patch(
     ),
     order=165,
     portable=True,
+    risk="on a GPU the worker reads KV blocks vLLM never mapped: CUDA illegal memory access at the first long batch",
     engine_steps=("extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache"),
 )

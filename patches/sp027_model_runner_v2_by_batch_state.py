@@ -175,5 +175,6 @@ PATCH = Patch(
     ),
     order=107,
     portable=True,
+    risk="capture refuses vLLM 0.34's CPU engine and tells GPU users to set a variable vLLM 0.34 refuses",
     requires=("SP022",),  # rewrites the methods SP022 writes
 )

@@ -35,6 +35,7 @@ from patcher.fixes.patch import Patch, PatchCodemod
 CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))
 ADDED = m.FunctionDef(name=m.Name("_share_captures"))
 SP010_METHOD = m.FunctionDef(name=m.Name("_get_captured_states_per_request"))
+ADDED_NAMES = frozenset({"_stage_step", "_new_batch_check", "_staged_captures"})  # beside _share_captures
 
 METHODS = '''\
 class HiddenStatesWorkerExtension:
@@ -164,6 +165,9 @@ class StageCapturesInSharedMemory(PatchCodemod):
         if len(m.findall(tree, CLASS)) != 1 or len(m.findall(tree, SP010_METHOD)) != 1:
             self.refuse(None, "class HiddenStatesWorkerExtension with SP010's _get_captured_states_per_request "
                               "(SP028 applies after SP010)")
+        own = [f for f in m.findall(tree, m.FunctionDef(name=m.Name() & m.MatchIfTrue(lambda n: n.value in ADDED_NAMES)))]
+        if own:  # a method of the user's by one of those names would be shadowed
+            self.refuse(own[0], f"no methods named {', '.join(sorted(ADDED_NAMES))} of its own")
         code = METHODS.replace("\n", tree.default_newline)
         methods = cst.ensure_type(cst.parse_module(code).body[0], cst.ClassDef).body.body
         return tree.visit(_AddMethods(methods))
@@ -189,6 +193,7 @@ PATCH = Patch(
     codemod=StageCapturesInSharedMemory,
     order=130,
     portable=True,
+    risk="hidden states come back as pickled CUDA tensors through the RPC: about 4x slower extraction on a GPU",
     requires=("SP010",),  # the per-step layouts and per-layer capture lists SP010 keeps
     depends_on="at run time: MultiprocExecutor.collective_rpc and the runner's execute_model "
                "(vllm/v1/executor/multiproc_executor.py), Linux memfd and /proc, and on GPUs "

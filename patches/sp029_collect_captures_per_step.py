@@ -209,6 +209,7 @@ PATCH = Patch(
     codemod=CollectCapturesPerStep,
     order=175,
     portable=True,
+    risk="hidden states come back as pickled CUDA tensors through the RPC: about 4x slower extraction on a GPU",
     requires=("SP012", "SP028"),  # rewrites SP012's collection; SP028's worker RPCs
     depends_on="at run time: MultiprocExecutor.collective_rpc (vllm/v1/executor/multiproc_executor.py) "
                "and torch.from_file on the worker's memfd (/proc/<pid>/fd)",

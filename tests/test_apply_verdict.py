@@ -27,15 +27,61 @@ def _last(result) -> list[str]:
     return result.stdout.strip().splitlines()
 
 
+def _verdict(result) -> str:
+    return next(line for line in _last(result) if line.startswith("verify: "))
+
+
 def test_apply_on_a_release_with_known_breaks_ends_with_verifys_verdict(v33):
-    first = run_cli("apply", "--target", str(v33), *SKIP_033)
+    first = run_cli("apply", "--target", str(v33), *SKIP_033, "--allow-partial")
     assert first.returncode == 1, first.stderr
     assert "patched 4 file(s)" in first.stdout and V33_VERDICT in _last(first)
     verify = run_cli("verify", "--target", str(v33), *SKIP_033)
     assert verify.returncode == 1 and V33_VERDICT in _last(verify)  # the same line, word for word
-    again = run_cli("apply", "--target", str(v33), *SKIP_033)
-    assert again.returncode == 1 and "nothing to do" in again.stdout and V33_VERDICT in _last(again)
+    again = run_cli("apply", "--target", str(v33), *SKIP_033, "--allow-partial")
+    assert again.returncode == 1 and V33_VERDICT in _last(again)
+    assert "nothing to do" not in again.stdout  # SP023 and SP024 are needed here and left out
     assert f"speculators-patch verify --target {v33}" in again.stdout
+    # without --allow-partial apply judges the whole install, as a plain verify does
+    whole = run_cli("apply", "--target", str(v33), *SKIP_033)
+    assert whole.returncode == 1 and _verdict(whole) == _verdict(run_cli("verify", "--target", str(v33)))
+
+
+# Issue 30 item 1: the three patches that keep hidden states attributed to the right request, and
+# the ones that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): a selection that
+# splits them is refused first (test_selection.py).
+SKIP_CAPTURE = ("--skip", "SP010", "--skip", "SP012", "--skip", "SP022", "--skip", "SP027", "--skip", "SP028",
+                "--skip", "SP029")
+
+
+def test_a_skipped_needed_patch_is_named_and_fails_the_apply(sandbox):
+    first = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE)
+    assert first.returncode == 1, first.stdout
+    assert "SP010 skipped but needed: hidden states can be attributed to the wrong request" in first.stdout
+    assert "SP012 skipped but needed" in first.stdout and "SP022 skipped but needed" in first.stdout
+    assert _verdict(first) == _verdict(run_cli("verify", "--target", str(sandbox)))  # verify's, whole install
+    code, report = run_json("apply", "--target", str(sandbox), *SKIP_CAPTURE)
+    assert code == 1 and report["verify"]["ok"] is False
+    assert [r["id"] for r in report["left_out"]] == ["SP010", "SP012", "SP022", "SP028", "SP029"]  # SP027: not needed on 0.16
+    again = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE)
+    assert again.returncode == 1 and "nothing to do" not in again.stdout
+    assert "nothing written: every chosen patch is applied, but SP010, SP012, SP022, SP028, SP029 are needed" in again.stdout
+    assert run_cli("verify", "--target", str(sandbox)).returncode == 1
+
+
+def test_a_partial_install_is_accepted_only_when_asked_for(sandbox):
+    accepted = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE, "--allow-partial")
+    assert accepted.returncode == 0, accepted.stdout
+    assert "SP010 skipped but needed: hidden states can be attributed to the wrong request (--allow-partial: " \
+           "accepted)" in accepted.stdout
+    again = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE, "--allow-partial")
+    assert again.returncode == 0 and "nothing to do" not in again.stdout
+    alone = run_cli("apply", "--target", str(sandbox), "--allow-partial")
+    assert (alone.returncode, alone.stdout) == (2, "") and len(alone.stderr.splitlines()) == 1
+    assert alone.stderr.startswith("error: --allow-partial is only used with --only or --skip")
+    done = run_cli("apply", "--target", str(sandbox))  # the rest applied: now it is true
+    assert done.returncode == 0 and "skipped but needed" not in done.stdout
+    last = run_cli("apply", "--target", str(sandbox))
+    assert last.returncode == 0 and "nothing to do: every needed patch is already applied" in last.stdout
 
 
 def test_a_patch_whose_fact_is_missing_is_never_shown_calm(sandbox, site):
@@ -88,6 +134,7 @@ def test_a_healthy_apply_says_nothing_more_and_exits_0(sandbox):
 
 def test_a_partial_apply_says_what_verify_would(sandbox):
     result = run_cli("apply", "--target", str(sandbox), "--only", "SP004")
-    assert result.returncode == 1 and "verify: FAILED (the calls" in _last(result)[-2], result.stdout
+    assert result.returncode == 1 and "the calls" in _verdict(result), result.stdout
+    assert _verdict(result) == _verdict(run_cli("verify", "--target", str(sandbox)))
     dry = run_cli("apply", "--target", str(sandbox), "--dry-run")
     assert dry.returncode == 0 and "verify:" not in dry.stdout  # a dry run writes nothing and checks nothing

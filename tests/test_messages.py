@@ -6,6 +6,7 @@ leaves no state directory; piped tables carry no trailing spaces."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -120,3 +121,62 @@ def test_piped_tables_carry_no_trailing_spaces(sandbox):
     for args in (("status", "--target", str(sandbox)), ("verify", "--target", str(sandbox)), ("list",)):
         out = run_cli(*args).stdout
         assert out.strip() and [line for line in out.splitlines() if line != line.rstrip()] == [], args
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site):
+    """Issue 30 item 8: Ctrl-C 0.03 s in lands while click and rich are imported; it is one
+    line and exit 130 there too (here it lands exactly there: SIGINT as the import of click starts)."""
+    code = ("import builtins, os, signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "real = builtins.__import__\n"
+            "def interrupted(name, *args, **kwargs):\n"
+            "    if name == 'click':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = interrupted\n"
+            "sys.argv[0] = 'speculators-patch'\n"
+            "from patcher.cli import console\n"
+            "console()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for json_flag in ((), ("--json",)):
+        result = subprocess.run([sys.executable, "-c", code, "apply", "--target", str(sandbox), *json_flag],
+                                capture_output=True, text=True, env=env)
+        assert result.returncode == 130, result.stderr
+        if json_flag:
+            assert json.loads(result.stdout)["exit_code"] == 130 and result.stderr == ""
+        else:
+            assert _one_line(result) == "error: interrupted (Ctrl-C) before anything was written: nothing changed"
+    assert not (site / ".speculators-patch").exists()
+
+
+def test_diff_says_why_it_shows_nothing_on_a_file_changed_after_patching(sandbox, site):
+    """Issue 30 item 8: apply refuses to touch a hand-edited patched file; diff said nothing."""
+    from support import GENERATOR
+
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    with (site / GENERATOR).open("a") as f:
+        f.write("# edited by hand\n")
+    result = run_cli("diff", "--target", str(sandbox))
+    assert (result.returncode, result.stdout) == (1, "")
+    [line] = result.stderr.splitlines()  # one line, on stderr: stdout stays a diff
+    assert line.startswith(f"no diff: {GENERATOR} changed after patching, so apply leaves it as it is")
+    assert f"speculators-patch apply --target {sandbox} --adopt" in line and "--force" in line
+    code, data = run_json("diff", "--target", str(sandbox))
+    assert code == 1 and data["modified_files"] == [GENERATOR] and data["diff"] == ""
+
+
+def test_revert_after_a_pip_upgrade_names_repair_which_cleans_it_up(sandbox, site):
+    """Issue 30 item 8: after `pip install --force-reinstall speculators==0.4.0.1` over a patched
+    0.3.0, revert refuses (no 0.3.0 bytes over 0.4.0.1) and names repair, which drops the record."""
+    from sandbox import wheel
+
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet",
+                    "--no-deps", "--no-compile", "--force-reinstall", str(wheel("speculators", "0.4.0.1"))], check=True)
+    result = run_cli("revert", "--target", str(sandbox))
+    assert result.returncode == 2 and f"`speculators-patch repair --target {sandbox}` drops that record" \
+        in _one_line(result)
+    repaired = run_cli("repair", "--target", str(sandbox))
+    assert repaired.returncode == 0 and "repaired:" in repaired.stdout, repaired.stdout
+    assert not (site / ".speculators-patch").exists()
+    assert run_cli("revert", "--target", str(sandbox)).returncode == 0

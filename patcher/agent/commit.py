@@ -436,23 +436,41 @@ def _heal(state, root):
     (e.g. a read-only install, or files that are no longer what the journal expects)."""
     if not (os.path.exists(os.path.join(state, JOURNAL)) or os.path.exists(os.path.join(state, CLEANUP))
             or _has_litter(state)):
-        return False, None
+        return False, None, None
     try:
         with _Lock(state, _Env(os.path.dirname(state))):
             done = _recover(state, root)
             _sweep(state)
-            return done, None
+            return done, None, None
     except AgentError as e:
-        return False, str(e)
+        return False, str(e), None
     except OSError as e:
+        if not os.path.exists(os.path.join(state, JOURNAL)) and os.path.exists(os.path.join(state, CLEANUP)):
+            # committed: only deletions are left, and the install reads whole without them
+            return False, None, _unfinished(state, e)
         return False, ("%s: an interrupted commit could not be finished (%s: %s); fix that and run any command "
-                       "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror))
+                       "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror)), None
 
 
-def _preflight(root, state, datas, backups, small):
-    """Before the first write: every directory writable, no target immutable, and room on
-    each file system for everything the commit writes (old contents stay as hard links
-    until the commit point, so a rollback needs no space). Raises AgentError."""
+def _unfinished(state, e):
+    """One line: a finished commit's cleanup stopped at ``e`` (an OSError), and the command that recovers."""
+    path = getattr(e, "filename", None) or state
+    if os.path.realpath(path) == os.path.realpath(state):  # the last step of a full revert: only an empty directory
+        return "%s: the files are whole, but this empty state directory could not be removed (%s); `rmdir %s`" % (
+            state, getattr(e, "strerror", None) or e, state)
+    way = ("`chattr -i %s`" % path if _immutable(path) or _immutable(os.path.dirname(path))
+           else "make %s removable" % path)
+    return ("%s: a finished commit's cleanup could not remove %s (%s); the files are whole; %s, then run "
+            "`speculators-patch status`: it finishes the cleanup" % (os.path.join(state, CLEANUP), path,
+                                                                      getattr(e, "strerror", None) or e, way))
+
+
+def _preflight(root, state, datas, backups, small, drops=()):
+    """Before the first write: every directory writable, no target immutable, every kept
+    copy the commit drops (``drops``, names under ``pristine/``) and the manifest removable or
+    replaceable, and room on each file system for everything the commit writes (old contents
+    stay as hard links until the commit point, so a rollback needs no space). Raises
+    AgentError naming the one command that clears it."""
     need = {}
 
     def add(d, n):
@@ -473,6 +491,17 @@ def _preflight(root, state, datas, backups, small):
         if _immutable(os.path.join(root, path)):
             raise AgentError("cannot replace %s: it is immutable or append-only (chattr +i/+a; nothing changed)"
                              % os.path.join(root, path))
+    mpath = os.path.join(state, MANIFEST)
+    for path in [mpath] + [os.path.join(state, "pristine", name) for name in drops]:
+        if not os.path.lexists(path):
+            continue
+        for where in (path, os.path.dirname(path)):
+            if _immutable(where):
+                raise AgentError("cannot remove %s: it is immutable or append-only (chattr +i/+a), and this commit "
+                                 "must replace or drop it; nothing changed; `chattr -i %s`, then run the command "
+                                 "again" % (path, where))
+        if not os.access(os.path.dirname(path), os.W_OK):
+            raise AgentError("cannot write to %s: permission denied (nothing changed)" % os.path.dirname(path))
     for d, n in need.values():
         if os.environ.get("SPECULATORS_PATCH_SKIP_SPACE_CHECK"):  # tests: reach a real ENOSPC mid-commit
             break
@@ -494,7 +523,8 @@ def commit(request):
               "repair": bool (``repair``: the old state may be damaged; salvage, then rebuild),
               "adopted": optional [path]: files whose current bytes the user takes as their new
                          pristine file (``apply --adopt``): their old copies may go}
-    Returns {"written": [paths], "recovered": bool}.
+    Returns {"written": [paths], "recovered": bool}, and "unfinished": one line when the commit
+    is done but its cleanup (deletions only) stopped, naming the command that recovers.
     Raises AgentError("changed-since-read: ...") when a file or the manifest is not what the
     caller read (nothing is written; read again), and AgentError for anything else that
     stops it (nothing changed: a failure after the first write is rolled back).
@@ -526,12 +556,32 @@ def commit(request):
         raise
     try:
         return _commit_locked(state, root, writes, keep, request, env, repair)
+    except BaseException:
+        _tidy_refused(state)
+        raise
     finally:
         lock.__exit__()
 
 
+def _tidy_refused(state):
+    """After a refused or rolled-back commit, under the lock: a state directory that records
+    nothing (no manifest, no copy, no journal: the first apply's, made for this commit) goes,
+    lock included, so a refusal leaves the install as pip left it."""
+    if any(os.path.exists(os.path.join(state, n)) for n in (MANIFEST, JOURNAL, CLEANUP)) or _list_backups(state):
+        return
+    try:
+        _remove_empty_state(state)
+    except OSError:
+        pass  # what is left records nothing; the next command that writes takes it over
+
+
 def _commit_locked(state, root, writes, keep, request, env, repair):
-    recovered = _recover(state, root, salvage=repair)
+    try:
+        recovered = _recover(state, root, salvage=repair)
+    except OSError as e:
+        if os.path.exists(os.path.join(state, JOURNAL)):
+            raise
+        raise AgentError(_unfinished(state, e) + " (nothing changed)")
     if recovered and not repair:  # the caller read the half-written files: its plan is stale
         raise AgentError("changed-since-read: an interrupted commit was rolled back first")
     _sweep(state)
@@ -573,7 +623,8 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
                "manifest_old": m_sha, "manifest_new": None if m_new is None else sha256(m_new),
                "new_backups": sorted(to_back), "drop": drop}
     j_raw = json.dumps(journal).encode("utf-8")
-    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0))
+    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0),
+               drop)
 
     jpath, cpath = os.path.join(state, JOURNAL), os.path.join(state, CLEANUP)
     try:
@@ -616,12 +667,13 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         if isinstance(e, OSError):
             raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror))
         raise
+    answer = {"written": sorted(datas), "recovered": recovered}
     try:
         _fsync_dir(state)
         _finish(state, journal, cpath)
-    except OSError:
-        pass  # committed; what is left is deleted by the next command
-    return {"written": sorted(datas), "recovered": recovered}
+    except OSError as e:  # committed: the files are whole; what is left is deleted once this is fixed
+        answer["unfinished"] = _unfinished(state, e)
+    return answer
 
 
 def _copy_path(name):
@@ -686,11 +738,8 @@ def _remove_empty_state(state):
     if any(n != "lock" for n in os.listdir(state)):
         return
     _unlink(os.path.join(state, "lock"))
-    try:
-        _step("rmdir " + state)
-        os.rmdir(state)
-    except OSError:
-        pass
+    _step("rmdir " + state)
+    os.rmdir(state)  # a failure is the commit's ``unfinished`` line: an empty directory is left
 
 
 def repair(request):

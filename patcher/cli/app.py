@@ -311,13 +311,21 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Show what would be applied; write nothing.")
 @click.option("--adopt", is_flag=True, help="A file changed since patching (updated upstream) becomes the new "
               "pristine copy and is patched; revert then gives that newer file back.")
-def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, adopt):
+@click.option("--allow-partial", is_flag=True,
+              help="With --only/--skip: accept an install that lacks patches the installed vLLM needs (exit as verify "
+                   "of the chosen patches). At risk: what each left-out patch fixes, named in the output; e.g. "
+                   "without SP010, SP012 and SP022 hidden states can be attributed to the wrong request.")
+def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, adopt, allow_partial):
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
     from patcher.commands.apply import apply as verb
 
+    if allow_partial and not (only or skip):
+        _usage_error("--allow-partial is only used with --only or --skip: without them every needed patch is applied",
+                     as_json)
     _main(hosts, hosts_file, lambda host: run_on_target(
         target, host, ssh_config,
-        lambda t, s: verb(t, s, select(only, skip, "requires"), dry_run, adopt, advise=lambda hint: with_target(hint, t)),
+        lambda t, s: verb(t, s, select(only, skip, "requires"), dry_run, adopt, advise=lambda hint: with_target(hint, t),
+                          allow_partial=allow_partial),
         lambda t, s, done: reports.apply_report(t, s, done, dry_run)), as_json)
 
 
@@ -349,7 +357,7 @@ def repair(target, hosts, hosts_file, ssh_config, as_json):
                 console.print(f"repair: {len(result.unrestorable)} file(s) differ from what pip installed and nothing "
                               f"kept here restores them (listed above); the record covers the rest")
             else:
-                console.print("repaired: the record matches the files" if snap.state_problem
+                console.print("repaired: the record matches the files" if snap.state_problem or result.dropped
                               else "nothing to repair: the record already matched the files; checked again")
 
         return Report(data, 1 if result.unrestorable else 0, render)
@@ -365,7 +373,7 @@ def diff(target, hosts, hosts_file, ssh_config, only, skip, as_json):
 
     _main(hosts, hosts_file, lambda host: run_on_target(
         target, host, ssh_config, lambda t, s: verb(t, s, select(only, skip, "requires")),
-        lambda t, s, done: reports.diff_report(done)), as_json)
+        lambda t, s, done: reports.diff_report(t, done)), as_json)
 
 
 @main.command()
@@ -403,7 +411,8 @@ def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dr
 
     _main(hosts, hosts_file, lambda host: run_on_target(
         target, host, ssh_config,
-        lambda t, s: verb(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run),
+        lambda t, s: verb(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run,
+                          advise=lambda hint: with_target(hint, t)),
         lambda t, s, done: reports.revert_report(s, done, dry_run)), as_json)
 
 

@@ -6,9 +6,11 @@ of at most ``jobs`` workers. The workers are forked processes where the platform
 threads would run them one host at a time under the GIL (threads are the fallback).
 A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
 never stops or touches the others. Progress goes to stderr; the end is one summary table
-(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Exit code: 0 when every host succeeded, 2 when any host failed, else 1
-when ``diff`` found changes, ``verify`` disagreements or an ``apply`` whose result fails
-verify's checks somewhere, else the largest (3: every static check passed but some host's vLLM
+(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``); for ``status``
+each host's result is the state of its install. Exit code: 0 when every host succeeded, 2 when
+any host failed or is unsupported, else 1
+when ``diff`` found changes, ``verify`` disagreements, an ``apply`` whose result fails
+verify's checks or a ``status`` whose install is not patched somewhere, else the largest (3: every static check passed but some host's vLLM
 has no engine proof); 130 after Ctrl-C.
 """
 
@@ -27,7 +29,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from patcher.errors import Interrupted, UserError
+from patcher.errors import Interrupted, Unsupported, UserError
 
 DEFAULT_JOBS = 8
 
@@ -35,7 +37,9 @@ DEFAULT_JOBS = 8
 @dataclass
 class HostResult:
     host: str
-    outcome: str  # changed | unchanged | would-change | ok | disagrees (verify, or apply then verify) | unproven | failed
+    # changed | unchanged | would-change | ok | disagrees (verify, or apply then verify) | unproven | failed |
+    # unsupported | status: the install's state (patched | pristine | partial | modified | unsupported)
+    outcome: str
     exit_code: int
     reason: str
     seconds: float
@@ -63,6 +67,8 @@ def classify(data: dict, exit_code: int) -> tuple[str, str]:
         if isinstance(checked, dict) and not checked.get("ok", True):  # apply: the install still fails verify
             return "disagrees", "; ".join(filter(None, [reason, f"verify: FAILED ({', '.join(checked['failing'])})"]))
         return outcome, reason
+    if "install" in data:  # status: the state of each host's install
+        return data["install"]["state"], data["install"]["reason"]
     if "diff" in data:
         return ("would-change", "diff printed in --json") if data["changed"] else ("unchanged", "")
     if "selftest" in data:
@@ -91,13 +97,17 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
         return HostResult(host, "failed", 130, interrupted_message(), time.monotonic() - start)
     except Interrupted as e:  # during this host's commit: what became of it
         return HostResult(host, "failed", 130, str(e), time.monotonic() - start)
+    except Unsupported as e:  # no patch here is written for it: a refusal, named as such
+        return HostResult(host, "unsupported", 2, str(e), time.monotonic() - start)
     except UserError as e:
         return HostResult(host, "failed", 2, str(e), time.monotonic() - start)
     except Exception as e:  # a bug must not take the other hosts down
         return HostResult(host, "failed", 2, f"internal error: {type(e).__name__}: {e}", time.monotonic() - start)
     outcome, reason = classify(report.data, report.exit_code)
-    return HostResult(host, outcome, report.exit_code, reason, time.monotonic() - start,
-                      report.data, tuple(report.notes))
+    code = report.exit_code
+    if "install" in report.data and outcome != "patched":  # status: this host is not what a job needs
+        code = max(code, 1)
+    return HostResult(host, outcome, code, reason, time.monotonic() - start, report.data, tuple(report.notes))
 
 
 # The command of the current run, for forked workers: a closure cannot be pickled, but a
@@ -117,7 +127,8 @@ def _pool(workers: int) -> Executor:
 
 
 _COLORS = {"changed": "green", "unchanged": "dim", "ok": "green", "would-change": "yellow",
-           "disagrees": "red", "failed": "red", "unproven": "yellow"}
+           "disagrees": "red", "failed": "red", "unproven": "yellow", "patched": "green", "pristine": "yellow",
+           "partial": "red", "modified": "red", "unsupported": "red"}
 
 
 def summary_table(results: list[HostResult]) -> Table:
@@ -228,7 +239,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     ordered = [results[h] for h in hosts]
     if interrupted:
         code = 130
-    elif any(r.outcome == "failed" for r in ordered):
+    elif any(r.outcome in ("failed", "unsupported") for r in ordered):
         code = 2
     elif any(r.exit_code == 1 for r in ordered):  # a disagreement anywhere outweighs "not proven"
         code = 1
@@ -241,5 +252,11 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
 
         print_out(lambda console: console.print(summary_table(ordered)))
         counts = {o: sum(r.outcome == o for r in ordered) for o in dict.fromkeys(r.outcome for r in ordered)}
-        click.echo(f"{len(hosts)} hosts: " + ", ".join(f"{n} {o}" for o, n in counts.items()))
+        states = [r.data["install"]["state"] for r in ordered if r.data and "install" in r.data]
+        verdict = ""
+        if states and len(set(states)) > 1:
+            verdict = ": the hosts disagree"
+        elif states and states[0] != "patched":
+            verdict = f": {'none' if len(states) > 1 else 'it'} is patched"
+        click.echo(f"{len(hosts)} hosts: " + ", ".join(f"{n} {o}" for o, n in counts.items()) + verdict)
     return code

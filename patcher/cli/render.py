@@ -111,7 +111,8 @@ def render_findings(console: Console, check: InstallCheck, snap: Snapshot, trans
     for path in check.modified:
         console.print(f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
                       f"file, so the patches recorded for it are not vouched for): "
-                      f"`{escape(again('apply', transport))} --adopt` keeps it as the new pristine copy and patches it; "
+                      f"`{escape(again('apply', transport))} --adopt` keeps the edit (it joins the pristine copy, "
+                      f"which revert restores) and patches it; "
                       f"`{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)",
                       soft_wrap=True)
     if check.unproven and not check.only_unproven:  # else the verdict line says it
@@ -147,8 +148,8 @@ def again(subcommand: str, transport: Transport) -> str:
 
 
 def with_target(hint: str, transport: Transport) -> str:
-    """A hint's ``speculators-patch apply``/``revert`` with this run's target options."""
-    for sub in ("revert", "apply"):
+    """A hint's ``speculators-patch apply``/``revert``/``repair`` with this run's target options."""
+    for sub in ("revert", "apply", "repair"):
         hint = hint.replace(f"speculators-patch {sub}", again(sub, transport))
     return hint
 

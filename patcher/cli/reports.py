@@ -40,14 +40,28 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
         elif result.written:
             console.print(f"patched {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
         if result.adopted:
-            console.print(f"adopted {len(result.adopted)} file(s) as they are, as their new pristine copy (every patch "
-                          f"needed is already in them): {', '.join(result.adopted)}")
+            console.print(f"adopted {len(result.adopted)} file(s): each one's change is now part of its pristine copy "
+                          f"(stock speculators plus the change, what revert restores), with the patches on top: "
+                          f"{', '.join(result.adopted)}")
         elif dry_run or result.written:
             pass
         elif modified:
             console.print(f"nothing written: {', '.join(sorted(modified))} changed after patching (below)")
+        elif done.left_out:
+            console.print(f"nothing written: every chosen patch is applied, but {', '.join(r['id'] for r in done.left_out)} "
+                          f"{'is' if len(done.left_out) == 1 else 'are'} needed and left out by --only/--skip")
         else:
             console.print("nothing to do: every needed patch is already applied")
+        partial = done.data.get("allow_partial")
+        for r in done.left_out:
+            console.print(f"[{'yellow' if partial else 'red'}]{r['id']} skipped but needed[/]: {escape(r['risk'])}"
+                          + (" (--allow-partial: accepted)" if partial else ""), soft_wrap=True)
+        if done.left_out and not partial:
+            them = "it" if len(done.left_out) == 1 else "them"
+            console.print(f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
+                          f"an install without {them}[/]", soft_wrap=True)
+        if result.unfinished:
+            console.print(f"[red]apply: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
         if check is not None and not check.ok:
             if check.lifecycle is not None and not check.lifecycle.ok:
                 render_lifecycle(console, check)
@@ -58,14 +72,25 @@ def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: b
     return Report(done.data, done.exit_code, render)
 
 
-def diff_report(done: Diffed) -> Report:
-    """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one."""
+def diff_report(transport: Transport, done: Diffed) -> Report:
+    """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one, or
+    when a file changed after patching keeps it empty (``apply`` leaves such a file as it is
+    and fails verify's check): then one line on stderr says so, with both ways on."""
+    modified = done.data["modified_files"]
 
     def render(console: Console) -> None:
         sys.stdout.write(done.text)
         sys.stdout.flush()
+        if modified and not done.text:
+            from rich.console import Console as Stderr
 
-    return Report(done.data, 1 if done.text else 0, render)
+            Stderr(stderr=True, highlight=False, soft_wrap=True).print(
+                f"no diff: {', '.join(modified)} changed after patching, so apply leaves "
+                f"{'it' if len(modified) == 1 else 'them'} as {'it is' if len(modified) == 1 else 'they are'} and ends "
+                f"with verify: FAILED (a file modified after patching); `{escape(again('apply', transport))} --adopt` "
+                f"keeps the edit, `{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)")
+
+    return Report(done.data, 1 if done.text or modified else 0, render)
 
 
 def status_report(transport: Transport, snap: Snapshot, done: Status) -> Report:
@@ -79,6 +104,9 @@ def status_report(transport: Transport, snap: Snapshot, done: Status) -> Report:
                       f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}", soft_wrap=True)  # one line for grep
         for path, state in files.items():
             console.print(f"  {path}: {state}")
+        install = done.data["install"]
+        console.print(f"install is {install['state']}" + (f" ({escape(install['reason'])})" if install["reason"] else ""),
+                      soft_wrap=True)
         console.print(outcome_table(rows, "patches"))
         if any(r["state"] == "stale" for r in rows):
             console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
@@ -131,10 +159,15 @@ def revert_report(snap: Snapshot, done: Reverted, dry_run: bool) -> Report:
             console.print(f"dry run: {len(changed)} file(s) would be restored, nothing written")
         elif result.written:
             console.print(f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
+        elif result.committed:
+            console.print(f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
+                          f"nothing (left by an earlier run)", soft_wrap=True)
         else:
             console.print("nothing to revert: no file needed restoring")
+        if result.unfinished:
+            console.print(f"[red]revert: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
 
-    return Report(done.data, 0, render)
+    return Report(done.data, 1 if result.unfinished else 0, render)
 
 
 def relay_progress(transport: Transport, host: str | None) -> None:

@@ -28,44 +28,66 @@ class Applied:
     modified: set[str]
     check: InstallCheck | None
     data: dict = field(default_factory=dict)
+    left_out: list[dict] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        """verify's exit code on the result (0 when none was made)."""
-        return 0 if self.check is None else self.check.exit_code
+        """verify's exit code on the result (0 when none was made); 1 at least when the commit's
+        cleanup could not finish (``CommitResult.unfinished``)."""
+        code = 0 if self.check is None else self.check.exit_code
+        return 1 if self.result.unfinished and code in (0, 3) else code
 
 
 def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False,
-          verify_after: bool = True, advise: Callable[[str], str] = str) -> Applied:
+          verify_after: bool = True, advise: Callable[[str], str] = str, allow_partial: bool = False) -> Applied:
     """``apply``, then (unless ``dry_run``, or ``verify_after`` is False) every check
     ``verify`` makes on the result (its ``sources`` request rides on the commit, so it
-    costs no round trip of its own). Refuses an unsupported target, a vLLM change no patch
-    covers, and a user patch whose file changed since it was applied."""
+    costs no round trip of its own): on the whole install, so a patch the installed vLLM
+    needs that ``chosen`` leaves out fails the check and is named in ``left_out``, unless
+    ``allow_partial`` (then the verdicts of ``chosen`` only count, as ``verify --only``).
+    Refuses an unsupported target, a vLLM change no patch covers, and a user patch whose
+    file changed since it was applied."""
     from patcher import engine
     from patcher.commands.verify import check_install
     from patcher.checks.verify import send_calls_ahead
+    from patcher.fixes.registry import all_patches
 
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     check_after = verify_after and not dry_run
     sent_ahead = send_calls_ahead(transport, snap) if check_after else None
-    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt)
+    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt,
+                          revert_command=advise("speculators-patch revert"))
     rows = outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
-    check = check_install(transport, engine.after(snap, result), {p.id for p in chosen}, advise=advise,
+    chosen_ids = {p.id for p in chosen}
+    counted = chosen_ids if allow_partial else {p.id for p in all_patches()}
+    check = check_install(transport, engine.after(snap, result), counted, advise=advise,
                           sent_ahead=sent_ahead) if check_after else None
+    left_out = left_out_needed(check, chosen_ids) if check else []
     modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
     for row in rows:
         if row["file"] in modified:
             row["file_modified"] = True
     data = {**describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
             "modified_files": sorted(modified),
-            "verify": None if check is None else {"ok": check.ok, "failing": check.failing}}
-    return Applied(result, rows, changed, modified, check, data)
+            "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
+            "left_out": left_out, "allow_partial": allow_partial, "unfinished": result.unfinished}
+    return Applied(result, rows, changed, modified, check, data, left_out)
+
+
+def left_out_needed(check: InstallCheck, chosen_ids: set[str]) -> list[dict]:
+    """The patches the installed vLLM needs that are not in the install and that the choice
+    (``--only``/``--skip``) left out: ``{"id", "risk"}`` (what goes wrong without it)."""
+    from patcher.fixes.registry import all_patches
+
+    by_id = {p.id: p for p in all_patches()}
+    return [{"id": r["id"], "risk": by_id[r["id"]].risk or by_id[r["id"]].title}
+            for r in sorted(check.all_rows, key=lambda r: r["id"]) if r["id"] not in chosen_ids and r["verdict"] == "missing"]
 
 
 @dataclass
@@ -90,7 +112,9 @@ def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
         raise UserError(refused[0])
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = unified_diff(plans)
-    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans)})
+    modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
+    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans),
+                                "modified_files": modified})
 
 
 def _text(source: bytes) -> str:

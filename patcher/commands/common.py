@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import patcher
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -31,6 +32,14 @@ def notes(snap: Snapshot) -> list[str]:
         notes.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
     if snap.recovered:
         notes.append("an interrupted commit was found and rolled back: the install is as it was before it")
+    from patcher.engine.snapshot import state_written_by
+
+    written_by = state_written_by(snap)
+    if written_by is not None and str(written_by) != patcher.__version__:
+        notes.append(f"{snap.state_dir}/manifest.json was written by speculators-patch {written_by}; read by this "
+                      f"speculators-patch {patcher.__version__}, which records its own version at its next write")
+    if snap.unfinished:
+        notes.append(snap.unfinished)
     elif snap.journal_pending:
         notes.append(f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
                      "(read-only?) and will be on the next writable run")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from patcher.commands.common import describe, mark_edited, outcome_rows, refuse_edited_user_patches, source_changes
 
@@ -36,7 +36,34 @@ def status(snap: Snapshot, chosen) -> Status:
         r["state"] = moved.get(r["id"], r["state"])
     mark_edited(source_changes(snap), rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
-    return Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows})
+    state, reason = install_state(rows, files)
+    return Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows,
+                                       "install": {"state": state, "reason": reason}})
+
+
+# The state of a whole install, as ``status`` names it (and the fan-out summary per host).
+INSTALL_STATES = ("patched", "pristine", "partial", "modified", "unsupported")
+NOT_APPLIED = ("pending", "refused", "stale", "source-changed")
+
+
+def install_state(rows: list[dict], files: dict[str, str]) -> tuple[str, str]:
+    """(state, reason) of the install from ``status``'s rows and file states: ``modified``
+    (a file changed after patching, or differing from what pip installed with no record),
+    ``unsupported`` (a patch's vLLM fact is missing: no patch here handles this vLLM),
+    ``patched`` (every needed patch is in), ``pristine`` (none applied by this tool) or
+    ``partial``; the reason names the files or patches, empty when patched."""
+    changed = [p for p, state in files.items() if state in ("modified", "edited")]
+    if changed:
+        return "modified", f"changed by hand: {', '.join(changed)}"
+    gone = sorted({r["id"] for r in rows if r["state"] == "fact-missing"})
+    if gone:
+        return "unsupported", f"no patch handles this vLLM ({', '.join(gone)}: fact missing)"
+    missing = sorted({r["id"] for r in rows if r["state"] in NOT_APPLIED})
+    if not missing:
+        return "patched", ""
+    if not any(r["state"] == "applied" for r in rows):
+        return "pristine", f"needed, not applied: {', '.join(missing)}"
+    return "partial", f"needed, not applied: {', '.join(missing)}"
 
 
 @dataclass
@@ -48,10 +75,12 @@ class Reverted:
     data: dict
 
 
-def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool) -> Reverted:
+def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool,
+           advise: Callable[[str], str] = str) -> Reverted:
     """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
     patches. A partial revert replays the patches it keeps from the pristine copies, so it
-    refuses when one of those is a user patch whose file changed since it was applied."""
+    refuses when one of those is a user patch whose file changed since it was applied.
+    ``advise``: a way-out command as this caller words it (the CLI adds its target options)."""
     from patcher import engine
 
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
@@ -59,7 +88,8 @@ def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: b
         entries = (snap.manifest or {}).get("files", {})
         replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
         refuse_edited_user_patches(snap, replayed - ids, "this revert")
-    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run)
+    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run,
+                           repair_command=advise("speculators-patch repair"))
     changed = [p.path for p in result.plans if p.changed]
     return Reverted(result, changed, {**describe(snap), "dry_run": dry_run, "written": result.written,
-                                      "would_change": changed})
+                                      "would_change": changed, "unfinished": result.unfinished})

@@ -37,6 +37,7 @@ class InstallCheck:
     failing: list[str]
     devices: list[str] = field(default_factory=list)
     lifecycle: LifecycleCheck | None = None
+    all_rows: list[dict] = field(default_factory=list)  # the verdict of every patch, counted or not
 
     @property
     def ok(self) -> bool:
@@ -68,9 +69,9 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     from patcher.engine import written_for
     from patcher.fixes.registry import all_patches
 
-    facts, checks = verify(snap)
-    present = {c.patch.id for c in checks if c.state in ("applied", "satisfied")}  # in the installed code
-    facts, checks = [f for f in facts if f.patch.id in ids], [c for c in checks if c.patch.id in ids]
+    facts, every = verify(snap)
+    present = {c.patch.id for c in every if c.state in ("applied", "satisfied")}  # in the installed code
+    facts, checks = [f for f in facts if f.patch.id in ids], [c for c in every if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime, sent_ahead)
     life = lifecycle.check(calls.vllm or {}, snap.files.get(lifecycle.GENERATOR),
                            written_for(snap.speculators_version, all_patches()), present)
@@ -87,7 +88,8 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
         ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
         ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
         (NO_PROOF, bool(unproven))) if bad]
-    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices, life)
+    all_rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict} for c in every]
+    return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices, life, all_rows)
 
 
 def _release(minor: tuple[int, int] | None) -> str | None:

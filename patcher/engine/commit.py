@@ -32,7 +32,8 @@ class CommitResult:
     recovered: bool = False
     manifest: dict | None = None
     committed: bool = False
-    adopted: list[str] = field(default_factory=list)  # apply --adopt: files kept as they are, as new pristine
+    adopted: list[str] = field(default_factory=list)  # apply --adopt: files whose edit joined their pristine copy
+    unfinished: str | None = None  # committed, but its cleanup stopped: one line with the command that recovers
 
 
 def after(snap: Snapshot, result: CommitResult) -> Snapshot:
@@ -48,46 +49,57 @@ def after(snap: Snapshot, result: CommitResult) -> Snapshot:
 
 
 def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False,
-          plans: list[FilePlan] | None = None, adopt: bool = False) -> CommitResult:
+          plans: list[FilePlan] | None = None, adopt: bool = False,
+          revert_command: str = "speculators-patch revert") -> CommitResult:
     """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
 
     ``plans``: ``plan(snap, chosen)`` computed earlier (the Ansible collection's plan cache).
-    ``adopt``: a file modified after patching (updated upstream) becomes the new pristine
-    copy and is patched afresh, so ``revert`` gives the newer source back.
+    ``revert_command``: how a refusal of ``adopt`` words ``revert`` for this target.
+    ``adopt``: the change to a file modified after patching joins its pristine copy
+    (``engine.adopt``: stock bytes plus the change, never patched bytes) and the file is
+    patched on top of it, so ``revert`` gives back the change without the patches.
     Raises ``UserError`` on refusal, on a file modified after patching (unless ``adopt``),
     or when the agent cannot write; in every such case no file changed.
     """
-    plans = plan(snap, chosen, adopting=adopt) if plans is None else plans
+    if plans is None:
+        bases = {}
+        if adopt:  # each file modified after patching: its new pristine copy, never patched bytes
+            from patcher.engine.adopt import new_pristine
+
+            bases = {path: new_pristine(snap, path, revert_command)
+                     for path in sorted((snap.manifest or {}).get("files", {}))
+                     if snap.file_state(path) == "modified" and path in {p.file for p in chosen}}
+        plans = plan(snap, chosen, adopting=adopt, bases=bases)
     refused = refusals(plans)
     if refused:
         raise UserError(refused[0])
     changed = [p for p in plans if p.changed]
     if not adopt:
         guard_modified(snap, [p.path for p in changed])
-    # --adopt on a modified file that needs no patch: it becomes the new pristine file as
-    # it is (no record left; the copy of the old one goes, at the user's word).
-    adopted = sorted(p.path for p in plans if adopt and not p.changed and snap.file_state(p.path) == "modified")
+    adopted = sorted(p.path for p in plans if p.adopted is not None)
     if dry_run or not (changed or adopted):
         return CommitResult([], plans)
     files = dict((snap.manifest or {}).get("files", {}))
-    for path in adopted:
-        files.pop(path, None)
     pristine: dict[str, str] = {}
-    for p in changed:
-        keep = snap.recorded(p.path)
-        original = snap.pristine.get(p.path) if keep else p.before
+    for p in plans:
+        if not (p.changed or p.adopted is not None):
+            continue
+        if p.adopted is not None:  # the user's edit on stock bytes, with the patches on top
+            keep, original = dict(p.adopted_patches), p.adopted
+        else:
+            keep = snap.recorded(p.path)
+            original = snap.pristine.get(p.path) if keep else p.before
+            keep.update({o.patch.id: o.patch.version for o in p.outcomes if o.state == "pending"})
         if original is None:
             raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
         pristine[p.path] = base64.b64encode(original).decode()
-        keep.update({o.patch.id: o.patch.version for o in p.outcomes if o.state == "pending"})
         files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
         checked = fast_path.record(p.path, p.after, written_for(snap.speculators_version, all_patches()),
                                    snap.python_version)
         if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
             files[p.path]["checked"] = checked
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
-    result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans,
-                     **({"adopted": adopted} if adopted else {}))
+    result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans)
     result.adopted = adopted
     return result
 
@@ -107,7 +119,8 @@ def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], prist
         manifest_expect_sha256=snap.manifest_sha256,
         **extra,
     )
-    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True)
+    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True,
+                        unfinished=answer.get("unfinished"))
 
 
 def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
@@ -128,16 +141,18 @@ def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = N
 
 
 def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], partial: bool,
-           force: bool = False, dry_run: bool = False) -> CommitResult:
+           force: bool = False, dry_run: bool = False, repair_command: str = "speculators-patch repair") -> CommitResult:
     """Restore pristine bytes, or with ``partial`` re-derive each file from its pristine copy
     with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
-    after patching unless ``force``."""
+    after patching unless ``force``, and on a record of another speculators release (naming
+    ``repair_command``, which drops it)."""
     entries = (snap.manifest or {}).get("files", {})
     kept_for = (snap.manifest or {}).get("speculators_version")
     if entries and kept_for != snap.speculators_version:
         raise UserError(
             f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
-            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files)"
+            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files); "
+            f"nothing was changed; `{repair_command}` drops that record and its copies"
         )
     plans, files, fresh = [], {}, {}
     chosen_ids = {p.id for p in chosen}
@@ -151,7 +166,7 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
         if state == "modified" and not force:
             raise UserError(f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
                             f"file); `revert --force` restores the copy kept before patching and discards that edit; "
-                            f"`apply --adopt` keeps it as the new pristine copy instead")
+                            f"`apply --adopt` keeps the edit instead (it joins the pristine copy revert restores)")
         original = snap.pristine.get(path)
         if original is None or sha256(original) != entries[path]["pristine_sha256"]:
             raise UserError(f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
@@ -174,6 +189,8 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
     manifest = new_manifest(snap, files, fresh)
     same_record = {k: v["patches"] for k, v in files.items()} == {
         k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")}
-    if dry_run or (not changed and same_record):
+    litter = not partial and snap.manifest is None and snap.state_exists and not snap.backups
+    if dry_run or (not changed and same_record and not litter):
         return CommitResult([], plans)
+    # (``litter``: a state directory recording nothing, left by an earlier run: the commit removes it)
     return _commit(transport, snap, changed, {}, manifest, plans)

@@ -44,6 +44,10 @@ class FilePlan:
     after: bytes
     outcomes: list[Outcome] = field(default_factory=list)
     reused: bool = False  # the outcomes came from the plan cache or the manifest's record: no codemod ran
+    # ``apply --adopt``: the new pristine copy of a file modified after patching (stock plus the
+    # user's edit, ``engine.adopt``) and the patches ``after`` holds on top of it.
+    adopted: bytes | None = None
+    adopted_patches: dict[str, int] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:

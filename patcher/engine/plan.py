@@ -4,15 +4,18 @@ plan cache (``plan_cache``), or by running the codemods (``file_plan``)."""
 from __future__ import annotations
 
 from patcher.engine import fast_path, plan_cache
-from patcher.engine.file_plan import FilePlan, plan_file
+from patcher.engine.file_plan import FilePlan, Outcome, plan_file
 from patcher.engine.snapshot import Snapshot, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
 
 
-def plan(snap: Snapshot, chosen: tuple[Patch, ...], adopting: bool = False) -> list[FilePlan]:
+def plan(snap: Snapshot, chosen: tuple[Patch, ...], adopting: bool = False,
+         bases: dict[str, bytes] | None = None) -> list[FilePlan]:
     """Plan every file the chosen patches written for the installed speculators touch
-    (``adopting``: see ``plan_file``). Raises ``UserError`` for a missing file."""
+    (``adopting``: see ``plan_file``; a file modified after patching is then planned from
+    its new pristine copy in ``bases``, ``engine.adopt``). Raises ``UserError`` for a
+    missing file."""
     plans = []
     fitting = written_for(snap.speculators_version, chosen)
     if chosen and not fitting:
@@ -32,7 +35,13 @@ def plan(snap: Snapshot, chosen: tuple[Patch, ...], adopting: bool = False) -> l
                                 f"not a speculators {snap.speculators_version} layout")
             recorded = snap.recorded(path)
             if adopting and snap.file_state(path) == "modified":
-                plans.append(plan_file(snap, path, source, chosen, recorded, adopting=True))
+                base = (bases or {}).get(path, source)
+                fresh = plan_file(snap, path, base, chosen, {}, adopting=True)
+                kept = fresh.after == source  # the patches are in the file already: shown as applied
+                outcomes = [Outcome(o.patch, "applied" if kept and o.state == "pending" else o.state, o.detail)
+                            for o in fresh.outcomes]
+                plans.append(FilePlan(path, source, fresh.after, outcomes, adopted=base, adopted_patches={
+                    o.patch.id: o.patch.version for o in fresh.outcomes if o.state == "pending"}))
                 continue
             known = fast_path.outcomes(snap, path, source, chosen, recorded)
             plans.append(plan_cache.plan_file(snap, path, source, chosen, recorded) if known is None
@@ -49,6 +58,6 @@ def guard_modified(snap: Snapshot, paths: list[str]) -> None:
         if snap.file_state(path) == "modified":
             raise UserError(
                 f"{path} was modified after patching (sha256 matches neither the pristine nor the "
-                f"patched file; updated upstream?); `speculators-patch apply --adopt` keeps it as the new "
-                f"pristine copy and patches it"
+                f"patched file); `speculators-patch apply --adopt` keeps the change: it becomes part of the "
+                f"pristine copy (stock speculators plus the change, which revert restores) and is patched"
             )

@@ -24,6 +24,7 @@ class RepairResult:
     snap: Snapshot
     lines: list[str]
     unrestorable: list[str]
+    dropped: str | None = None  # the speculators release whose record was dropped (another one is installed)
 
 
 def repair(transport: Transport) -> RepairResult:
@@ -111,4 +112,5 @@ def repair(transport: Transport) -> RepairResult:
         lines.append(f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
                      f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
                      f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does")
-    return RepairResult(first, lines, unrestorable)
+    dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
+    return RepairResult(first, lines, unrestorable, dropped)

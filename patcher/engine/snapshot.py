@@ -17,9 +17,10 @@ from functools import cached_property
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+import patcher
 from patcher import cache
 from patcher.digest import tool as tool_digest
-from patcher.errors import UserError
+from patcher.errors import Unsupported, UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import add_recorded, all_patches, shipped_patches
 from patcher.connect.transport import Transport
@@ -125,6 +126,8 @@ class Snapshot:
     record: dict[str, str] = field(default_factory=dict)
     dist_info: str | None = None
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
+    unfinished: str | None = None  # a finished commit's cleanup that could not be completed (one line)
+    state_exists: bool = False  # the state directory is there (perhaps only a lock an earlier run left)
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
@@ -136,10 +139,15 @@ class Snapshot:
                                                     for p in all_patches() for f in p.facts})
 
     def file_state(self, path: str) -> str:
-        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``."""
+        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``
+        (changed after patching) | ``edited`` (no record here, and not the bytes pip installed:
+        its ``RECORD`` digest differs; never called pristine)."""
         entry = ((self.manifest or {}).get("files") or {}).get(path)
         current = self.files.get(path)
         if not isinstance(entry, dict) or current is None:
+            installed = self.record.get(path)
+            if current is not None and installed is not None and sha256(current) != installed:
+                return "edited"
             return "pristine"
         digest = sha256(current)
         if digest == entry.get("patched_sha256"):
@@ -201,12 +209,54 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
         record=spec.get("record") or {},
         dist_info=spec.get("dist_info"),
         record_differs=answer.get("record_differs"),
+        unfinished=answer.get("unfinished"),
+        state_exists=bool(answer.get("state_exists")),
     )
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)
+    check_state_version(snap)
     if not snap.state_problem:
         add_recorded(snap.manifest)  # user patches applied earlier, nameable without their source
     return snap
+
+
+def state_written_by(snap: Snapshot) -> Version | None:
+    """The speculators-patch version that wrote the target's manifest (its ``tool`` field), or None."""
+    tool = snap.manifest.get("tool") if isinstance(snap.manifest, dict) else None
+    try:
+        return Version(tool.rpartition(" ")[2]) if isinstance(tool, str) else None
+    except InvalidVersion:
+        return None
+
+
+def check_state_version(snap: Snapshot) -> None:
+    """Raise ``UserError`` (both versions named, nothing changed) when the target's state was
+    written by a newer speculators-patch, or records a shipped patch (``SPnnn``) this one does
+    not have or has only at an older version: what it recorded may not be what this version
+    would write or could take back. A state of an older version is read as this one's (the
+    next write records this version)."""
+    files = snap.manifest.get("files") if isinstance(snap.manifest, dict) else None
+    if not isinstance(files, dict):
+        return
+    ours, theirs = Version(patcher.__version__), state_written_by(snap)
+    where = f"{snap.state_dir}/manifest.json"
+    upgrade = (f"nothing was changed; run speculators-patch {theirs} or newer on this target "
+               f"(pip install 'speculators-patch>={theirs}')" if theirs else
+               "nothing was changed; run the speculators-patch that applied it")
+    if theirs is not None and theirs > ours:
+        raise UserError(f"{where} was written by speculators-patch {theirs}, newer than this speculators-patch {ours}; "
+                        f"{upgrade}")
+    shipped = {p.id: p for p in shipped_patches()}
+    for path in sorted(files):
+        patches = files[path].get("patches") if isinstance(files[path], dict) else None
+        for pid, version in sorted((patches or {}).items()):
+            if not (pid.startswith("SP") and pid[2:].isdigit()):
+                continue  # a user patch: its record says where it came from
+            mine = shipped.get(pid)
+            if mine is None or version > mine.version:
+                has = f"has {pid} v{mine.version}" if mine else f"has no {pid}"
+                raise UserError(f"{where} records {pid} v{version} on {path}, applied by speculators-patch "
+                                f"{theirs or '(unknown version)'}; this speculators-patch {ours} {has}; {upgrade}")
 
 
 def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
@@ -228,12 +278,12 @@ def check_supported(snap: Snapshot) -> None:
                         f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)")
     if not written_for(version, shipped_patches()):
         specifiers = sorted({p.speculators for p in shipped_patches()})
-        raise UserError(
+        raise Unsupported(
             f"speculators {version} is not supported: speculators-patch has no patches for it "
             f"(patches exist for speculators {' and '.join(specifiers)}); nothing was changed"
         )
     if snap.vllm is None:
-        raise UserError(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
+        raise Unsupported(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
 
 
 @dataclass(frozen=True)
@@ -269,7 +319,7 @@ def check_covered(snap: Snapshot) -> None:
         evidence = snap.evidence[uncovered.fact]
         if version in SpecifierSet(uncovered.speculators) and evidence.holds:
             pid = uncovered.fact[0]
-            raise UserError(f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
+            raise Unsupported(f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
                             f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
                             f"({pid} is written for speculators {by_id[pid].speculators}); nothing was changed")
 

@@ -41,6 +41,14 @@ class _KeywordCodemod(PatchCodemod):
     def needs_change(self, call: cst.Call) -> bool:
         raise NotImplementedError
 
+    def refuse_unseen(self, call: cst.Call) -> None:
+        """A call without ``KEYWORD=`` but with ``**kwargs``: they may carry it where no codemod
+        can see, so the codemod can tell neither that it is needed nor that it is not."""
+        splat = next((a for a in call.args if a.star == "**"), None)
+        if splat is not None:
+            self.refuse(splat, f"{self._shape()} without **kwargs, or with {self.KEYWORD}= itself "
+                               f"(they may carry {self.KEYWORD}=)")
+
     def change(self, call: cst.Call) -> cst.Call:
         raise NotImplementedError
 
@@ -62,7 +70,8 @@ class AddKeyword(_KeywordCodemod):
     """Add ``KEYWORD=VALUE`` to every call of ``CALLEE`` that lacks it.
 
     An existing ``KEYWORD=`` whose value is one of ``ACCEPTED`` (source text) counts as
-    satisfied; any other existing value is refused, never overwritten.
+    satisfied; any other existing value is refused, never overwritten. A call without the
+    keyword but with ``**kwargs`` is refused: they may carry it.
     """
 
     VALUE: str = ""
@@ -71,6 +80,7 @@ class AddKeyword(_KeywordCodemod):
     def needs_change(self, call: cst.Call) -> bool:
         existing = keyword(call, self.KEYWORD)
         if existing is None:
+            self.refuse_unseen(call)
             return True
         code = cst.Module([]).code_for_node(existing.value)
         if code not in (self.VALUE, *self.ACCEPTED):
@@ -85,10 +95,24 @@ class AddKeyword(_KeywordCodemod):
 
 
 class RemoveKeyword(_KeywordCodemod):
-    """Remove the ``KEYWORD=`` argument from every call of ``CALLEE`` that has it."""
+    """Remove the ``KEYWORD=`` argument from every call of ``CALLEE`` that has it.
+
+    ``EXPECTED`` (source text): the values of ``KEYWORD=`` the removal is written for; any
+    other value is refused, never dropped (empty: any value). A call without the keyword but
+    with ``**kwargs`` is refused (they may carry it), as for ``AddKeyword``.
+    """
+
+    EXPECTED: tuple[str, ...] = ()
 
     def needs_change(self, call: cst.Call) -> bool:
-        return keyword(call, self.KEYWORD) is not None
+        existing = keyword(call, self.KEYWORD)
+        if existing is None:
+            self.refuse_unseen(call)
+            return False
+        code = cst.Module([]).code_for_node(existing.value)
+        if self.EXPECTED and code not in self.EXPECTED:
+            self.refuse(existing, f"{self.KEYWORD}= absent or one of {self.EXPECTED}, found {code}")
+        return True
 
     def change(self, call: cst.Call) -> cst.Call:
         return remove_keyword(call, self.KEYWORD)
@@ -103,7 +127,9 @@ class Replace(PatchCodemod):
     ``REPLACEMENT`` is Python source: statements (dedented; comments above the first are
     kept) when ``MATCH`` matches a statement, else one expression. Already satisfied when
     ``SATISFIED`` matches anywhere in the module; refused when ``MATCH`` matches nowhere
-    (``EXPECTED`` names the shape in the refusal).
+    (``EXPECTED`` names the shape in the refusal). ``TOUCHES``: what the fix is about, more
+    widely (e.g. any call of the function ``MATCH`` rewrites in one exact statement); one
+    outside every ``MATCH`` is a shape the codemod was not written for, refused by line.
     """
 
     MATCH: m.BaseMatcherNode
@@ -111,13 +137,20 @@ class Replace(PatchCodemod):
     SATISFIED: m.BaseMatcherNode
     SATISFIED_REASON: str = ""
     EXPECTED: str = ""
+    TOUCHES: m.BaseMatcherNode | None = None
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if m.findall(tree, self.SATISFIED):
             self.already_satisfied(self.SATISFIED_REASON)
         found = m.findall(tree, self.MATCH)
-        if not found:
-            self.refuse(None, self.EXPECTED)
+        if not found:  # named by line where the code it is about is there in another shape
+            touched = m.findall(tree, self.TOUCHES) if self.TOUCHES is not None else []
+            self.refuse(touched[0] if touched else None, self.EXPECTED)
+        if self.TOUCHES is not None:
+            inside = {id(n) for node in found for n in m.findall(node, self.TOUCHES)}
+            for node in m.findall(tree, self.TOUCHES):
+                if id(node) not in inside:
+                    self.refuse(node, self.EXPECTED)
         if isinstance(found[0], cst.BaseStatement):
             return replace_statements(tree, {self.MATCH: self.REPLACEMENT})
         return tree.visit(_ReplaceExpressions(self.MATCH, cst.parse_expression(self.REPLACEMENT)))

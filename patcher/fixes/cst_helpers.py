@@ -1,6 +1,12 @@
-"""Small libcst helpers shared by codemods: keyword arguments that keep the call's layout."""
+"""Small libcst helpers shared by codemods: keyword arguments that keep the call's layout,
+and what a node's code does (``same_code``, ``code_digest``), so a codemod can tell the
+shape it was written for from a hand-edited one."""
 
 from __future__ import annotations
+
+import ast
+import hashlib
+import textwrap
 
 import libcst as cst
 import libcst.matchers as m
@@ -80,3 +86,43 @@ class _ReplaceStatements(cst.CSTTransformer):
                 if m.matches(updated, matcher):
                     return statements(template, updated.leading_lines)
         return updated
+
+
+def _shape(node: object) -> object:
+    """Python's ``ast`` of a node as nested tuples, without what does not change behaviour
+    across Python releases (empty fields, contexts, type comments, string kinds)."""
+    if isinstance(node, ast.AST):
+        return (type(node).__name__, tuple((name, _shape(value)) for name, value in ast.iter_fields(node)
+                                           if value not in (None, []) and name not in ("ctx", "type_comment", "kind")))
+    if isinstance(node, list):
+        return tuple(_shape(v) for v in node)
+    return node
+
+
+def _parsed(code: str) -> ast.AST:
+    code = textwrap.dedent(code).strip()
+    try:
+        return ast.parse(code, mode="eval")
+    except SyntaxError:
+        return ast.parse(code)
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source of ``node`` alone (its leading blank lines and comments included)."""
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def same_code(node: cst.CSTNode, expected: str) -> bool:
+    """True when ``node`` does what the source ``expected`` does: the same Python ``ast``,
+    whatever the layout and comments."""
+    try:
+        return _shape(_parsed(code_of(node))) == _shape(_parsed(expected))
+    except SyntaxError:
+        return False
+
+
+def code_digest(node: cst.CSTNode) -> str:
+    """sha256 (hex, first 16) of what ``node``'s code does (its ``ast``; layout and comments do
+    not count): a codemod that deletes or replaces a whole function compares it with the
+    digest of the function it was written for, so a hand edit in it is refused, not lost."""
+    return hashlib.sha256(repr(_shape(_parsed(code_of(node)))).encode()).hexdigest()[:16]

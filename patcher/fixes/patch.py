@@ -71,6 +71,9 @@ class Patch:
             account for, by making the call or by configuring vLLM so that the step has
             nothing to do; ``verify``'s life-cycle check (``patcher.checks.lifecycle``) names
             the patch when the step is skipped and the patch is not applied.
+        risk: what goes wrong where the installed vLLM needs this patch and it is left out
+            (one line, e.g. "hidden states can be attributed to the wrong request"); ``apply``
+            names it when ``--only``/``--skip`` leave a needed patch out. Empty: the title.
         origin: where the patch comes from, set by the loader, not by its author:
             ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
             pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
@@ -93,6 +96,7 @@ class Patch:
     requires: tuple[str, ...] = ()
     depends_on: str = ""
     engine_steps: tuple[str, ...] = ()
+    risk: str = ""
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

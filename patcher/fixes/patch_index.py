@@ -61,7 +61,7 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
         rows.append({"id": p.id, "name": p.name, "version": p.version, "title": p.title, "file": p.file,
                      "module": modules[p.id], "facts": facts, "speculators": p.speculators, "order": p.order,
                      "portable": p.portable, "requires": list(p.requires), "depends_on": p.depends_on,
-                     "engine_steps": list(p.engine_steps)})
+                     "engine_steps": list(p.engine_steps), "risk": p.risk})
     return rows
 
 
@@ -74,7 +74,7 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
                                getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2])) for f in r["facts"])
         patches.append(Patch(r["id"], r["name"], r["version"], r["title"], r["file"], LazyCodemod(r["module"]),
                              facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"]),
-                             depends_on=r["depends_on"], engine_steps=tuple(r["engine_steps"])))
+                             depends_on=r["depends_on"], engine_steps=tuple(r["engine_steps"]), risk=r["risk"]))
     return tuple(patches)
 
 

@@ -149,3 +149,26 @@ def test_killed_apply_then_another_version_is_refused_and_repairable(sandbox, si
     assert not (site / ".speculators-patch" / "journal.json").exists()
     assert run_cli("status", "--target", str(sandbox)).returncode == 0
     assert WORKER
+
+
+def test_a_refused_first_apply_leaves_nothing_and_revert_clears_an_older_leftover(sandbox, site, figures):
+    """Issue 30 item 6: an apply refused before its first write (here a read-only
+    data_generation/, chattr +i) leaves no .speculators-patch/; one an older run left with
+    nothing in it (a lock, an empty pristine/) is removed by revert, which says so."""
+    import pytest
+
+    directory = site / "speculators" / "data_generation"
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here (needs root and a file system with the flag)")
+    try:
+        result = run_cli("apply", "--target", str(sandbox))
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+    assert result.returncode == 2 and "permission denied (nothing changed)" in result.stderr, result.stderr
+    assert not (site / ".speculators-patch").exists()
+    (site / ".speculators-patch" / "pristine").mkdir(parents=True)  # what main's refused apply left
+    (site / ".speculators-patch" / "lock").touch()
+    result = run_cli("revert", "--target", str(sandbox))
+    assert result.returncode == 0 and "which recorded nothing" in result.stdout, result.stdout
+    assert not (site / ".speculators-patch").exists()
+    figures["refused first apply"] = "no .speculators-patch left; an older leftover removed by revert"

@@ -34,7 +34,7 @@ import pytest
 from faultkit import FULL_SWEEP, kill_points
 from sandbox import make_sandbox, site_packages
 from support import CLI, ROOT
-from userfix import LOGGING_UTILS, write_fix001, write_fix002
+from userfix import FIX002_HEADER, LOGGING_UTILS, write_fix001, write_fix002
 
 STATE = ".speculators-patch"
 
@@ -63,6 +63,18 @@ def record_digests(site: Path) -> dict[str, str]:
             raw = digest[len("sha256="):]
             found[path] = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
     return found
+
+
+def base_bytes(record: dict[str, str], path: str) -> bytes:
+    """``path`` as the speculators 0.3.0 wheel has it (its RECORD digest checked)."""
+    import zipfile
+
+    from sandbox import wheel
+
+    with zipfile.ZipFile(wheel("speculators", "0.3.0")) as z:
+        data = z.read(path)
+    assert sha(data) == record[path]
+    return data
 
 
 def manifest(site: Path) -> dict | None:
@@ -193,7 +205,7 @@ def interrupt(env: Path, fix2: Path) -> None:
     assert (site_packages(env) / STATE / "journal.json").exists()
 
 
-COMMANDS = [("status",), ("verify",), ("diff",), ("apply",), ("apply", "--dry-run"), ("revert",),
+COMMANDS = [("status",), ("verify",), ("diff",), ("apply",), ("apply", "--dry-run"), ("apply", "--adopt"), ("revert",),
             ("revert", "--only", "FIX002"), ("revert", "--only", "SP004"), ("revert", "--force"), ("repair",)]
 
 
@@ -214,6 +226,8 @@ def _expected_refusal(state: str, command: tuple[str, ...], with_file: bool) -> 
         return "reinstall" if sub == "repair" else "repair"
     if state == "hand-edited" and command in (("revert",), ("revert", "--only", "FIX002")):
         return "--force"
+    if state == "hand-edited" and not with_file and command == ("apply", "--adopt"):
+        return "--patch-file"  # the edit is re-based onto the kept copy: FIX002 must run again
     if state == "source-changed" and with_file and sub in ("apply", "diff"):
         return "revert --only FIX002"
     if state == "reinstalled" and not with_file and sub in ("apply", "diff"):
@@ -266,6 +280,19 @@ def trial(top: Path, state: str, env: Path, command: tuple[str, ...], with_file:
         findings.append(f"{what}: the hand edit of {LOGGING_UTILS} was overwritten")
     if r.returncode == 2 and changed:
         findings.append(f"{what}: refused, yet changed {changed}")
+    # issue 30: what --adopt keeps as a pristine copy is never a fix's bytes, and revert then
+    # gives back stock speculators plus the edit
+    if command == ("apply", "--adopt") and r.returncode in (0, 1):
+        top = site / STATE / "pristine"
+        for copy in top.rglob("*.sha256-*") if top.is_dir() else []:
+            if FIX002_HEADER.encode() in copy.read_bytes():
+                findings.append(f"{what}: kept FIX002's bytes as the pristine copy {copy.relative_to(top)}")
+        if state == "hand-edited" and with_file:
+            back = cli("revert", "--target", str(work), *patch_args)
+            stock_and_edit = base_bytes(record, LOGGING_UTILS) + b"# a hand edit after patching\n"
+            if back.returncode != 0 or files(site, record)[LOGGING_UTILS] != stock_and_edit:
+                findings.append(f"{what}: revert after it did not give back the stock file plus the edit: "
+                                f"{back.stderr.strip() or back.stdout.splitlines()[-1:]}")
     # whole
     if litter(site) and (r.returncode != 2 or not state.startswith("interrupted")):
         findings.append(f"{what}: left {litter(site)}")

@@ -69,8 +69,13 @@ def rewrite(src: str) -> tuple[str, str]:
     return verdict, new.decode()
 
 
-def test_layer_hook_capture() -> None:
-    assert rewrite(BEFORE) == ("changed", AFTER)
+def test_a_forward_that_is_not_0_3_0s_is_refused_not_deleted() -> None:
+    """The codemod deletes the replacement forward and replaces the storage method whole: a
+    copy that is not speculators 0.3.0's (here a shorter one, as a hand edit leaves it) is
+    refused by name and line, never silently lost (issue 30); what it writes is satisfied."""
+    verdict, new, detail = run_codemod(PATCH, BEFORE.encode(), "3.11")
+    assert (verdict, new) == ("refused", BEFORE.encode())
+    assert detail.startswith(f"{PATCH.file}:9: unrecognised code, expected speculators 0.3.0's _patched_forward")
     assert rewrite(AFTER) == ("satisfied", AFTER)  # applying twice equals applying once
 
 
