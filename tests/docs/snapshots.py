@@ -240,7 +240,8 @@ class Session:
         (self.home / "fixtures").symlink_to(ROOT / "fixtures")
         # This checkout's CLI and interpreter, whatever is installed elsewhere on PATH.
         for name, line in (("speculators-patch", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m patcher "$@"'),
-                           ("python", f'exec "{sys.executable}" "$@"'), ("python3", f'exec "{sys.executable}" "$@"')):
+                           ("python", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" "$@"'),
+                           ("python3", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" "$@"')):
             script = self.bin / name
             script.write_text(f"#!/bin/sh\n{line}\n")
             script.chmod(0o755)
