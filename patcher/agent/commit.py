@@ -19,9 +19,9 @@ import stat
 import sys
 import time
 
-from .common import (AgentError, _check_rel, CLEANUP, _digest_of, _dist_infos, _HEX, JOURNAL, LOCK_WAIT_SECONDS,
-    MANIFEST, OLD, _read, _record_digests, REPAIR_HINT, sha256, SPACE_MARGIN, TMP)
-from .state import _backup_name, _find_backup, _list_backups, _load_state, _manifest_problem
+from .common import (AgentError, check_relative, CLEANUP, digest_of, dist_infos, HEX_DIGEST, JOURNAL, LOCK_WAIT_SECONDS,
+    MANIFEST, OLD, read_bytes, record_digests, REPAIR_HINT, sha256, SPACE_MARGIN, TMP)
+from .state import backup_name, find_backup, list_backups, load_state, manifest_problem
 
 
 class _Env:
@@ -239,7 +239,7 @@ def _keep_old(target):
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
-        _replace(_write_tmp(old, _read(target), like=os.stat(target)), old)
+        _replace(_write_tmp(old, read_bytes(target), like=os.stat(target)), old)
 
 
 def _immutable(path):
@@ -291,18 +291,18 @@ def _drop_bytecode(target):
 
 def _load_journal(path):
     """A journal or cleanup record, validated. Raises AgentError naming the file."""
-    raw = _read(path)
+    raw = read_bytes(path)
     try:
         journal = json.loads(raw.decode("utf-8"))
         files = journal["files"]
         assert isinstance(journal["root"], str) and isinstance(files, dict)
         for p, e in files.items():
-            _check_rel(p, "journal path")
-            assert _HEX.match(e["old"]) and _HEX.match(e["new"])
+            check_relative(p, "journal path")
+            assert HEX_DIGEST.match(e["old"]) and HEX_DIGEST.match(e["new"])
         for key in ("manifest_old", "manifest_new"):
-            assert journal[key] is None or _HEX.match(journal[key])
+            assert journal[key] is None or HEX_DIGEST.match(journal[key])
         for name in journal["new_backups"] + journal["drop"]:
-            _check_rel(name.partition(".sha256-")[0], "journal backup")
+            check_relative(name.partition(".sha256-")[0], "journal backup")
     except AgentError as e:
         raise AgentError("%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT))
     except (ValueError, KeyError, TypeError, AssertionError, AttributeError):
@@ -365,14 +365,14 @@ def _recover(state, root, salvage=False):
     entries.append((None, {"old": journal["manifest_old"], "new": journal["manifest_new"]}))
     for path, e in entries:
         target = os.path.join(state, MANIFEST) if path is None else os.path.join(jroot, path)
-        current = _digest_of(target)
+        current = digest_of(target)
         if current == e["old"]:
             continue
         if current == e["new"]:
             if e["old"] is None:
                 actions.append(("unlink", target))
                 continue
-            if _digest_of(target + OLD) == e["old"]:
+            if digest_of(target + OLD) == e["old"]:
                 actions.append(("restore", target))
                 continue
             why = "its content from before that commit (%s) is missing or damaged" % (target + OLD)
@@ -405,10 +405,10 @@ def _recover(state, root, salvage=False):
 
 
 def _referenced_backups(state):
-    raw = _read(os.path.join(state, MANIFEST))
+    raw = read_bytes(os.path.join(state, MANIFEST))
     try:
         files = json.loads(raw.decode("utf-8"))["files"]
-        return {_backup_name(p, e["pristine_sha256"]) for p, e in files.items()}
+        return {backup_name(p, e["pristine_sha256"]) for p, e in files.items()}
     except Exception:
         return set()
 
@@ -429,7 +429,7 @@ def _sweep(state):
                 _unlink(os.path.join(dirpath, n))
 
 
-def _heal(state, root):
+def heal(state, root):
     """Before reading, finish or roll back a command that died mid-way (``kill -9``, power
     loss, a full disk), so every subcommand sees the install whole. Waits for a commit in
     progress (the lock). Returns (rolled back?, problem or None); the problem is one line
@@ -538,9 +538,9 @@ def commit(request):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
     for path in list(writes) + list(keep):
-        _check_rel(path)
-    if request.get("manifest") is not None and _manifest_problem(request["manifest"]):
-        raise AgentError("refusing a malformed manifest: %s" % _manifest_problem(request["manifest"]))
+        check_relative(path)
+    if request.get("manifest") is not None and manifest_problem(request["manifest"]):
+        raise AgentError("refusing a malformed manifest: %s" % manifest_problem(request["manifest"]))
     try:
         env = _Env(os.path.dirname(state))
         made = env.makedirs(os.path.join(state, "pristine"))
@@ -567,7 +567,7 @@ def _tidy_refused(state):
     """After a refused or rolled-back commit, under the lock: a state directory that records
     nothing (no manifest, no copy, no journal: the first apply's, made for this commit) goes,
     lock included, so a refusal leaves the install as pip left it."""
-    if any(os.path.exists(os.path.join(state, n)) for n in (MANIFEST, JOURNAL, CLEANUP)) or _list_backups(state):
+    if any(os.path.exists(os.path.join(state, n)) for n in (MANIFEST, JOURNAL, CLEANUP)) or list_backups(state):
         return
     try:
         _remove_empty_state(state)
@@ -586,12 +586,12 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         raise AgentError("changed-since-read: an interrupted commit was rolled back first")
     _sweep(state)
     mpath = os.path.join(state, MANIFEST)
-    m_raw = _read(mpath)
+    m_raw = read_bytes(mpath)
     m_sha = None if m_raw is None else sha256(m_raw)
     if "manifest_expect_sha256" in request and request["manifest_expect_sha256"] != m_sha:
         raise AgentError("changed-since-read: %s" % mpath)
     if not repair:
-        problem = _load_state(state, root)[4]
+        problem = load_state(state, root).problem
         if problem:
             raise AgentError(problem)
     datas = {}
@@ -599,25 +599,25 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         data = base64.b64decode(w["data"])
         if "sha256" in w and sha256(data) != w["sha256"]:
             raise AgentError("the commit request for %s was damaged in transit (nothing changed)" % path)
-        if _digest_of(os.path.join(root, path)) != w["expect_sha256"]:
+        if digest_of(os.path.join(root, path)) != w["expect_sha256"]:
             raise AgentError("changed-since-read: %s" % path)
         datas[path] = data
     to_back = {}
     for path, b64 in sorted(keep.items()):
         data = base64.b64decode(b64)
-        name = _backup_name(path, sha256(data))
-        if _digest_of(os.path.join(state, "pristine", name)) != sha256(data):
+        name = backup_name(path, sha256(data))
+        if digest_of(os.path.join(state, "pristine", name)) != sha256(data):
             to_back[name] = data
     manifest = request.get("manifest")
     m_new = None if manifest is None else json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
     needed = set()
     for path, entry in sorted((manifest or {}).get("files", {}).items()):
-        name = _backup_name(path, entry["pristine_sha256"])
-        hit = _find_backup(state, path, entry["pristine_sha256"])
+        name = backup_name(path, entry["pristine_sha256"])
+        hit = find_backup(state, path, entry["pristine_sha256"])
         if name not in to_back and hit is None:
             raise AgentError("%s: no verified pristine copy of %s to keep (nothing changed)" % (state, path))
         needed.add(name if name in to_back else hit[0])
-    drop = sorted(n for n in _list_backups(state) if n not in needed)
+    drop = sorted(n for n in list_backups(state) if n not in needed)
     _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, set(request.get("adopted") or ()))
     journal = {"root": root, "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
                "manifest_old": m_sha, "manifest_new": None if m_new is None else sha256(m_new),
@@ -683,7 +683,7 @@ def _copy_path(name):
 
 def _installed_version(state):
     """speculators' version from the dist-info next to the state directory, or None."""
-    found = _dist_infos("speculators", [os.path.dirname(state)])
+    found = dist_infos("speculators", [os.path.dirname(state)])
     return found[0][1] if found else None
 
 
@@ -704,19 +704,19 @@ def _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, adopted=fro
         pass
     if old_version is not None and old_version != _installed_version(state):
         return
-    dist = _dist_infos("speculators", [os.path.dirname(state)])
+    dist = dist_infos("speculators", [os.path.dirname(state)])
     for name in list(drop):
         path = _copy_path(name)
         if path in kept:
             continue
-        after = datas[path] if path in datas else _read(os.path.join(root, path))
+        after = datas[path] if path in datas else read_bytes(os.path.join(root, path))
         if after is None:  # the file is gone: its copy stays, it may be all that is left of it
             drop.remove(name)
             continue
-        copy = _read(os.path.join(state, "pristine", name))
+        copy = read_bytes(os.path.join(state, "pristine", name))
         if copy is None or after == copy:
             continue
-        if _record_digests(dist[0][0] if dist else None, {path}).get(path) == sha256(after):
+        if record_digests(dist[0][0] if dist else None, {path}).get(path) == sha256(after):
             continue
         raise AgentError("refusing to drop the kept pristine copy of %s: the file differs from it and the new "
                          "record keeps no entry for it, so nothing could restore it (nothing changed); "

@@ -30,8 +30,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Mapping
 
-from patcher.agent.sources import local_import
-from patcher.checks.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions, vllm_imports
+from patcher.agent.pysource import local_import
+from patcher.checks.callsite import WORKER, Finding, Index, Symbol, dotted_name, worker_extensions, vllm_imports
 
 KIND = "missing-attribute"
 
@@ -42,7 +42,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
     (path -> source). Files that do not parse are skipped (the patch check reports them).
     ``index``: an ``Index`` of ``vllm`` shared with the call-site check (parsed once)."""
     index = index if index is not None else Index(vllm)
-    extensions = {(path, cls.name) for path, cls in _extensions(speculators)}
+    extensions = {(path, cls.name) for path, cls in worker_extensions(speculators)}
     worker = index.resolve(*WORKER)
     findings: list[Finding] = []
     for path, data in sorted(speculators.items()):
@@ -104,7 +104,7 @@ class _Class:
             except SyntaxError:
                 return None
         for node in ast.walk(expr):
-            dotted = _dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            dotted = dotted_name(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
             sym = self._vllm_name(dotted, owner, fn) if dotted else None
             if sym is not None:
                 return sym
@@ -117,7 +117,7 @@ class _Class:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == attr:
                     return self._annotation(item.annotation, cls, None)
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == attr:
-                    is_property = any(_dotted(d) in ("property", "functools.cached_property", "cached_property")
+                    is_property = any(dotted_name(d) in ("property", "functools.cached_property", "cached_property")
                                       for d in item.decorator_list)
                     return self._annotation(item.returns, cls, item) if is_property else None
             for item in cls.node.body:
@@ -130,7 +130,7 @@ class _Class:
                         if isinstance(node, ast.AnnAssign):
                             return self._annotation(node.annotation, cls, item)
                         if isinstance(value, ast.Call):
-                            dotted = _dotted(value.func)
+                            dotted = dotted_name(value.func)
                             sym = self._vllm_name(dotted, cls, item) if dotted else None
                             if sym is not None:
                                 return sym
@@ -169,7 +169,7 @@ class _Class:
                 if owner == "self":
                     own = self.methods.get(func.attr)
                     if own is not None and own.returns is not None:
-                        dotted = _dotted(own.returns)
+                        dotted = dotted_name(own.returns)
                         return self._from_import(dotted) if dotted else None
                     return self.returns(self.worker, func.attr) if self.worker is not None else None
                 return self.returns(owner, func.attr) if isinstance(owner, Symbol) else None

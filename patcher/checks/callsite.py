@@ -29,7 +29,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.agent.sources import _catches_import_error, bindings, module_paths, speculators_vllm_imports
+from patcher.agent.pysource import catches_import_error, bindings, module_paths, speculators_vllm_imports
 from patcher.connect.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"
@@ -226,7 +226,7 @@ class Index:
                 return
             order.append(s)
             for base in s.node.bases:
-                base_name = _dotted(base)
+                base_name = dotted_name(base)
                 found = self.resolve_dotted(s.module, base_name) if base_name else None
                 if isinstance(found, Symbol) and found.is_class:
                     visit(found)
@@ -247,7 +247,7 @@ class Index:
         """``stdlib`` | ``pydantic`` | ``pydantic-forbid`` | ``msgspec`` | None."""
         for deco in sym.node.decorator_list:
             call = deco if isinstance(deco, ast.Call) else None
-            found = self.resolve_dotted(sym.module, _dotted(call.func if call else deco) or "")
+            found = self.resolve_dotted(sym.module, dotted_name(call.func if call else deco) or "")
             if found in ("dataclasses.dataclass",):
                 return "stdlib"
             if found == "pydantic.dataclasses.dataclass":
@@ -257,7 +257,7 @@ class Index:
                 if kind:
                     return kind
         for base in sym.node.bases:
-            if self.resolve_dotted(sym.module, _dotted(base) or "") == "msgspec.Struct":
+            if self.resolve_dotted(sym.module, dotted_name(base) or "") == "msgspec.Struct":
                 return "msgspec"
         return None
 
@@ -266,7 +266,7 @@ class Index:
         makes = None
         for node in ast.walk(fn.node):
             if isinstance(node, ast.Call):
-                found = self.resolve_dotted(fn.module, _dotted(node.func) or "")
+                found = self.resolve_dotted(fn.module, dotted_name(node.func) or "")
                 if found == "pydantic.dataclasses.dataclass":
                     makes = "pydantic"
                 elif found == "dataclasses.dataclass":
@@ -306,7 +306,7 @@ class Index:
         return Signature(sym.node.name, sym.file, sym.node.lineno, f"class {sym.node.name}")
 
 
-def _dotted(expr: ast.AST) -> str | None:
+def dotted_name(expr: ast.AST) -> str | None:
     parts = []
     while isinstance(expr, ast.Attribute):
         parts.insert(0, expr.attr)
@@ -355,7 +355,7 @@ def dataclass_fields(cls: ast.ClassDef) -> Iterator[Param]:
             continue
         required = node.value is None
         value = node.value
-        if isinstance(value, ast.Call) and _dotted(value.func) in FIELD_CALLS:
+        if isinstance(value, ast.Call) and dotted_name(value.func) in FIELD_CALLS:
             kws = {k.arg: k.value for k in value.keywords if k.arg}
             init = kws.get("init")
             if isinstance(init, ast.Constant) and init.value is False:
@@ -395,7 +395,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
         mod = _Module(path, tree, vllm_imports(tree, index))
         if mod.imports:
             modules.append(mod)
-    extensions = _extensions(speculators)
+    extensions = worker_extensions(speculators)
     findings: list[Finding] = []
     for mod in modules:
         findings += _check_module(index, mod, extensions, record if record is not None else [])
@@ -421,7 +421,7 @@ def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, in
     for node in ast.walk(tree):
         if not isinstance(node, ast.Try):
             continue
-        caught = [n for h in node.handlers if _catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt)]
+        caught = [n for h in node.handlers if catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt)]
         body = [n for stmt in node.body for n in _from_vllm(stmt)]
         if caught and body:
             fails = any(index.resolve(n.module, a.name) is None for n in body for a in n.names)
@@ -435,7 +435,7 @@ def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, in
     return bound
 
 
-def _extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.ClassDef]]:
+def worker_extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.ClassDef]]:
     """Worker extension classes named by ``worker_extension_cls="pkg.mod.Class"``."""
     found = []
     for data in speculators.values():
@@ -502,7 +502,7 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
             module, name, _ = mod.imports[func.id]
             record.append(Checked(mod.path, line, f"{func.id}(...)", (module, name, None), call, sig))
             if sig is not None:
-                findings += _check_call(mod.path, line, f"{func.id}(...)", call, sig)
+                findings += check_call(mod.path, line, f"{func.id}(...)", call, sig)
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute)
               and isinstance(func.value.value, ast.Name) and func.value.value.id == "self"
               and func.value.attr in attrs):
@@ -522,7 +522,7 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
                         f"{owner.node.name} (and its bases) has no method {func.attr}",
                         owner.file, owner.node.lineno, f"class {owner.node.name}", subject=func.attr))
                 continue
-            findings += _check_call(mod.path, line, label, call, sig)
+            findings += check_call(mod.path, line, label, call, sig)
             if func.attr == "collective_rpc" and call.args and isinstance(call.args[0], ast.Constant):
                 rpc = call.args[0].value
                 findings += _check_rpc(index, mod.path, line, rpc, extensions)
@@ -563,7 +563,7 @@ def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
     yield from walk(tree, frozenset())
 
 
-def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
+def check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
     findings = []
 
     def finding(kind: str, detail: str, p: Param | None = None, severity: str = "error", subject: str = "") -> Finding:
@@ -644,7 +644,7 @@ def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, byte
     """What ``fetch`` returns, read directly from two directories (tests, benchmarks)."""
     import os
 
-    from patcher.agent.sources import attributes_read, collect_sources
+    from patcher.agent.pysource import attributes_read, collect_sources
 
     def read(root: str, path: str) -> bytes | None:
         try:

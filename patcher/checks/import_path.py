@@ -4,7 +4,7 @@
 that module: the package ``__init__``s, every speculators module they import, and the
 modules speculators' registry imports by itself (``auto_package = "speculators.models"``
 in speculators/config.py and speculators/model.py: every module of that package, e.g.
-speculators/models/eagle.py). The agent follows that path (``patcher.agent.sources.walk_import_path``,
+speculators/models/eagle.py). The agent follows that path (``patcher.agent.pysource.walk_import_path``,
 in the same ``sources`` exchange as the call-site check) and sends the files of
 transformers and vLLM those modules import; here each import is resolved against them:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
-from patcher.agent.sources import walk_import_path
+from patcher.agent.pysource import walk_import_path
 from patcher.checks.callsite import SPECULATORS_DIR, Index
 
 START = "speculators.data_generation.vllm_hidden_states_generator"

