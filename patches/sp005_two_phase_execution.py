@@ -57,14 +57,12 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="the worker runs a step in two phases, execute_model then sample_tokens",
-            modules=("vllm/v1/worker/gpu_worker.py",),
             symbol="Worker.sample_tokens",
             first_release="0.12.0",
             probe=method_defined("vllm/v1/worker/gpu_worker.py", "Worker.sample_tokens", "grammar_output"),
         ),
         VllmFact(
             summary="executors expose sample_tokens(grammar_output, non_block=False)",
-            modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.sample_tokens",
             first_release="0.12.0",
             probe=method_defined("vllm/v1/executor/abstract.py", "Executor.sample_tokens", "grammar_output"),

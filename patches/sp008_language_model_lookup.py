@@ -82,7 +82,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="multimodal wrappers hold the text model behind get_language_model(), not .model",
-            modules=("vllm/model_executor/models/interfaces.py",),
             symbol="SupportsMultiModal.get_language_model",
             first_release="0.11.0",
             probe=method_defined("vllm/model_executor/models/interfaces.py", "SupportsMultiModal.get_language_model"),

@@ -147,7 +147,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="DeepseekV2DecoderLayer.forward takes llama_4_scaling (a replacement forward drops it)",
-            modules=("vllm/model_executor/models/deepseek_v2.py",),
             symbol="DeepseekV2DecoderLayer.forward",
             first_release="0.12.0",
             probe=method_defined("vllm/model_executor/models/deepseek_v2.py", "DeepseekV2DecoderLayer.forward",

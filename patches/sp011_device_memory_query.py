@@ -42,7 +42,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="executors report available memory per worker, on every platform",
-            modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.determine_available_memory",
             first_release="0.11.0",
             probe=method_defined("vllm/v1/executor/abstract.py", "Executor.determine_available_memory"),

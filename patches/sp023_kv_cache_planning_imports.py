@@ -70,7 +70,6 @@ PATCH = Patch(
     facts=tuple(
         VllmFact(
             summary=f"{name} moved from kv_cache_utils to kv_cache_planning",
-            modules=(OLD, NEW),
             symbol=f"kv_cache_planning.{name}",
             first_release="0.33.0",
             probe=function_moved(OLD, NEW, name),

@@ -91,7 +91,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="Executor.set_kv_cache_layout requires cp_kv_cache_interleave_size",
-            modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.set_kv_cache_layout",
             first_release="0.33.0",
             # set_kv_cache_layout itself is new in 0.29 (SP020 calls it only where it exists).

@@ -77,7 +77,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="Model Runner V2 frees a request's slot only from a step's finished_req_ids",
-            modules=("vllm/v1/worker/gpu/model_runner.py",),
             symbol="GPUModelRunner (scheduler_output.finished_req_ids)",
             first_release="0.12.0",
             probe=class_reads("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner", "finished_req_ids"),

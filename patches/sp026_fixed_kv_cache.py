@@ -83,7 +83,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="CacheConfig has enable_extensible_kv_cache; vLLM turns it on for CUDA when unset",
-            modules=("vllm/config/cache.py",),
             symbol=f"CacheConfig.{SWITCH}",
             first_release="0.34.0",
             probe=field_defined("vllm/config/cache.py", "CacheConfig", SWITCH),

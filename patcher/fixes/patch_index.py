@@ -56,8 +56,8 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
             recipe = getattr(f.probe, "recipe", None)
             if recipe is None:
                 return None
-            facts.append({"summary": f.summary, "modules": list(f.modules), "symbol": f.symbol,
-                          "first_release": f.first_release, "probe": recipe})
+            facts.append({"summary": f.summary, "symbol": f.symbol, "first_release": f.first_release,
+                          "probe": recipe})
         rows.append({"id": p.id, "name": p.name, "version": p.version, "title": p.title, "file": p.file,
                      "module": modules[p.id], "facts": facts, "speculators": p.speculators, "order": p.order,
                      "portable": p.portable, "requires": list(p.requires), "depends_on": p.depends_on,
@@ -70,7 +70,7 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
     AttributeError on rows of another shape."""
     patches = []
     for r in rows:
-        facts = tuple(VllmFact(f["summary"], tuple(f["modules"]), f["symbol"], f["first_release"],
+        facts = tuple(VllmFact(f["summary"], f["symbol"], f["first_release"],
                                getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2])) for f in r["facts"])
         patches.append(Patch(r["id"], r["name"], r["version"], r["title"], r["file"], LazyCodemod(r["module"]),
                              facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 from typing import Callable
 
 from patcher.fixes.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
@@ -15,15 +16,24 @@ from patcher.fixes.vllm_source import Evidence, VllmSource, parameter_names, req
 Probe = Callable[[VllmSource], Evidence]
 
 
+# The parameters of a probe builder that name a vLLM file the probe reads.
+PATH_PARAMETERS = ("path", "moved_to", "old_path", "new_path")
+
+
 def _recorded(builder: Callable[..., Probe]) -> Callable[..., Probe]:
     """Each probe remembers how it was built (``probe.recipe = (builder name, args,
     kwargs)``), so the patch list can be kept as data and its probes rebuilt without
-    importing the codemods (``patcher.fixes.patch_index``)."""
+    importing the codemods (``patcher.fixes.patch_index``), and which vLLM files it reads
+    (``probe.modules``, from the builder's ``PATH_PARAMETERS``): a ``VllmFact`` takes its
+    ``modules`` from there, so a fact names each file once."""
+    parameters = inspect.signature(builder)
 
     @functools.wraps(builder)
     def build(*args, **kwargs) -> Probe:
         probe = builder(*args, **kwargs)
         probe.recipe = (builder.__name__, list(args), dict(kwargs))
+        bound = parameters.bind(*args, **kwargs).arguments
+        probe.modules = tuple(bound[n] for n in parameters.parameters if n in PATH_PARAMETERS and bound.get(n))
         return probe
 
     return build
@@ -146,20 +156,6 @@ def returns_not_list(path: str, qualname: str) -> Probe:
             return _gone(path, qualname)
         returns = ast.unparse(fn.returns) if fn.returns is not None else ""
         return Evidence(not returns.lower().startswith("list"), path, fn.lineno, signature(fn, "unique_reply_rank"))
-
-    return probe
-
-
-@_recorded
-def class_lacks_base(path: str, cls: str, base: str) -> Probe:
-    """Holds when class ``cls`` exists and does not list ``base`` among its bases."""
-
-    def probe(src: VllmSource) -> Evidence:
-        node = src.find_class(path, cls)
-        if node is None:
-            return _gone(path, cls)
-        bases = [ast.unparse(b) for b in node.bases]
-        return Evidence(base not in bases, path, node.lineno, f"class {cls}({', '.join(bases)})")
 
     return probe
 
