@@ -18,7 +18,6 @@ from patcher.fixes.vllm_source import Evidence
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding
     from patcher.checks.import_path import ImportPathCheck
-    from patcher.checks.lifecycle import LifecycleCheck
     from patcher.checks.model_runner import RunnerCheck
     from patcher.connect.transport import Transport
 

@@ -29,7 +29,7 @@ MARKER = "@@speculators-patch-selftest@@"
 ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build (the CLI's --arch choices)
 # Per-token cosine similarity to transformers bf16, every (prompt, layer, token), must reach
 # min(COSINE_FLOOR, 1 - 4 x (1 - c)) where c is transformers' own bf16-vs-fp32 cosine for that
-# prompt and layer (remote/run.py bound_for). Correct captures of the default tiny models
+# prompt and layer (patcher/agent/selftest/run.py bound_for). Correct captures of the default tiny models
 # measure 0.9992-0.99999 on the CPU engine; every corruption seen measures below 0.4
 # (another prompt's rows, a dropped llama_4_scaling). See docs/selftest.md.
 COSINE_FLOOR = 0.999

@@ -41,8 +41,7 @@ def status(snap: Snapshot, chosen) -> Status:
                                        "install": {"state": state, "reason": reason}})
 
 
-# The state of a whole install, as ``status`` names it (and the fan-out summary per host).
-INSTALL_STATES = ("patched", "pristine", "partial", "modified", "unsupported")
+# A patch's states that leave it out of the installed code (``install_state``).
 NOT_APPLIED = ("pending", "refused", "stale", "source-changed")
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from patcher.checks.verify import CallsCheck
 
 # verify's exit code when every static check passes but the installed vLLM's release has no
-# engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
+# engine proof (patcher/checks/proven.py): a script can tell "not proven" (3) from "broken" (1).
 UNPROVEN = 3
 
 

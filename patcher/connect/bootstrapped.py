@@ -29,12 +29,10 @@ class BootstrapTransport(Transport):
     def __init__(self, target: str | None) -> None:
         super().__init__()
         self.target = target
-        self.connections = 0
         self._where = self._header_where = self.label
 
     def __enter__(self) -> "BootstrapTransport":
         super().__enter__()
-        self.connections += 1
         header = json.dumps({"target": self.target, "agent": AGENT_PROGRAM, "where": self._header_where,
                              "marker": self._marker.decode()}).encode()
         # Written with the first request, back to back: starting the agent costs no round trip.
