@@ -29,9 +29,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from patcher.cli.options import DEFAULT_JOBS
 from patcher.errors import Interrupted, Unsupported, UserError
-
-DEFAULT_JOBS = 8
 
 
 @dataclass
@@ -140,11 +139,6 @@ def summary_table(results: list[HostResult]) -> Table:
     return table
 
 
-def _jobs() -> int:
-    ctx = click.get_current_context(silent=True)
-    return int((ctx.meta.get("speculators_patch.jobs") if ctx else None) or DEFAULT_JOBS)
-
-
 def _warm() -> None:
     """Import, in the parent, what every host's command needs (the engine, the checks, the
     patch list, the tool digest), so the forked workers share it instead of each importing
@@ -200,7 +194,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
 
     Returns the exit code for all hosts together (see the module docstring).
     """
-    jobs = max(1, jobs or _jobs())
+    jobs = max(1, jobs or DEFAULT_JOBS)
     hosts = list(dict.fromkeys(hosts))  # the same host twice would only race itself
     global _COMMAND
     err = Console(stderr=True, highlight=False)

@@ -1,5 +1,5 @@
-"""What the command line prints: the console, the tables, the verdict lines and the advice
-with this run's own target options (``speculators-patch verify --host ...``)."""
+"""What the command line prints: the console, the tables and the verdict lines (the advice
+in them carries this run's own target options: ``patcher.cli.options.Advice``)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import click
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from patcher.commands.verify import InstallCheck
-    from patcher.connect.transport import Transport
-    from patcher.engine import Snapshot
     from patcher.checks.verify import CallsCheck
+    from patcher.cli.options import Advice
+    from patcher.commands.verify import InstallCheck
+    from patcher.engine import Snapshot
 
 
 def _console() -> Console:
@@ -92,15 +91,13 @@ def outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = N
 
 
 def verdict_line(check: InstallCheck) -> str:
-    """The one-line verdict ``verify`` ends with (``apply`` too, when it is not OK)."""
-    if check.ok:
-        return "[green]verify: OK[/]"
-    if check.only_unproven:  # what is missing and how to get it
-        return f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(check.unproven)}"
-    return f"[red]verify: FAILED[/] ({', '.join(check.failing)})"
+    """``InstallCheck.verdict``, the verdict in its colour."""
+    verdict, rest = check.verdict
+    color = "green" if check.ok else "yellow" if check.only_unproven else "red"
+    return f"[{color}]{verdict}[/]{escape(rest)}"
 
 
-def render_findings(console: Console, check: InstallCheck, snap: Snapshot, transport: Transport) -> None:
+def render_findings(console: Console, check: InstallCheck, snap: Snapshot, advice: Advice) -> None:
     """What failed besides the tables: user patch sources, modified files; the proof."""
     from patcher.checks import proven
 
@@ -111,9 +108,9 @@ def render_findings(console: Console, check: InstallCheck, snap: Snapshot, trans
     for path in check.modified:
         console.print(f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
                       f"file, so the patches recorded for it are not vouched for): "
-                      f"`{escape(again('apply', transport))} --adopt` keeps the edit (it joins the pristine copy, "
+                      f"`{escape(advice.again('apply'))} --adopt` keeps the edit (it joins the pristine copy, "
                       f"which revert restores) and patches it; "
-                      f"`{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)",
+                      f"`{escape(advice.again('revert'))} --force` restores the kept copy (the edit is lost)",
                       soft_wrap=True)
     if check.unproven and not check.only_unproven:  # else the verdict line says it
         console.print(f"[red]{escape(check.unproven)}[/]")
@@ -121,37 +118,6 @@ def render_findings(console: Console, check: InstallCheck, snap: Snapshot, trans
         gpu = "" if any(d != proven.CPU for d in check.devices) else (
             "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
         console.print(f"engine proof for this vLLM release: {escape('; '.join(check.devices))}{gpu}")
-
-
-def again(subcommand: str, transport: Transport) -> str:
-    """``speculators-patch SUBCOMMAND`` as this run reached its target (``--host``/``--exec``,
-    ``--ssh-config``, ``--target``, ``--patch-file``): advice copied from the output acts on
-    the environment that was checked, not on the active one."""
-    import shlex
-
-    from patcher.connect.exec import ExecTransport
-    from patcher.connect.ssh import SshTransport
-
-    ctx = click.get_current_context(silent=True)
-    params = ctx.params if ctx else {}
-    words = ["speculators-patch", subcommand]
-    if isinstance(transport, ExecTransport):
-        words += ["--exec", transport.command]
-    elif isinstance(transport, SshTransport):
-        words += ["--host", transport.host] + (["--ssh-config", transport.ssh_config] if transport.ssh_config else [])
-    target = params.get("target")
-    if target:
-        words += ["--target", target]
-    for path in (ctx.meta.get("speculators_patch.patch_files") if ctx else None) or ():
-        words += ["--patch-file", path]
-    return " ".join(shlex.quote(w) for w in words)
-
-
-def with_target(hint: str, transport: Transport) -> str:
-    """A hint's ``speculators-patch apply``/``revert``/``repair`` with this run's target options."""
-    for sub in ("revert", "apply", "repair"):
-        hint = hint.replace(f"speculators-patch {sub}", again(sub, transport))
-    return hint
 
 
 # verify reads source; what it cannot see, selftest runs (printed under every verdict).

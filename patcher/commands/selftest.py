@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from patcher.agent.selftest import tiny_models
-from patcher.agent.selftest.run import NOISE_LIMIT  # noqa: F401  (the bound's floor the CLI prints)
+from patcher.agent.selftest.run import NOISE_LIMIT
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -131,3 +131,11 @@ def summarize(report: dict) -> dict:
             bad += len(case.get("bad", []))
     report["captures"], report["bad_captures"] = captures, bad
     return report
+
+
+def verdict(report: dict) -> str:
+    """The line a judged report (``summarize``) ends with: OK or FAILED, and the counts."""
+    said = "OK" if report["ok"] else "FAILED"
+    return (f"selftest: {said}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
+            f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
+            f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})")

@@ -54,6 +54,22 @@ class InstallCheck:
         """0 OK, ``UNPROVEN`` (3) when only the engine proof is missing, else 1."""
         return 0 if self.ok else UNPROVEN if self.only_unproven else 1
 
+    @property
+    def verdict(self) -> tuple[str, str]:
+        """The one-line verdict ``verify`` ends with (``apply`` too, when it is not OK), as
+        (the verdict, what follows it): ``verify: OK``, ``verify: NOT PROVEN`` with what
+        is missing, or ``verify: FAILED`` with the parts that failed."""
+        if self.ok:
+            return "verify: OK", ""
+        if self.only_unproven:  # what is missing and how to get it
+            return "verify: NOT PROVEN", f" (every static check passes): {self.unproven}"
+        return "verify: FAILED", f" ({', '.join(self.failing)})"
+
+    @property
+    def summary(self) -> str:
+        """``verdict`` as one line of text."""
+        return "".join(self.verdict)
+
 
 NO_PROOF = "no engine proof for this vLLM"
 
@@ -123,6 +139,7 @@ def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
         "user_patch_sources_changed": changed_sources,
         "modified_files": check.modified,
         "failing": check.failing,
+        "summary": check.summary,
         "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
                    "newest": _release(proven.newest(snap.speculators_version)),
                    "unproven": unproven,

@@ -25,6 +25,7 @@ class RepairResult:
     lines: list[str]
     unrestorable: list[str]
     dropped: str | None = None  # the speculators release whose record was dropped (another one is installed)
+    after: Snapshot | None = None  # the install as read after the agent's repair, before the new record
 
 
 def repair(transport: Transport) -> RepairResult:
@@ -37,7 +38,7 @@ def repair(transport: Transport) -> RepairResult:
     to a verified copy with a set of patches replayed -> that record; otherwise, with a
     verified copy, a record under which ``status`` says ``modified``. Copies nothing
     references are deleted. Every other speculators file is compared with pip's RECORD.
-    Returns the snapshot read before, one line per file, and the unrestorable files.
+    Returns the snapshots read before and after, one line per file, and the unrestorable files.
     Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
     reinstall speculators, then ``repair`` again), or when the state cannot be written.
     """
@@ -113,4 +114,4 @@ def repair(transport: Transport) -> RepairResult:
                      f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
                      f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does")
     dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
-    return RepairResult(first, lines, unrestorable, dropped)
+    return RepairResult(first, lines, unrestorable, dropped, snap)
