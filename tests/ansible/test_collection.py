@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from fleetplay import BIN, COLLECTION_SRC, ROOT
 
-MODULES = ("speculators.patch.speculators_patch", "speculators.patch.speculators_patch_info")
+MODULES = ("speculators.patch.speculators_patch", "speculators.patch.speculators_patch_info",
+           "speculators.patch.speculators_patch_list", "speculators.patch.speculators_patch_repair")
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -22,7 +21,7 @@ def test_ansible_doc_reads_the_documentation(collections, module):
     import json
 
     doc = json.loads(r.stdout)[module]
-    assert doc["doc"]["options"]["target"]["type"] == "str"
+    assert doc["doc"]["options"]["patch_files"]["type"] == "list"
     assert doc["examples"].strip() and doc["return"]["msg"]
 
 
