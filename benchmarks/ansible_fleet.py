@@ -60,7 +60,7 @@ class Targets:
         self.pristine = [{p.relative_to(self.sites[0]): p.read_bytes() for p in files} for _ in self.sites]
 
     def reset(self) -> None:
-        for site, files in zip(self.sites, self.pristine):
+        for site, files in zip(self.sites, self.pristine, strict=False):
             for rel, data in files.items():
                 if (site / rel).read_bytes() != data:
                     (site / rel).write_bytes(data)

@@ -143,7 +143,7 @@ def main() -> int:
               f"(driver + vLLM workers; {tokens / statistics.median(cpu[name]):,.0f} tokens per CPU-second)")
     for label, data in (("wall time", seconds), ("CPU time", cpu)):
         a, b = data["patched 0.3.0"], data["upstream 0.4.0"]
-        ratios = sorted(y / x for x, y in zip(a, b))  # throughput A / throughput B per pair
+        ratios = sorted(y / x for x, y in zip(a, b, strict=False))  # throughput A / throughput B per pair
         print(f"ratio patched 0.3.0 / upstream 0.4.0 by {label} (median of {len(ratios)} paired ratios): "
               f"{statistics.median(ratios):.3f} (quartiles {ratios[len(ratios) // 4]:.3f}-"
               f"{ratios[3 * len(ratios) // 4]:.3f}; best calls {min(b) / min(a):.3f})")

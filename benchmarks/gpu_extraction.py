@@ -170,8 +170,8 @@ class Timers:
 
 
 def start_generator(model: Path, layers: list[int]):
-    import vllm.config
     import speculators.data_generation.vllm_hidden_states_generator as gen_module
+    import vllm.config
 
     # Random weights without a checkpoint (see the module docstring); nothing else changes.
     gen_module.LoadConfig = lambda **kw: vllm.config.LoadConfig(**{"load_format": "dummy", **kw})
@@ -203,7 +203,7 @@ def run_generator(generator, batch, hidden: int, memory: HostMemory | None = Non
         memory.end()
     assert len(results) == len(batch) and all(
         tuple(r["hidden_states"][0].shape) == (len(ids), hidden) and r["hidden_states"][0].device.type == "cpu"
-        for r, ids in zip(results, batch))
+        for r, ids in zip(results, batch, strict=False))
     return sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
 
 

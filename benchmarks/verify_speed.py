@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
 from patcher.checks import callsite  # noqa: E402
-from patcher.checks.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
+from patcher.checks.runtime import ENV as PROBE_ENV  # noqa: E402
+from patcher.checks.runtime import MARKER, PROBE_SOURCE, probe_request
 from patcher.connect.local import LocalTransport  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

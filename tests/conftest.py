@@ -8,9 +8,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sandbox import make_sandbox, site_packages, wheel
+from support import FIGURES, GENERATOR, WORKER
 
-from support import FIGURES, GENERATOR, WORKER  # noqa: F401  (also puts fixtures/ on sys.path)
-from sandbox import make_sandbox, site_packages, wheel  # noqa: E402
+# The loopback sshd fixtures (sshd, ssh_config, fleet, fleet_envs, ...) for every tier that needs them.
+pytest_plugins = ("sshfixtures",)
 
 
 @pytest.fixture(scope="session")

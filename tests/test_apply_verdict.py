@@ -7,7 +7,6 @@ such symbol -- is shown as ``fact-missing``, never ``not-needed``/``ok``."""
 from __future__ import annotations
 
 import pytest
-
 from sandbox import make_sandbox
 from support import WORKER, run_cli, run_json
 

@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from support import GENERATOR, run_cli, tree_digest
 
 

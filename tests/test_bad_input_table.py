@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from support import GENERATOR, ROOT, WORKER, run_cli, tree_digest
+from support import GENERATOR, ROOT, run_cli, tree_digest
 
 COMMANDS = ("apply", "diff", "status", "verify", "revert")
 

@@ -20,7 +20,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from sandbox import make_sandbox, site_packages
 from support import GENERATOR, WORKER, run_cli, tree_digest
 

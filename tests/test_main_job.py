@@ -174,7 +174,7 @@ def test_concurrent_applies_patch_once(sandbox, site):
         for _ in range(3)
     ]
     outputs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [(p.returncode, err[-2000:]) for p, (_, err) in zip(procs, outputs)]
+    assert all(p.returncode == 0 for p in procs), [(p.returncode, err[-2000:]) for p, (_, err) in zip(procs, outputs, strict=False)]
     reports = [json.loads(out) for out, _ in outputs]
     writers = [r for r in reports if r["written"]]
     assert len(writers) == 1, "exactly one process writes; the others find it applied"

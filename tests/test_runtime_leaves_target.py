@@ -4,7 +4,6 @@ first import of vLLM; a fake vLLM here does the same, so this runs without the e
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from patcher.connect.local import LocalTransport

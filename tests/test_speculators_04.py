@@ -8,7 +8,6 @@ calls (``Executor.sample_tokens`` among them): patches apply and revert there to
 from __future__ import annotations
 
 import pytest
-
 from support import GENERATOR, run_cli, run_json, tree_digest
 
 PATCHES_04 = ["SP015", "SP016", "SP017", "SP018"]

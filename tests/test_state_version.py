@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import GENERATOR, run_cli, tree_digest
 
 COMMANDS = ("status", "verify", "diff", "apply", "revert", "repair")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patcher.fixes.userpatches.template import render
 from support import GENERATOR
+
+from patcher.fixes.userpatches.template import render
 
 
 def _fix001() -> str:

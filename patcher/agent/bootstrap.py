@@ -15,7 +15,11 @@ itself, which saves starting one more interpreter.
 Standard library only; any Python 3, and it stays Python 2 parseable, so that a Python 2
 says "too old" instead of failing to parse.
 """
-import errno, json, os, re, sys
+import errno
+import json
+import os
+import re
+import sys
 
 
 class Refused(Exception):

@@ -19,8 +19,24 @@ import stat
 import sys
 import time
 
-from .common import (AgentError, check_relative, CLEANUP, digest_of, dist_infos, HEX_DIGEST, JOURNAL, LOCK_WAIT_SECONDS,
-    MANIFEST, OLD, read_bytes, record_digests, REPAIR_HINT, sha256, SPACE_MARGIN, TMP)
+from .common import (
+    CLEANUP,
+    HEX_DIGEST,
+    JOURNAL,
+    LOCK_WAIT_SECONDS,
+    MANIFEST,
+    OLD,
+    REPAIR_HINT,
+    SPACE_MARGIN,
+    TMP,
+    AgentError,
+    check_relative,
+    digest_of,
+    dist_infos,
+    read_bytes,
+    record_digests,
+    sha256,
+)
 from .state import backup_name, find_backup, list_backups, load_state, manifest_problem
 
 
@@ -95,7 +111,7 @@ class _Lock:
             if created and self.env is not None:
                 self.env.own(self.path)
         except OSError as e:  # e.g. a read-only file system
-            raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror))
+            raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror)) from None
 
     def _same_file(self):
         """True when the path still names the file this descriptor locks: a full revert
@@ -126,12 +142,12 @@ class _Lock:
                     if e.errno == errno.ENOLCK:
                         raise AgentError("cannot lock %s: the file system does not support locks (ENOLCK; an NFS mount "
                                          "with 'nolock' or no lockd?); nothing changed; mount it with locking, or run "
-                                         "the tool on the machine that exports it" % self.path)
-                    raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror))
+                                         "the tool on the machine that exports it" % self.path) from None
+                    raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror)) from None
                 if time.monotonic() > deadline:
                     os.close(self.fd)
                     raise AgentError("another speculators-patch holds %s; gave up after %ds"
-                                     % (self.path, LOCK_WAIT_SECONDS))
+                                     % (self.path, LOCK_WAIT_SECONDS)) from None
                 time.sleep(0.05)
 
     def __exit__(self, *exc):
@@ -304,10 +320,10 @@ def _load_journal(path):
         for name in journal["new_backups"] + journal["drop"]:
             check_relative(name.partition(".sha256-")[0], "journal backup")
     except AgentError as e:
-        raise AgentError("%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT))
+        raise AgentError("%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT)) from None
     except (ValueError, KeyError, TypeError, AssertionError, AttributeError):
         raise AgentError("%s is damaged (not a journal this tool wrote): the interrupted commit was not touched; %s"
-                         % (path, REPAIR_HINT))
+                         % (path, REPAIR_HINT)) from None
     return journal
 
 
@@ -331,7 +347,7 @@ def _finish(state, journal, cleanup_path):
 
 
 def _prune_empty(top):
-    for dirpath, dirs, names in sorted(os.walk(top), key=lambda x: -len(x[0])):
+    for dirpath, _dirs, _names in sorted(os.walk(top), key=lambda x: -len(x[0])):
         if dirpath != top and not os.listdir(dirpath):
             _step("rmdir " + dirpath)
             os.rmdir(dirpath)
@@ -480,7 +496,7 @@ def _preflight(root, state, datas, backups, small, drops=()):
 
     for path, data in datas.items():
         add(os.path.dirname(os.path.join(root, path)), len(data))
-    for name, data in backups.items():
+    for data in backups.values():
         add(state, len(data))
     add(state, small)
     dirs = sorted({os.path.dirname(os.path.join(root, p)) for p in datas} | {state, os.path.join(state, "pristine")})
@@ -545,7 +561,7 @@ def commit(request):
         env = _Env(os.path.dirname(state))
         made = env.makedirs(os.path.join(state, "pristine"))
     except OSError as e:
-        raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror))
+        raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror)) from None
     try:
         lock = _Lock(state, env).__enter__()
     except AgentError:
@@ -581,7 +597,7 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
     except OSError as e:
         if os.path.exists(os.path.join(state, JOURNAL)):
             raise
-        raise AgentError(_unfinished(state, e) + " (nothing changed)")
+        raise AgentError(_unfinished(state, e) + " (nothing changed)") from None
     if recovered and not repair:  # the caller read the half-written files: its plan is stale
         raise AgentError("changed-since-read: an interrupted commit was rolled back first")
     _sweep(state)
@@ -663,9 +679,9 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
             raise AgentError("cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
                              "command rolls it back once that is fixed"
                              % (getattr(e, "filename", None) or state, getattr(e, "strerror", None) or e,
-                                getattr(again, "strerror", None) or again))
+                                getattr(again, "strerror", None) or again)) from None
         if isinstance(e, OSError):
-            raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror))
+            raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror)) from None
         raise
     answer = {"written": sorted(datas), "recovered": recovered}
     try:
@@ -768,4 +784,4 @@ def repair(request):
             _sweep(state)
             return {"salvaged": done}
     except OSError as e:
-        raise AgentError("cannot repair %s: %s: %s" % (state, e.filename or state, e.strerror))
+        raise AgentError("cannot repair %s: %s: %s" % (state, e.filename or state, e.strerror)) from None

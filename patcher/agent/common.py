@@ -13,8 +13,6 @@ import site
 import sys
 import sysconfig
 
-
-
 STATE_DIR = ".speculators-patch"
 
 

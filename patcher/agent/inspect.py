@@ -8,8 +8,19 @@ import os
 import sys
 
 from .commit import heal
-from .common import (AgentError, content_or_digest, digest_of, dist_infos, editable_source, JOURNAL, package_root, read_bytes,
-    record_digests, site_dir_of, STATE_DIR)
+from .common import (
+    JOURNAL,
+    STATE_DIR,
+    AgentError,
+    content_or_digest,
+    digest_of,
+    dist_infos,
+    editable_source,
+    package_root,
+    read_bytes,
+    record_digests,
+    site_dir_of,
+)
 from .state import load_state, state_paths
 
 

@@ -12,7 +12,6 @@ from .inspect import inspect
 from .run_python import run_python
 from .sources import sources
 
-
 HANDLERS = {"inspect": inspect, "commit": commit, "repair": repair, "sources": sources, "run_python": run_python}
 
 

@@ -64,7 +64,7 @@ def run_python(request):
                               stdout=subprocess.PIPE, env=env, timeout=float(request.get("timeout") or 600),
                               stderr=None if request.get("stream_stderr") else subprocess.PIPE)
     except subprocess.TimeoutExpired:
-        raise AgentError("%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout")))
+        raise AgentError("%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout"))) from None
     finally:
         _remove_created_dist_infos(before)
     tail = 256 * 1024

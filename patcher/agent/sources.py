@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import AgentError, to_b64, digest_of, package_root, read_bytes, sha256, site_dir_of
+from .common import AgentError, digest_of, package_root, read_bytes, sha256, site_dir_of, to_b64
 from .pysource import ast, attributes_read, collect_sources, speculators_vllm_imports, walk_import_path
 
 

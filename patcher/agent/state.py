@@ -15,8 +15,19 @@ import collections
 import json
 import os
 
-from .common import (AgentError, check_relative, digest_of, HEX_DIGEST, JOURNAL, MANIFEST, OLD, read_bytes, REPAIR_HINT,
-    sha256, TMP)
+from .common import (
+    HEX_DIGEST,
+    JOURNAL,
+    MANIFEST,
+    OLD,
+    REPAIR_HINT,
+    TMP,
+    AgentError,
+    check_relative,
+    digest_of,
+    read_bytes,
+    sha256,
+)
 
 
 def state_paths(manifest, backups):

@@ -31,7 +31,7 @@ import ast
 from typing import Iterator, Mapping
 
 from patcher.agent.pysource import local_import
-from patcher.checks.callsite import WORKER, Finding, Index, Symbol, dotted_name, worker_extensions, vllm_imports
+from patcher.checks.callsite import WORKER, Finding, Index, Symbol, dotted_name, vllm_imports, worker_extensions
 
 KIND = "missing-attribute"
 

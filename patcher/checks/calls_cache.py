@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from patcher import cache
 from patcher.checks import lifecycle, model_runner
-from patcher.digest import tool as tool_digest
 from patcher.checks.callsite import Checked, Finding
 from patcher.checks.import_path import ImportFinding, ImportPathCheck
+from patcher.digest import tool as tool_digest
 
 if TYPE_CHECKING:
     from patcher.engine import Snapshot

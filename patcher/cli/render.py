@@ -7,7 +7,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table

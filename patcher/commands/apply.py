@@ -85,8 +85,8 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     Refuses an unsupported target, a vLLM change no patch covers, and a user patch whose
     file changed since it was applied."""
     from patcher import engine
-    from patcher.commands.verify import check_install
     from patcher.checks.verify import send_calls_ahead
+    from patcher.commands.verify import check_install
     from patcher.fixes.registry import all_patches
 
     engine.check_supported(snap)

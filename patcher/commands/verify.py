@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Callable
 from patcher.commands.common import describe, mark_edited, source_changes
 
 if TYPE_CHECKING:
-    from patcher.connect.transport import Transport
-    from patcher.engine import Snapshot
     from patcher.checks.lifecycle import LifecycleCheck
     from patcher.checks.verify import CallsCheck
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
 
 # verify's exit code when every static check passes but the installed vLLM's release has no
 # engine proof (patcher/checks/proven.py): a script can tell "not proven" (3) from "broken" (1).

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import shlex
 
-from patcher.errors import UserError
 from patcher.connect.bootstrapped import BootstrapTransport, last_line
 from patcher.connect.program import bootstrap_program
+from patcher.errors import UserError
 
 
 class ExecTarget(str):

@@ -23,9 +23,9 @@ import shlex
 import subprocess
 
 from patcher import cache
-from patcher.errors import UserError
 from patcher.connect.bootstrapped import BootstrapTransport, last_line
 from patcher.connect.program import bootstrap_program
+from patcher.errors import UserError
 
 # Seconds an idle shared connection stays open after a run (``--ssh-persist``); the
 # default of Ansible's ssh connection plugin, for the same reason (docs/ssh.md).

@@ -213,7 +213,7 @@ class Transport:
             raise UserError(self._not_json(line)) from None
         if "error" in answer:
             raise UserError(answer["error"])
-        for sent, got in zip(ahead, answer.get("then") or []):
+        for sent, got in zip(ahead, answer.get("then") or [], strict=False):  # an answer may carry fewer
             self._answers[self._key(sent)] = got
         if op == "commit":
             COMMITTED.append((self.label, list(answer["ok"].get("written") or [])))

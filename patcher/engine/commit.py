@@ -11,6 +11,7 @@ import base64
 from dataclasses import dataclass, field
 
 import patcher
+from patcher.connect.transport import Transport
 from patcher.engine import fast_path
 from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import guard_modified, plan, refusals
@@ -18,7 +19,6 @@ from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import all_patches
-from patcher.connect.transport import Transport
 from patcher.fixes.userpatches import record as user_records
 
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
-from patcher.engine.file_plan import FilePlan, Outcome, need_state, plan_file as make_plan
+from patcher.engine.file_plan import FilePlan, Outcome, need_state
+from patcher.engine.file_plan import plan_file as make_plan
 
 if TYPE_CHECKING:
     from patcher.engine.snapshot import Snapshot

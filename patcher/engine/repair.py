@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
+from patcher.connect.transport import Transport
 from patcher.engine.commit import new_manifest
 from patcher.engine.file_plan import plan_file
 from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
 from patcher.errors import UserError
 from patcher.fixes.registry import all_patches
-from patcher.connect.transport import Transport
 from patcher.fixes.userpatches import record as user_records
 
 

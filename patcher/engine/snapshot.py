@@ -19,11 +19,11 @@ from packaging.version import InvalidVersion, Version
 
 import patcher
 from patcher import cache
+from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import add_recorded, all_patches, shipped_patches
-from patcher.connect.transport import Transport
 from patcher.fixes.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"

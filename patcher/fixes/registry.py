@@ -21,9 +21,9 @@ from functools import lru_cache
 from packaging.specifiers import SpecifierSet
 
 from patcher import cache
-from patcher.fixes import patch_index
 from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
+from patcher.fixes import patch_index
 from patcher.fixes.patch import Patch
 
 PACKAGE = "speculators_patch_codemods"

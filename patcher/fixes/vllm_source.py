@@ -146,5 +146,5 @@ def required_parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]
     positional = args.posonlyargs + args.args
     n_required = len(positional) - len(args.defaults)
     names = [a.arg for a in positional[:n_required]]
-    names += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
+    names += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
     return [n for n in names if n not in ("self", "cls")]

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from fleetplay import Fleet, recap
 from sandbox import make_sandbox, site_packages
 from sshfixtures import FLEET
@@ -86,7 +85,7 @@ def test_check_apply_again_revert_on_eight_hosts(tmp_path, collections, fleet, f
     assert {h: c["changed"] for h, c in recap(r.stdout).items()} == dict.fromkeys(NODES, 1)
     assert r.stdout.count(f"--- before: a/{GENERATOR}") == FLEET
     assert [_without_state(tree_digest(s)) for s in sites] == [_without_state(p) for p in pristine]
-    for site, before in zip(sites, pristine):
+    for site, before in zip(sites, pristine, strict=False):
         assert digest(site / GENERATOR) == before[GENERATOR] and digest(site / WORKER) == before[WORKER]
 
 

@@ -12,12 +12,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from sandbox import make_sandbox, site_packages
+from support import run_cli
 
 from patcher.agent.pysource import attributes_read, collect_sources, speculators_vllm_imports
 from patcher.checks.attribute_reads import check
 from patcher.checks.callsite import WORKER, local_sources
-from sandbox import make_sandbox, site_packages
-from support import run_cli
 
 EXT = "speculators/data_generation/custom_worker.py"
 GEN = "speculators/data_generation/gen.py"

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from targets import (  # noqa: E402
+from targets import (
     applied,
+    cli,
     ensure_engine_env,
     ensure_models,
     make_target,
-    cli,
+    patched_target,
+)
+from targets import (
     speculators_wheel as _wheel,
 )
 
@@ -92,3 +92,9 @@ def api_fixes_only(engine_env, speculators_wheel, models_dir, tmp_path_factory) 
                 "--skip", "SP027", "--skip", "SP028", "--skip", "SP029")
     assert applied(proc, partial=True), proc.stdout + proc.stderr
     return EngineRuns(target, models_dir, tmp_path_factory.mktemp("api-only-runs"))
+
+
+@pytest.fixture(scope="session")
+def target_016(tmp_path_factory) -> Path:
+    """speculators 0.3.0 patched on the vLLM 0.16.0 engine, once per session."""
+    return patched_target(tmp_path_factory, "0.16.0")

@@ -233,13 +233,13 @@ def main() -> int:
     del generator
     # The same batch twice on one generator: the results must be identical.
     seen: dict[tuple, list] = {}
-    for (call_name, seed, lengths), result in zip(config["calls"], outputs):
+    for (call_name, seed, lengths), result in zip(config["calls"], outputs, strict=False):
         key = (seed, tuple(lengths))
         if key in seen:
             diffs = [
                 (a.float() - b.float()).abs().max().item()
-                for r0, r1 in zip(seen[key], result)
-                for a, b in zip(r0["hidden_states"], r1["hidden_states"])
+                for r0, r1 in zip(seen[key], result, strict=False)
+                for a, b in zip(r0["hidden_states"], r1["hidden_states"], strict=False)
             ]
             report.setdefault("repeat_max_abs_diff", {})[call_name] = max(diffs)
         seen.setdefault(key, result)
@@ -256,12 +256,10 @@ def main() -> int:
         transform = rms_normalise
     report["reference"] = {"kind": config["reference"], **ref_info}
 
-    import torch
-
     worst = 1.0
-    for call, batch, result, ref in zip(calls, batches, outputs, refs):
+    for call, batch, result, ref in zip(calls, batches, outputs, refs, strict=False):
         call["results"] = len(result)
-        call["input_ids_match"] = all(r["input_ids"].tolist() == ids for r, ids in zip(result, batch))
+        call["input_ids_match"] = all(r["input_ids"].tolist() == ids for r, ids in zip(result, batch, strict=False))
         call["per_layer_count_ok"] = all(len(r["hidden_states"]) == len(config["layers"]) for r in result)
         # What speculators 0.3.0's generate() returns (h.cpu() of one tensor per request and layer), so
         # that its data-generation script's torch.save writes the same files: CPU, contiguous, the
@@ -272,9 +270,9 @@ def main() -> int:
             for r in result for h in r["hidden_states"])
         shapes_ok, cos_min = True, 1.0
         per_request = []
-        for r, ids, rref in zip(result, batch, ref):
+        for r, ids, rref in zip(result, batch, ref, strict=False):
             row = []
-            for layer, got in zip(sorted(config["layers"]), r["hidden_states"]):
+            for layer, got in zip(sorted(config["layers"]), r["hidden_states"], strict=False):
                 want = rref[layer]
                 ok = tuple(got.shape) == tuple(want.shape) and got.shape[0] == len(ids)
                 shapes_ok &= ok
@@ -290,8 +288,8 @@ def main() -> int:
         # Show the scaling matters: the same tokens' captures vs the model without it (HF).
         plain, _ = hf_reference(models_dir / "deepseek_v3", config["layers"], batches[:1])
         deltas = []
-        for r, rref in zip(outputs[0], plain[0]):
-            for layer, got in zip(sorted(config["layers"]), r["hidden_states"]):
+        for r, rref in zip(outputs[0], plain[0], strict=False):
+            for layer, got in zip(sorted(config["layers"]), r["hidden_states"], strict=False):
                 deltas.append(cosine_rows(got, rref[layer]).min().item())
         report["without_scaling_min_cosine"] = min(deltas)
     report["calls"] = calls

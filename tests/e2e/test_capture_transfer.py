@@ -13,11 +13,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sandbox import wheel
+from targets import engine_python, ensure_engine_env
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
-from sandbox import wheel
-from targets import engine_python, ensure_engine_env
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

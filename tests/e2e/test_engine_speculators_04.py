@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from targets import applied, cli, ensure_engine_env, make_target, speculators_wheel
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]

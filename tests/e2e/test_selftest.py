@@ -20,36 +20,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-from targets import ROOT, applied, cli, engine_environ, ensure_engine_env, make_target, speculators_wheel  # noqa: E402
-from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
+from targets import (
+    ROOT,
+    SELFTEST_TIMEOUT,
+    assert_all_within_bound,
+    cli,
+    engine_environ,
+    install_patched_on_016_moved_to,
+    patched_target,
+    selftest,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
-CASES = ["order", "shared-prefix", "chunked", "over-max-seqs", "order-again"]
-SELFTEST_TIMEOUT = 1200  # s; three architectures take about 90 s on the 2-core machine
-
-
-def selftest(target: Path, *args: str, vllm: str = "0.16.0", env: dict | None = None) -> tuple[int, dict, str]:
-    proc = cli("selftest", "--target", str(target), "--json", *args, env={**engine_environ(vllm), **(env or {})},
-               timeout=SELFTEST_TIMEOUT)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
-
-
-def patched_target(tmp_path_factory, vllm: str, *apply_args: str) -> Path:
-    ensure_engine_env(vllm)
-    target = make_target(tmp_path_factory.mktemp(f"selftest-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
-    if apply_args != ("--none",):
-        proc = cli("apply", "--target", str(target), *apply_args)
-        assert applied(proc, partial=bool(apply_args)), proc.stdout + proc.stderr
-    return target
-
-
-@pytest.fixture(scope="session")
-def target_016(tmp_path_factory) -> Path:
-    return patched_target(tmp_path_factory, "0.16.0")
 
 
 @pytest.fixture(scope="session")
@@ -61,26 +44,6 @@ def all_archs_016(target_016):
 def all_archs_018(tmp_path_factory):
     target = patched_target(tmp_path_factory, "0.18.1")
     return selftest(target, "--arch", "llama", "--arch", "deepseek_v3", "--arch", "kimi_k25", vllm="0.18.1")
-
-
-def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]) -> None:
-    report = data["selftest"]
-    failed = {a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
-              for a in report["archs"] if not a["ok"]}
-    assert code == 0 and report["ok"], failed or stderr[-2000:]
-    assert [a["arch"] for a in report["archs"]] == archs
-    for arch in report["archs"]:
-        assert [c["case"] for c in arch["cases"]] == CASES
-        for case in arch["cases"]:
-            assert case["results"] == case["prompts"] and case["bad"] == []
-            for layer in case["layers"]:
-                assert layer["worst"] >= layer["bound"] and layer["bad"] == 0, (arch["arch"], case["case"], layer)
-                assert layer["bound"] <= report["bound"]
-        steps = {c["case"]: c for c in arch["cases"]}
-        assert steps["chunked"]["steps"] >= 2 and steps["chunked"]["requests_split_across_steps"] >= 1
-        assert steps["over-max-seqs"]["steps"] >= 2  # 41 prompts > max_num_seqs 32
-        assert arch["repeat_max_abs_diff"] == 0.0
-        assert arch["layers"][0] == 0 and len(arch["layers"]) == 3
 
 
 def test_selftest_passes_on_patched_016(all_archs_016):
@@ -222,21 +185,6 @@ def test_selftest_model_with_unsupported_architecture_is_bad_input(tmp_path, tar
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "MixtralForCausalLM" in lines[0]
-
-
-def install_patched_on_016_moved_to(tmp_path_factory, target_016: Path, vllm: str) -> Path:
-    """A vLLM upgrade or downgrade under a patched install: the files (and state) patched on
-    0.16.0, copied unchanged onto a target on the ``vllm`` engine."""
-    import shutil
-
-    ensure_engine_env(vllm)
-    target = make_target(tmp_path_factory.mktemp(f"moved-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
-    (old,), (new,) = target_016.glob("lib/python3*/site-packages"), target.glob("lib/python3*/site-packages")
-    shutil.rmtree(new / "speculators")
-    shutil.copytree(old / "speculators", new / "speculators")
-    shutil.copytree(old / ".speculators-patch", new / ".speculators-patch")
-    assert cli("status", "--target", str(target)).returncode == 0
-    return target
 
 
 def test_install_patched_on_016_runs_unchanged_on_018(tmp_path_factory, target_016):

@@ -106,11 +106,11 @@ def main() -> None:
     except RuntimeError as e:
         print(json.dumps({"error": str(e)}))
         return
-    want_layers = [1, 3]  # noqa: the captured layers, in order
+    want_layers = [1, 3]  # the captured layers, in order
     result = {req: {"shapes": [list(t.shape) for t in states[req]], "dtype": str(states[req][0].dtype),
                     "own_storage": all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in states[req]),
                     "exact": all(torch.equal(t, rows_of(req, 0, n, layer))
-                                 for t, layer in zip(states[req], want_layers))}
+                                 for t, layer in zip(states[req], want_layers, strict=False))}
               for req, n in prompts.items()}
     print(json.dumps({"result": result, "ring": host.ring is not None}))
 

@@ -77,9 +77,9 @@ def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     (the sandbox is left as found). ``patch_files``: user patches applied with the shipped
     ones (loaded for this capture only; the registry is left as found)."""
     from patcher import engine
+    from patcher.connect.local import LocalTransport
     from patcher.fixes import registry
     from patcher.fixes.registry import select
-    from patcher.connect.local import LocalTransport
 
     loaded = registry.use_patch_files([str(p) for p in patch_files])
     try:

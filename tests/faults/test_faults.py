@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from faultkit import FULL_SWEEP, Tree, error_points, kill_points, recovery_starts
 
 

@@ -30,7 +30,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from faultkit import FULL_SWEEP, kill_points
 from sandbox import make_sandbox, site_packages
 from support import CLI, ROOT

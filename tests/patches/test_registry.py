@@ -9,9 +9,9 @@ from functools import lru_cache
 
 import pytest
 from packaging.version import Version
+from support import run_cli
 
 from patcher.engine import run_codemod, written_for
-from support import run_cli
 from patcher.fixes.registry import all_patches
 
 PATCHES = all_patches()

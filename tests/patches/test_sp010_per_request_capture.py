@@ -3,32 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
 from patcher.engine import run_codemod
 from speculators_patch_codemods.sp010_per_request_capture import METHODS, PATCH
 
 ADDED = METHODS.split("\n", 1)[1]  # the methods as they read inside the class
-
-BEFORE = '''\
-import torch
-
-
-class HiddenStatesWorkerExtension:
-    def _setup_hidden_states_capture(self, layer_ids):
-        self._layer_ids = frozenset(layer_ids)
-        self._captured_states = None  # type: ignore[assignment]
-        self._register_capture_hooks(self.model_runner.model.model)
-
-    def _reset_capture(self):
-        """Reset captured states before starting a new batch"""
-        self._captured_states = None
-
-    def _get_captured_states(self):
-        """Get the captured hidden states"""
-        result = [torch.cat(t, dim=0) for t in self._captured_states]
-        self._captured_states = None
-        return result
-'''
 
 AFTER = '''\
 import torch
@@ -108,29 +88,6 @@ def test_per_request_capture_refuses_unknown_code(src: str) -> None:
 
 # The emitted methods at work, on plain Python stand-ins for tensors and the model runner
 # (the real engine runs them in tests/e2e).
-
-
-class Rows(list):
-    """A list of row labels standing in for a [tokens, hidden] tensor."""
-
-    @property
-    def shape(self):
-        return (len(self),)
-
-    def __getitem__(self, index):
-        got = super().__getitem__(index)
-        return Rows(got) if isinstance(index, slice) else got
-
-
-class FakeTorch:
-    @staticmethod
-    def cat(chunks, dim=0):
-        return Rows(row for chunk in chunks for row in chunk)
-
-
-class Step:
-    def __init__(self, num_scheduled_tokens):
-        self.num_scheduled_tokens = num_scheduled_tokens
 
 
 def emitted_extension(batch_index):

@@ -8,9 +8,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
-from sandbox import wheel
 from speculators_patch_codemods.sp014_attention_mask_import import PATCH, PORTABLE
 
 HEAD = "import torch\nfrom transformers import AutoConfig\n"

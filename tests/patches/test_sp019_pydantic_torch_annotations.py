@@ -9,10 +9,10 @@ import textwrap
 import zipfile
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
-from sandbox import wheel
 
 PATCH = next(p for p in all_patches() if p.id == "SP019")
 BEFORE = '''\

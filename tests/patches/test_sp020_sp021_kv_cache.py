@@ -10,10 +10,10 @@ from __future__ import annotations
 import zipfile
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
-from sandbox import wheel
 
 PATCHES = {p.id: p for p in all_patches()}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import namedtuple
 
 import pytest
+from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
 from patcher.engine import run_codemod
 from speculators_patch_codemods.sp010_per_request_capture import PATCH as SP010
 from speculators_patch_codemods.sp022_model_runner_v2_capture import PATCH
-from test_sp010_per_request_capture import BEFORE, FakeTorch, Rows, Step
 
 
 def rewrite(patch, src: str) -> tuple[str, str]:

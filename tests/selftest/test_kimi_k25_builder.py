@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from targets import ROOT, ensure_engine_env  # noqa: E402
+from targets import ROOT, ensure_engine_env
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 

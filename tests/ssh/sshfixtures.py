@@ -1,6 +1,7 @@
 """Real sshd servers on loopback ports, and the real CLI pointed at them.
 
-Test modules here ``from sshfixtures import *``.
+tests/conftest.py registers this module as a plugin (its fixtures serve every tier); test
+modules import its helpers by name (``remote``, ``start_apply_paused_mid_write``).
 
 ``sshd``: one server; ``ssh_config`` gives it aliases, plus aliases that fail on purpose
 (``refused``, ``stranger``, ``unknown-key``, ``blackhole``) and one whose sessions pause
@@ -11,18 +12,19 @@ the commit mid-write (``slow-writer``). ``fleet``: eight servers, each with its 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-
-from support import run_cli
 from loopback import INSTALL_HINT, SSHD, LoopbackSshd, free_port, keygen, write_ssh_config
-from sandbox import make_sandbox
+from sandbox import make_sandbox, site_packages
+from support import CLI, ROOT, WORKER, digest, run_cli
 
 FLEET = 8
-__all__ = ["keys", "sshd", "blackhole", "ssh_config", "fleet", "fleet_envs", "remote", "FLEET"]
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +100,21 @@ def fleet_envs(fleet) -> list[Path]:
 def remote(config: Path, *args: str, env: dict | None = None):
     """The real CLI with ``--ssh-config config``."""
     return run_cli(*args, "--ssh-config", str(config), env=env)
+
+
+def wait_for(predicate, seconds: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def start_apply_paused_mid_write(ssh_config, there, extra_env=None):
+    """Start a remote apply whose agent pauses after writing the first of two files."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
+    proc = subprocess.Popen([*CLI, "apply", "--host", "slow-writer", "--target", str(there), "--ssh-config", str(ssh_config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    worker, original = site_packages(there) / WORKER, digest(site_packages(there) / WORKER)
+    wait_for(lambda: digest(worker) != original, 60, "the first file to be written")
+    return proc

@@ -18,12 +18,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from support import PATCHED_FILES, run_cli, tree_digest
-from sandbox import make_sandbox, site_packages
 from loopback import close_masters
-from sshfixtures import *  # noqa: F403  (fixtures)
-from sshfixtures import remote
+from sandbox import make_sandbox, site_packages
+from sshfixtures import remote, start_apply_paused_mid_write, wait_for
+from support import PATCHED_FILES, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -96,9 +94,8 @@ def test_aliases_with_different_settings_never_share_a_connection(tmp_path, ssh_
     mid-commit): through gpu-box's master that setting would be lost."""
     there = make_sandbox(tmp_path / "there")
     run(ssh_config, "status", there, reuse(cache))
-    from test_failures import _start_apply_paused_mid_write  # waits until the first file is written
 
-    proc = _start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
+    proc = start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
     journal = site_packages(there) / ".speculators-patch" / "journal.json"
     assert journal.exists()  # paused mid-write: the SetEnv reached the agent
     assert len(sockets(cache)) == 2
@@ -108,17 +105,16 @@ def test_aliases_with_different_settings_never_share_a_connection(tmp_path, ssh_
 
 def test_a_dropped_shared_connection_mid_commit_still_completes(tmp_path, ssh_config, sshd, cache):
     """The mid-commit connection drop of test_failures, through a shared connection."""
-    from test_failures import _start_apply_paused_mid_write, _wait
 
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     assert run_cli("apply", "--target", str(here)).returncode == 0
     journal = site_packages(there) / ".speculators-patch" / "journal.json"
-    proc = _start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
+    proc = start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
     assert journal.exists() and len(sockets(cache)) == 1
     assert sshd.kill_sessions()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "connection dropped while committing" in err, err
-    _wait(lambda: not journal.exists(), 30, "the agent to finish on its own")
+    wait_for(lambda: not journal.exists(), 30, "the agent to finish on its own")
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
     again = remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json", env=reuse(cache))
     assert json.loads(again.stdout)["written"] == []
@@ -127,10 +123,9 @@ def test_a_dropped_shared_connection_mid_commit_still_completes(tmp_path, ssh_co
 def test_an_agent_killed_mid_commit_is_told_apart_from_a_dropped_connection(tmp_path, ssh_config, sshd, cache):
     """Through a shared connection ssh says nothing either way; the master still being
     there is what tells a killed agent from a dropped link."""
-    from test_failures import _start_apply_paused_mid_write
 
     there = make_sandbox(tmp_path / "there")
-    proc = _start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
+    proc = start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
     for pid in sshd.agents():
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)

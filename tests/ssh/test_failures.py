@@ -11,12 +11,10 @@ import subprocess
 import time
 
 import pytest
-
-from support import CLI, PATCHED_FILES, ROOT, WORKER, digest, run_cli, tree_digest
-from sandbox import make_sandbox, site_packages
 from loopback import USER
-from sshfixtures import *  # noqa: F403  (fixtures)
-from sshfixtures import remote
+from sandbox import make_sandbox, site_packages
+from sshfixtures import remote, start_apply_paused_mid_write, wait_for
+from support import PATCHED_FILES, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -76,33 +74,16 @@ def test_read_only_remote_filesystem(sandbox, sshd, ssh_config, command):
     assert tree_digest(site) == before
 
 
-def _wait(predicate, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def _start_apply_paused_mid_write(ssh_config, there, extra_env=None):
-    """Start a remote apply whose agent pauses after writing the first of two files."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    proc = subprocess.Popen([*CLI, "apply", "--host", "slow-writer", "--target", str(there), "--ssh-config", str(ssh_config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    worker, original = site_packages(there) / WORKER, digest(site_packages(there) / WORKER)
-    _wait(lambda: digest(worker) != original, 60, "the first file to be written")
-    return proc
-
-
 def test_connection_dropped_mid_write_still_completes(tmp_path, sshd, ssh_config):
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     assert run_cli("apply", "--target", str(here)).returncode == 0
     journal = site_packages(there) / ".speculators-patch" / "journal.json"
-    proc = _start_apply_paused_mid_write(ssh_config, there)
+    proc = start_apply_paused_mid_write(ssh_config, there)
     assert journal.exists()  # in the middle of the write phase
     assert sshd.kill_sessions()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "connection dropped while committing" in err, err
-    _wait(lambda: not journal.exists(), 30, "the agent to finish on its own")
+    wait_for(lambda: not journal.exists(), 30, "the agent to finish on its own")
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
     again = json.loads(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json").stdout)
     assert again["written"] == [] and again["notes"] == []
@@ -111,7 +92,7 @@ def test_connection_dropped_mid_write_still_completes(tmp_path, sshd, ssh_config
 def test_agent_killed_mid_write_next_apply_completes(tmp_path, sshd, ssh_config):
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     assert run_cli("apply", "--target", str(here)).returncode == 0
-    proc = _start_apply_paused_mid_write(ssh_config, there)
+    proc = start_apply_paused_mid_write(ssh_config, there)
     agents = sshd.agents()
     assert agents
     for pid in agents:

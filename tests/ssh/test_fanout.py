@@ -7,14 +7,13 @@ import threading
 import time
 
 import pytest
-
-from support import run_cli, tree_digest
-from patcher.errors import UserError
-from patcher.cli.fanout import run_many
-from sandbox import make_sandbox, site_packages
 from loopback import USER
-from sshfixtures import *  # noqa: F403  (fixtures)
+from sandbox import make_sandbox, site_packages
 from sshfixtures import FLEET, remote
+from support import run_cli, tree_digest
+
+from patcher.cli.fanout import run_many
+from patcher.errors import UserError
 
 pytestmark = pytest.mark.ssh
 

@@ -6,12 +6,10 @@ import json
 import subprocess
 
 import pytest
-
-from support import GENERATOR, PATCHED_FILES, run_cli, tree_digest
-from sandbox import make_sandbox, site_packages
 from loopback import USER, LoopbackSshd, write_ssh_config
-from sshfixtures import *  # noqa: F403  (fixtures)
+from sandbox import make_sandbox, site_packages
 from sshfixtures import remote
+from support import GENERATOR, PATCHED_FILES, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -43,10 +41,10 @@ def test_apply_remote_equals_local(tmp_path, sshd, ssh_config):
     r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json"))
     assert sshd.connections() - connections == 1
     assert r["exchanges"] == 2 and sorted(r["written"]) == PATCHED_FILES
-    l = _json(run_cli("apply", "--target", str(here), "--json"))
+    local = _json(run_cli("apply", "--target", str(here), "--json"))
     # Same files, same hashes: the patched modules, the manifest and the pristine backups.
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
-    assert [p["state"] for p in r["patches"]] == [p["state"] for p in l["patches"]]
+    assert [p["state"] for p in r["patches"]] == [p["state"] for p in local["patches"]]
 
 
 def test_a_config_without_connect_timeout_works(sandbox, sshd, ssh_config):
@@ -63,9 +61,9 @@ def test_a_config_without_connect_timeout_works(sandbox, sshd, ssh_config):
 def test_diff_status_verify_remote_equal_local_on_the_same_sandbox(sandbox, sshd, ssh_config):
     for command, code in (("diff", 1), ("status", 0), ("verify", 1)):
         r = remote(ssh_config, command, "--host", "gpu-box", "--target", str(sandbox), "--json")
-        l = run_cli(command, "--target", str(sandbox), "--json")
-        assert (r.returncode, l.returncode) == (code, code), (command, r.stderr, l.stderr)
-        _same_report(json.loads(r.stdout), json.loads(l.stdout))
+        local = run_cli(command, "--target", str(sandbox), "--json")
+        assert (r.returncode, local.returncode) == (code, code), (command, r.stderr, local.stderr)
+        _same_report(json.loads(r.stdout), json.loads(local.stdout))
     before = tree_digest(sandbox)
     r = remote(ssh_config, "diff", "--host", "gpu-box", "--target", str(sandbox))
     assert r.stdout == run_cli("diff", "--target", str(sandbox)).stdout and r.stdout.startswith("--- a/")
@@ -89,8 +87,8 @@ def test_every_target_form_resolves_on_the_remote_side(tmp_path, sshd, ssh_confi
 def test_apply_only_one_patch(tmp_path, sshd, ssh_config):
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--only", "SP001", "--json"))
-    l = _json(run_cli("apply", "--target", str(here), "--only", "SP001", "--json"))
-    assert r["written"] == l["written"] == [GENERATOR]
+    local = _json(run_cli("apply", "--target", str(here), "--only", "SP001", "--json"))
+    assert r["written"] == local["written"] == [GENERATOR]
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
 
 

@@ -8,9 +8,9 @@ import shlex
 
 import pytest
 
-from patcher.errors import UserError
 from patcher.connect.program import BOOTSTRAP
 from patcher.connect.ssh import explain_ssh_failure, parse_host, remote_command, reuse_options
+from patcher.errors import UserError
 
 
 @pytest.mark.parametrize("spec, parsed", [

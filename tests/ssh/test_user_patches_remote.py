@@ -10,18 +10,16 @@ import shlex
 import subprocess
 
 import pytest
-
-from support import GENERATOR, run_cli, tree_digest
+from loopback import LoopbackSshd, write_ssh_config
 from sandbox import make_sandbox, site_packages
-from loopback import SSHD, LoopbackSshd, write_ssh_config
-from sshfixtures import keys  # noqa: F401  (fixture)
+from support import GENERATOR, run_cli, tree_digest
 from userfix import FIX001_LINE, installed_state, write_fix001
 
 pytestmark = pytest.mark.ssh
 
 
 @pytest.fixture
-def two_hosts(tmp_path, keys):  # noqa: F811
+def two_hosts(tmp_path, keys):
     """(controller directory holding fix001.py, ssh config with box1 and box2, their ~/ml-env)."""
     if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --mount needs root or user namespaces")
@@ -37,7 +35,7 @@ def two_hosts(tmp_path, keys):  # noqa: F811
             envs.append(make_sandbox(home / "ml-env"))
             servers.append(stack.enter_context(LoopbackSshd(tmp_path / name, home=home, user_key=keys["user"],
                                                             extra_config=force)))
-        config = write_ssh_config(tmp_path / "ssh_config", [s.host_block(n) for s, n in zip(servers, ("box1", "box2"))])
+        config = write_ssh_config(tmp_path / "ssh_config", [s.host_block(n) for s, n in zip(servers, ("box1", "box2"), strict=False)])
         yield fix, config, envs
 
 

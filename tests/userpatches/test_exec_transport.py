@@ -9,9 +9,8 @@ import shlex
 import subprocess
 
 import pytest
-
-from support import GENERATOR, ROOT, run_cli, run_json, tree_digest
 from sandbox import make_sandbox, site_packages
+from support import GENERATOR, ROOT, run_cli, run_json, tree_digest
 from userfix import FIX001_LINE, write_fix001
 
 
@@ -46,10 +45,10 @@ def test_apply_through_exec_writes_the_local_bytes(tmp_path):
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))  # files, manifest, pristine copies
     for command in ("status", "diff", "verify"):
         r = run_cli(command, "--exec", isolated(there / "bin" / "python"), "--json")
-        l = run_cli(command, "--target", str(here), "--json")
-        assert r.returncode == l.returncode == 0, (r.stderr, l.stderr)
+        local = run_cli(command, "--target", str(here), "--json")
+        assert r.returncode == local.returncode == 0, (r.stderr, local.stderr)
         same = json.loads(r.stdout.replace(str(there), str(here)))
-        assert {k: v for k, v in same.items() if k != "target"} == {k: v for k, v in json.loads(l.stdout).items() if k != "target"}
+        assert {k: v for k, v in same.items() if k != "target"} == {k: v for k, v in json.loads(local.stdout).items() if k != "target"}
 
 
 @needs_unshare
@@ -90,7 +89,7 @@ def test_the_far_side_resolves_a_target_by_the_local_rule(tmp_path, sandbox, sit
         local = run_json("status", env={variable: str(sandbox), "PYTHONPATH": f"{decoy}:{ROOT}"})
         assert local[1]["site_packages"] == str(site) and local[1]["speculators"] == "0.3.0", variable
     gone = run_cli("status", "--exec", f"env -i VIRTUAL_ENV={shlex.quote(str(tmp_path / 'gone'))} python3")
-    assert gone.returncode == 2 and gone.stderr.startswith(f"error: $VIRTUAL_ENV on env -i VIRTUAL_ENV=")
+    assert gone.returncode == 2 and gone.stderr.startswith("error: $VIRTUAL_ENV on env -i VIRTUAL_ENV=")
     assert "which has no bin/python; pass --target" in gone.stderr
     for where in (("--exec", "env -i python3"), ()):
         refused = run_cli("status", *where, "--target", "/bin/true")

@@ -11,7 +11,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from support import GENERATOR, tree_digest
 from userfix import FIX001, FIX001_LINE
 

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from support import run_cli, tree_digest
 
 HANG = """import json, os, sys, time

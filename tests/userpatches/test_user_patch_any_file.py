@@ -78,9 +78,9 @@ def test_no_commit_drops_the_copy_of_a_file_that_still_differs(tmp_path, sandbox
     """The agent's own guard: a commit whose new record leaves out a patched file (what the
     controller of issue 23 sent) is refused whole, naming the file; nothing changes."""
     from patcher import engine
-    from patcher.fixes import registry
-    from patcher.errors import UserError
     from patcher.connect.local import LocalTransport
+    from patcher.errors import UserError
+    from patcher.fixes import registry
 
     _applied(tmp_path, sandbox, site)
     before = installed_state(site)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from support import GENERATOR, run_cli, run_json, tree_digest
 from sandbox import make_sandbox, site_packages
+from support import GENERATOR, run_cli, run_json, tree_digest
 from userfix import FIX001, FIX001_LINE, installed_state, write_fix001
 
 

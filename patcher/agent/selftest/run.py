@@ -203,7 +203,7 @@ def reference_states(arch: str, model_dir: Path, layers: list[int], device: str,
         model = tiny_models.load_reference(arch, model_dir, dtype, device)
         seen: dict = {}
         hooks = [model.model.layers[i].register_forward_hook(
-            lambda _m, _a, out, i=i: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0]))
+            lambda _m, _a, out, i=i, seen=seen: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0]))
             for i in layers]
         with torch.no_grad():
             for name, (batch, _) in outputs.items():

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from patcher.errors import UserError
-from patcher.fixes.userpatches.loader import USER_ID, RESERVED_PREFIX
+from patcher.fixes.userpatches.loader import RESERVED_PREFIX, USER_ID
 
 PATCH_TEMPLATE = '''\
 """{id}: <one line: what breaks, and what this changes>.
