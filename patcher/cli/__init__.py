@@ -1,5 +1,7 @@
-"""The command line: ``app`` (options, one target or a fan-out, exit codes), ``reports`` (each
-verb's data as printed), ``render`` (console, tables, advice), ``fanout`` (several hosts).
+"""The command line: ``app`` (the click entry points, one target or a fan-out, exit codes),
+``options`` (the run's ``Options`` and the advice worded with them), ``run`` (one verb on one
+target), ``reports`` (each verb's data as printed), ``render`` (console, tables), ``fanout``
+(several hosts); ``say_error`` here, the one writer of a refusal.
 
 ``console`` is the ``speculators-patch`` script; ``main`` (the click group) and ``Report`` are
 imported on first use, so that importing this package is instant and a Ctrl-C while the command

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from patcher.errors import PatchRefused  # noqa: F401 (public: ``patcher.PatchRefused``)
+from patcher.errors import PatchRefused
+
+# What a patch module imports from here (``PatchCodemod`` on first use: ``__getattr__`` below).
+__all__ = ["Patch", "PatchCodemod", "PatchRefused", "VllmFact"]
 
 if TYPE_CHECKING:
     from patcher.fixes.codemod_base import PatchCodemod
