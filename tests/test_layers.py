@@ -110,3 +110,11 @@ def test_no_module_imports_an_underscore_private_name_of_another():
                 private += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")]
     assert private == []
+
+
+def test_the_agent_parses_as_python_3_8():
+    """The oldest Python a target may have; ruff's formatter is told so too (pyproject.toml)."""
+    from patcher.connect.program import AGENT
+
+    for path in sorted(AGENT.rglob("*.py")):
+        ast.parse(path.read_text(encoding="utf-8"), str(path), feature_version=(3, 8))
