@@ -66,8 +66,10 @@ class PerRequestCapture(PatchCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if m.findall(tree, NEW_RPC):
             self.already_satisfied("captures are split per request by the batch layout")
-        shape = ("class HiddenStatesWorkerExtension whose _setup_hidden_states_capture and "
-                 "_reset_capture set 'self._captured_states = None', and def _get_captured_states(self)")
+        shape = (
+            "class HiddenStatesWorkerExtension whose _setup_hidden_states_capture and "
+            "_reset_capture set 'self._captured_states = None', and def _get_captured_states(self)"
+        )
         found = m.findall(tree, CLASS) and m.findall(tree, GET_STATES)
         if not found or not all(m.findall(tree, _method(n)) for n in AFTER_RESET):
             self.refuse(None, shape)
@@ -80,8 +82,11 @@ class PerRequestCapture(PatchCodemod):
         for name in AFTER_RESET:
             for extra in m.findall(m.findall(tree, m.FunctionDef(name=m.Name(name)))[0], RESET_LINE)[1:]:
                 self.refuse(extra, f"one 'self._captured_states = None' in {name}")
-        for taken in m.findall(tree, m.FunctionDef(name=m.Name("_track_batch_layout")) | m.Attribute(
-                value=m.Name("self"), attr=m.Name("_batch_layouts"))):
+        for taken in m.findall(
+            tree,
+            m.FunctionDef(name=m.Name("_track_batch_layout"))
+            | m.Attribute(value=m.Name("self"), attr=m.Name("_batch_layouts")),
+        ):
             self.refuse(taken, "no _track_batch_layout or self._batch_layouts before this patch adds them")
         return tree.visit(_Rewrite(tree.default_newline))
 
@@ -99,8 +104,11 @@ class _Rewrite(cst.CSTTransformer):
         self.functions.pop()
         if not m.matches(original, GET_STATES):
             return updated
-        param = cst.Param(cst.Name("per_request"), default=cst.Name("False"),
-                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        param = cst.Param(
+            cst.Name("per_request"),
+            default=cst.Name("False"),
+            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+        )
         params = updated.params.with_changes(params=[*updated.params.params, param])
         body = list(updated.body.body)
         at = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0

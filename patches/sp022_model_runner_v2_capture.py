@@ -42,16 +42,23 @@ class ModelRunnerV2Capture(PatchCodemod):
     DESCRIPTION = "SP010's _track_batch_layout -> one that reads V1's or Model Runner V2's batch"
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if m.findall(tree, m.ClassDef(name=CLASS.name, body=m.IndentedBlock(body=[m.ZeroOrMore(), STEP_LAYOUT,
-                                                                                 m.ZeroOrMore()]))):
+        if m.findall(
+            tree, m.ClassDef(name=CLASS.name, body=m.IndentedBlock(body=[m.ZeroOrMore(), STEP_LAYOUT, m.ZeroOrMore()]))
+        ):
             self.already_satisfied("the batch layout is read from either model runner")
         # The one shape accepted: SP010's method as SP010 writes it (a hand-edited copy is refused).
-        sp010 = next(s for s in capture_methods.class_body(capture_methods.PER_REQUEST, tree.default_newline) if m.matches(s, TRACK))
+        sp010 = next(
+            s
+            for s in capture_methods.class_body(capture_methods.PER_REQUEST, tree.default_newline)
+            if m.matches(s, TRACK)
+        )
         found = [n for n in m.findall(tree, TRACK) if isinstance(n, cst.FunctionDef)]
         if len(found) != 1 or not found[0].deep_equals(sp010.with_changes(leading_lines=found[0].leading_lines)):
-            self.refuse(found[0] if found else None,
-                        "class HiddenStatesWorkerExtension with SP010's _track_batch_layout, unedited "
-                        "(SP022 applies after SP010)")
+            self.refuse(
+                found[0] if found else None,
+                "class HiddenStatesWorkerExtension with SP010's _track_batch_layout, unedited "
+                "(SP022 applies after SP010)",
+            )
         return tree.visit(_Rewrite(capture_methods.class_body(METHODS, tree.default_newline)))
 
 
@@ -80,8 +87,12 @@ PATCH = Patch(
             summary="Model Runner V2 keeps each step's InputBatch in execute_model_state (no input_batch)",
             symbol="GPUModelRunner.execute_model_state",
             first_release="0.12.0",
-            probe=attribute_stores("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner.execute_model",
-                                   "execute_model_state", "input_batch"),
+            probe=attribute_stores(
+                "vllm/v1/worker/gpu/model_runner.py",
+                "GPUModelRunner.execute_model",
+                "execute_model_state",
+                "input_batch",
+            ),
         ),
     ),
     order=105,

@@ -50,8 +50,10 @@ class KeepKvCacheFixed(PatchCodemod):
             self.already_satisfied(f"CacheConfig(..., **{CHOICE})")
         hand_set = [a for a in call.args if a.keyword is not None and a.keyword.value == SWITCH]
         if hand_set or starred or call.args and call.args[0].keyword is None:
-            self.refuse((hand_set or starred or call.args)[0],
-                        f"CacheConfig(...) with keyword arguments only and no {SWITCH}= of its own")
+            self.refuse(
+                (hand_set or starred or call.args)[0],
+                f"CacheConfig(...) with keyword arguments only and no {SWITCH}= of its own",
+            )
         if len(anchors) != 1:
             self.refuse(None, "one module-level VLLM_BLOCK_SIZE = ...")
         tree = tree.visit(_PassChoice(id(call)))
@@ -68,8 +70,9 @@ class _PassChoice(cst.CSTTransformer):
         if id(original) != self.target:
             return updated
         keyed = append_keyword(updated, "_", "0")  # the layout of one more argument, then made **CHOICE
-        last = keyed.args[-1].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT, star="**",
-                                           value=cst.Name(CHOICE))
+        last = keyed.args[-1].with_changes(
+            keyword=None, equal=cst.MaybeSentinel.DEFAULT, star="**", value=cst.Name(CHOICE)
+        )
         return keyed.with_changes(args=[*keyed.args[:-1], last])
 
 

@@ -128,14 +128,23 @@ class RecogniseV2ByBatchState(PatchCodemod):
         # The one shape accepted: SP022's two methods as SP022 writes them (hand edits are refused).
         expected = _methods(capture_methods.EITHER_RUNNER, tree.default_newline)
         classes = [s for s in tree.body if m.matches(s, CLASS)]
-        found = {f.name.value: f for c in classes for f in c.body.body
-                 if isinstance(f, cst.FunctionDef) and f.name.value in REPLACED}
+        found = {
+            f.name.value: f
+            for c in classes
+            for f in c.body.body
+            if isinstance(f, cst.FunctionDef) and f.name.value in REPLACED
+        }
         for name in REPLACED:
             if name not in found or not found[name].deep_equals(
-                    expected[name].with_changes(leading_lines=found[name].leading_lines)):
-                self.refuse(found.get(name), f"class HiddenStatesWorkerExtension with SP022's {name}, unedited "
-                                             "(SP027 applies after SP022)")
-        return tree.visit(_Rewrite(_methods(METHODS, tree.default_newline), FUNCTIONS.replace("\n", tree.default_newline)))
+                expected[name].with_changes(leading_lines=found[name].leading_lines)
+            ):
+                self.refuse(
+                    found.get(name),
+                    f"class HiddenStatesWorkerExtension with SP022's {name}, unedited (SP027 applies after SP022)",
+                )
+        return tree.visit(
+            _Rewrite(_methods(METHODS, tree.default_newline), FUNCTIONS.replace("\n", tree.default_newline))
+        )
 
 
 class _Rewrite(cst.CSTTransformer):

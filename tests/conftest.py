@@ -43,6 +43,7 @@ os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"
 
 # --- Parallel runs (pytest-xdist; ``make test`` runs two workers) ---------------------------
 
+
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # on a worker: hand this worker's figures to the controller
@@ -57,7 +58,11 @@ def pytest_testnodedown(node, error):
 def pytest_terminal_summary(terminalreporter):
     if FIGURES and not hasattr(terminalreporter.config, "workeroutput"):
         full = os.environ.get("SPECULATORS_PATCH_FULL_SWEEP") == "1"
-        terminalreporter.write_sep("-", "fault-injection figures (" + ("full sweep" if full else
-                                   "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step") + ")")
+        terminalreporter.write_sep(
+            "-",
+            "fault-injection figures ("
+            + ("full sweep" if full else "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step")
+            + ")",
+        )
         for key in sorted(FIGURES):
             terminalreporter.write_line(f"{key}: {FIGURES[key]}")

@@ -14,14 +14,29 @@ from support import ROOT
 PATCHER = ROOT / "patcher"
 
 # Higher imports lower, never the reverse (``patcher/__init__.py`` is the public API on top).
-RANK = {"__main__": 9, "__init__": 8, "cli": 7, "commands": 6, "checks": 5, "engine": 4, "fixes": 3,
-        "connect": 3, "agent": 2, "cache": 1, "digest": 1, "errors": 0}
+RANK = {
+    "__main__": 9,
+    "__init__": 8,
+    "cli": 7,
+    "commands": 6,
+    "checks": 5,
+    "engine": 4,
+    "fixes": 3,
+    "connect": 3,
+    "agent": 2,
+    "cache": 1,
+    "digest": 1,
+    "errors": 0,
+}
 
 # What the controller may import from ``patcher/agent/``: the modules both sides run (the
 # parser, the rule that makes a target an interpreter) and selftest's check, which
 # ``commands.selftest`` ships to the target.
-SHARED = {"patcher.agent.pysource": {"checks"}, "patcher.agent.bootstrap": {"connect"},
-          "patcher.agent.selftest": {"commands"}}
+SHARED = {
+    "patcher.agent.pysource": {"checks"},
+    "patcher.agent.bootstrap": {"connect"},
+    "patcher.agent.selftest": {"commands"},
+}
 
 
 def _modules(*folders: Path):
@@ -98,7 +113,9 @@ def test_the_agent_imports_the_standard_library_only():
                 tops = [a.name.split(".")[0] for a in node.names]
             else:
                 continue
-            foreign += [f"{path.relative_to(ROOT)}:{node.lineno}: {t}" for t in tops if t not in sys.stdlib_module_names]
+            foreign += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {t}" for t in tops if t not in sys.stdlib_module_names
+            ]
     assert foreign == []
 
 
@@ -107,8 +124,11 @@ def test_no_module_imports_an_underscore_private_name_of_another():
     for path, tree in _modules(PATCHER, ROOT / "patches", ROOT / "ansible"):
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                private += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
-                            if a.name.startswith("_") and not a.name.startswith("__")]
+                private += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     assert private == []
 
 

@@ -45,4 +45,6 @@ def test_revert_counts_only_dependents_the_install_has():
 def test_every_broken_link_is_named_at_once():
     with pytest.raises(UserError) as refused:
         select((), ("SP010",), "requires")
-    assert str(refused.value) == "SP022 requires SP010; SP028 requires SP010; SP012 requires SP010: select them together"
+    assert (
+        str(refused.value) == "SP022 requires SP010; SP028 requires SP010; SP012 requires SP010: select them together"
+    )

@@ -111,7 +111,9 @@ class _Lock:
             if created and self.env is not None:
                 self.env.own(self.path)
         except OSError as e:  # e.g. a read-only file system
-            raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror)) from None
+            raise AgentError(
+                "cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror)
+            ) from None
 
     def _same_file(self):
         """True when the path still names the file this descriptor locks: a full revert
@@ -140,14 +142,17 @@ class _Lock:
                 if e.errno not in (errno.EACCES, errno.EAGAIN):
                     os.close(self.fd)
                     if e.errno == errno.ENOLCK:
-                        raise AgentError("cannot lock %s: the file system does not support locks (ENOLCK; an NFS mount "
-                                         "with 'nolock' or no lockd?); nothing changed; mount it with locking, or run "
-                                         "the tool on the machine that exports it" % self.path) from None
+                        raise AgentError(
+                            "cannot lock %s: the file system does not support locks (ENOLCK; an NFS mount "
+                            "with 'nolock' or no lockd?); nothing changed; mount it with locking, or run "
+                            "the tool on the machine that exports it" % self.path
+                        ) from None
                     raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror)) from None
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise AgentError("another speculators-patch holds %s; gave up after %ds"
-                                     % (self.path, LOCK_WAIT_SECONDS)) from None
+                    raise AgentError(
+                        "another speculators-patch holds %s; gave up after %ds" % (self.path, LOCK_WAIT_SECONDS)
+                    ) from None
                 time.sleep(0.05)
 
     def __exit__(self, *exc):
@@ -221,7 +226,7 @@ def _write_tmp(path, data, like=None, env=None):
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             _step("fsync " + tmp)
             os.fsync(fd)
         finally:
@@ -320,10 +325,14 @@ def _load_journal(path):
         for name in journal["new_backups"] + journal["drop"]:
             check_relative(name.partition(".sha256-")[0], "journal backup")
     except AgentError as e:
-        raise AgentError("%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT)) from None
+        raise AgentError(
+            "%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT)
+        ) from None
     except (ValueError, KeyError, TypeError, AssertionError, AttributeError):
-        raise AgentError("%s is damaged (not a journal this tool wrote): the interrupted commit was not touched; %s"
-                         % (path, REPAIR_HINT)) from None
+        raise AgentError(
+            "%s is damaged (not a journal this tool wrote): the interrupted commit was not touched; %s"
+            % (path, REPAIR_HINT)
+        ) from None
     return journal
 
 
@@ -370,8 +379,10 @@ def _recover(state, root, salvage=False):
     jroot = journal["root"]
     if os.path.realpath(jroot) != os.path.realpath(root):
         if not salvage:
-            raise AgentError("%s records a commit under %s but speculators is now at %s: not rolling it back over "
-                             "another install; %s" % (jpath, jroot, root, REPAIR_HINT))
+            raise AgentError(
+                "%s records a commit under %s but speculators is now at %s: not rolling it back over "
+                "another install; %s" % (jpath, jroot, root, REPAIR_HINT)
+            )
         # ``repair``: the environment was moved or copied with its state; the journal's
         # paths are relative, and every file is checked against its digests before any
         # rename, so it is salvaged here, never under the old location.
@@ -393,11 +404,15 @@ def _recover(state, root, salvage=False):
                 continue
             why = "its content from before that commit (%s) is missing or damaged" % (target + OLD)
         else:
-            why = ("%s is neither what it was before that commit nor what the commit was writing "
-                   "(speculators reinstalled or the file edited since?)" % target)
+            why = (
+                "%s is neither what it was before that commit nor what the commit was writing "
+                "(speculators reinstalled or the file edited since?)" % target
+            )
         if not salvage:
-            raise AgentError("%s: an interrupted commit cannot be rolled back: %s; nothing changed; %s"
-                             % (jpath, why, REPAIR_HINT + ", keeping the files as they are"))
+            raise AgentError(
+                "%s: an interrupted commit cannot be rolled back: %s; nothing changed; %s"
+                % (jpath, why, REPAIR_HINT + ", keeping the files as they are")
+            )
     for kind, target in actions:
         if kind == "restore":
             _replace(target + OLD, target)
@@ -450,8 +465,11 @@ def heal(state, root):
     loss, a full disk), so every subcommand sees the install whole. Waits for a commit in
     progress (the lock). Returns (rolled back?, problem or None); the problem is one line
     (e.g. a read-only install, or files that are no longer what the journal expects)."""
-    if not (os.path.exists(os.path.join(state, JOURNAL)) or os.path.exists(os.path.join(state, CLEANUP))
-            or _has_litter(state)):
+    if not (
+        os.path.exists(os.path.join(state, JOURNAL))
+        or os.path.exists(os.path.join(state, CLEANUP))
+        or _has_litter(state)
+    ):
         return False, None, None
     try:
         with _Lock(state, _Env(os.path.dirname(state))):
@@ -464,8 +482,14 @@ def heal(state, root):
         if not os.path.exists(os.path.join(state, JOURNAL)) and os.path.exists(os.path.join(state, CLEANUP)):
             # committed: only deletions are left, and the install reads whole without them
             return False, None, _unfinished(state, e)
-        return False, ("%s: an interrupted commit could not be finished (%s: %s); fix that and run any command "
-                       "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror)), None
+        return (
+            False,
+            (
+                "%s: an interrupted commit could not be finished (%s: %s); fix that and run any command "
+                "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror)
+            ),
+            None,
+        )
 
 
 def _unfinished(state, e):
@@ -473,12 +497,18 @@ def _unfinished(state, e):
     path = getattr(e, "filename", None) or state
     if os.path.realpath(path) == os.path.realpath(state):  # the last step of a full revert: only an empty directory
         return "%s: the files are whole, but this empty state directory could not be removed (%s); `rmdir %s`" % (
-            state, getattr(e, "strerror", None) or e, state)
-    way = ("`chattr -i %s`" % path if _immutable(path) or _immutable(os.path.dirname(path))
-           else "make %s removable" % path)
-    return ("%s: a finished commit's cleanup could not remove %s (%s); the files are whole; %s, then run "
-            "`speculators-patch status`: it finishes the cleanup" % (os.path.join(state, CLEANUP), path,
-                                                                      getattr(e, "strerror", None) or e, way))
+            state,
+            getattr(e, "strerror", None) or e,
+            state,
+        )
+    way = (
+        "`chattr -i %s`" % path if _immutable(path) or _immutable(os.path.dirname(path)) else "make %s removable" % path
+    )
+    return (
+        "%s: a finished commit's cleanup could not remove %s (%s); the files are whole; %s, then run "
+        "`speculators-patch status`: it finishes the cleanup"
+        % (os.path.join(state, CLEANUP), path, getattr(e, "strerror", None) or e, way)
+    )
 
 
 def _preflight(root, state, datas, backups, small, drops=()):
@@ -505,17 +535,21 @@ def _preflight(root, state, datas, backups, small, drops=()):
             raise AgentError("cannot write to %s: permission denied (nothing changed)" % d)
     for path in datas:
         if _immutable(os.path.join(root, path)):
-            raise AgentError("cannot replace %s: it is immutable or append-only (chattr +i/+a; nothing changed)"
-                             % os.path.join(root, path))
+            raise AgentError(
+                "cannot replace %s: it is immutable or append-only (chattr +i/+a; nothing changed)"
+                % os.path.join(root, path)
+            )
     mpath = os.path.join(state, MANIFEST)
     for path in [mpath] + [os.path.join(state, "pristine", name) for name in drops]:
         if not os.path.lexists(path):
             continue
         for where in (path, os.path.dirname(path)):
             if _immutable(where):
-                raise AgentError("cannot remove %s: it is immutable or append-only (chattr +i/+a), and this commit "
-                                 "must replace or drop it; nothing changed; `chattr -i %s`, then run the command "
-                                 "again" % (path, where))
+                raise AgentError(
+                    "cannot remove %s: it is immutable or append-only (chattr +i/+a), and this commit "
+                    "must replace or drop it; nothing changed; `chattr -i %s`, then run the command "
+                    "again" % (path, where)
+                )
         if not os.access(os.path.dirname(path), os.W_OK):
             raise AgentError("cannot write to %s: permission denied (nothing changed)" % os.path.dirname(path))
     for d, n in need.values():
@@ -524,8 +558,10 @@ def _preflight(root, state, datas, backups, small, drops=()):
         sv = os.statvfs(d)
         free = sv.f_bavail * sv.f_frsize
         if free < n + SPACE_MARGIN:
-            raise AgentError("not enough space on the file system of %s: the commit needs %d KiB, %d KiB are free "
-                             "(nothing changed)" % (d, (n + SPACE_MARGIN) // 1024, free // 1024))
+            raise AgentError(
+                "not enough space on the file system of %s: the commit needs %d KiB, %d KiB are free "
+                "(nothing changed)" % (d, (n + SPACE_MARGIN) // 1024, free // 1024)
+            )
 
 
 def commit(request):
@@ -635,12 +671,16 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         needed.add(name if name in to_back else hit[0])
     drop = sorted(n for n in list_backups(state) if n not in needed)
     _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, set(request.get("adopted") or ()))
-    journal = {"root": root, "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
-               "manifest_old": m_sha, "manifest_new": None if m_new is None else sha256(m_new),
-               "new_backups": sorted(to_back), "drop": drop}
+    journal = {
+        "root": root,
+        "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
+        "manifest_old": m_sha,
+        "manifest_new": None if m_new is None else sha256(m_new),
+        "new_backups": sorted(to_back),
+        "drop": drop,
+    }
     j_raw = json.dumps(journal).encode("utf-8")
-    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0),
-               drop)
+    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0), drop)
 
     jpath, cpath = os.path.join(state, JOURNAL), os.path.join(state, CLEANUP)
     try:
@@ -676,10 +716,15 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
                 _recover(state, root)
             _sweep(state)
         except (OSError, AgentError) as again:
-            raise AgentError("cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
-                             "command rolls it back once that is fixed"
-                             % (getattr(e, "filename", None) or state, getattr(e, "strerror", None) or e,
-                                getattr(again, "strerror", None) or again)) from None
+            raise AgentError(
+                "cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
+                "command rolls it back once that is fixed"
+                % (
+                    getattr(e, "filename", None) or state,
+                    getattr(e, "strerror", None) or e,
+                    getattr(again, "strerror", None) or again,
+                )
+            ) from None
         if isinstance(e, OSError):
             raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror)) from None
         raise
@@ -734,9 +779,11 @@ def _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, adopted=fro
             continue
         if record_digests(dist[0][0] if dist else None, {path}).get(path) == sha256(after):
             continue
-        raise AgentError("refusing to drop the kept pristine copy of %s: the file differs from it and the new "
-                         "record keeps no entry for it, so nothing could restore it (nothing changed); "
-                         "run `speculators-patch status` on the target and report this" % path)
+        raise AgentError(
+            "refusing to drop the kept pristine copy of %s: the file differs from it and the new "
+            "record keeps no entry for it, so nothing could restore it (nothing changed); "
+            "run `speculators-patch status` on the target and report this" % path
+        )
 
 
 def _remove_empty_state(state):

@@ -121,7 +121,7 @@ def record_digests(dist_info, paths):
     for line in (raw or b"").decode("utf-8", "replace").splitlines():
         parts = line.rsplit(",", 2)
         if len(parts) == 3 and parts[0] in paths and parts[1].startswith("sha256="):
-            b64 = parts[1][len("sha256="):]
+            b64 = parts[1][len("sha256=") :]
             try:
                 found[parts[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
             except (ValueError, TypeError):
@@ -141,7 +141,7 @@ def editable_source(dist_info):
     if not isinstance(info, dict) or not isinstance(info.get("dir_info"), dict) or not info["dir_info"].get("editable"):
         return None
     url = str(info.get("url", ""))
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def site_dir_of(request):
@@ -160,9 +160,14 @@ def site_dir_of(request):
 def check_relative(path, what="path"):
     """A state path must name a speculators source file under the import root: relative,
     no ``..``/``.``/empty parts, no NUL. Raises AgentError otherwise."""
-    ok = isinstance(path, str) and path.startswith("speculators/") and path.endswith(".py") \
-        and "\0" not in path and "\\" not in path \
+    ok = (
+        isinstance(path, str)
+        and path.startswith("speculators/")
+        and path.endswith(".py")
+        and "\0" not in path
+        and "\\" not in path
         and not any(part in ("", ".", "..") for part in path.split("/"))
+    )
     if not ok:
         raise AgentError("refusing %s %r: not a path under speculators' import root" % (what, path))
     return path

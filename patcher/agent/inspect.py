@@ -43,8 +43,10 @@ def inspect(request):
     if spec_root is None:
         raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
     if not os.path.isdir(os.path.join(spec_root, "speculators")):
-        raise AgentError("speculators is imported from an archive (%s), which cannot be patched in place; "
-                         "install it as a wheel: pip install speculators==0.3.0" % spec_root)
+        raise AgentError(
+            "speculators is imported from an archive (%s), which cannot be patched in place; "
+            "install it as a wheel: pip install speculators==0.3.0" % spec_root
+        )
     spec_dists = dist_infos("speculators", search)
     dist_dir, version = spec_dists[0] if spec_dists else (None, None)
     editable = editable_source(dist_dir) if dist_dir else None
@@ -78,10 +80,15 @@ def inspect(request):
             "record": record_digests(dist_dir, set(wanted)),
             "files": {p: content_or_digest(d, have) for p, d in files.items()},
         },
-        "vllm": None if vllm_root is None else {
+        "vllm": None
+        if vllm_root is None
+        else {
             "root": vllm_root,
             "versions": sorted({v for _, v in vllm_dists if v}),
-            "files": {p: content_or_digest(read_bytes(os.path.join(vllm_root, p)), have) for p in request.get("vllm_files", [])},
+            "files": {
+                p: content_or_digest(read_bytes(os.path.join(vllm_root, p)), have)
+                for p in request.get("vllm_files", [])
+            },
         },
         "manifest": loaded.manifest,
         "manifest_sha256": loaded.manifest_sha256,

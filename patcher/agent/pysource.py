@@ -155,10 +155,17 @@ def attribute_types(cls, follow):
         if item.name in follow and item.returns is not None:
             names_in(item.returns, item)
         for node in ast.walk(item):
-            target = node.target if isinstance(node, ast.AnnAssign) else (
-                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                    and target.value.id == "self" and target.attr in follow):
+            target = (
+                node.target
+                if isinstance(node, ast.AnnAssign)
+                else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            )
+            if not (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+                and target.attr in follow
+            ):
                 continue
             if isinstance(node, ast.AnnAssign):
                 names_in(node.annotation, item)
@@ -253,7 +260,8 @@ def catches_import_error(handler):
 
 def _is_type_checking(test):
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def executed_imports(tree, module, is_pkg):

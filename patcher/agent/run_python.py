@@ -60,13 +60,23 @@ def run_python(request):
     payload = json.loads(request.get("input") or "{}")
     payload["site_packages"] = site_dir if request.get("site_packages") else None
     try:
-        done = subprocess.run([sys.executable, "-c", request["script"]], input=json.dumps(payload).encode(),
-                              stdout=subprocess.PIPE, env=env, timeout=float(request.get("timeout") or 600),
-                              stderr=None if request.get("stream_stderr") else subprocess.PIPE)
+        done = subprocess.run(
+            [sys.executable, "-c", request["script"]],
+            input=json.dumps(payload).encode(),
+            stdout=subprocess.PIPE,
+            env=env,
+            timeout=float(request.get("timeout") or 600),
+            stderr=None if request.get("stream_stderr") else subprocess.PIPE,
+        )
     except subprocess.TimeoutExpired:
-        raise AgentError("%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout"))) from None
+        raise AgentError(
+            "%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout"))
+        ) from None
     finally:
         _remove_created_dist_infos(before)
     tail = 256 * 1024
-    return {"returncode": done.returncode, "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
-            "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace")}
+    return {
+        "returncode": done.returncode,
+        "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
+        "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace"),
+    }

@@ -32,8 +32,11 @@ class _Reads(object):
         """Paths named relative to the package roots (``vllm:vllm/config/cache.py``): the
         record then fits any install of the same files wherever it lives, so a fresh copy
         of an environment, or a second host, is answered ``unchanged`` too."""
-        return {"roots": sorted(k for k, v in self.roots.items() if v), "files": {self._rel(p): d for p, d in self.files.items()},
-                "dirs": {k.partition(":")[0] + ":" + self._rel(k.partition(":")[2]): v for k, v in self.dirs.items()}}
+        return {
+            "roots": sorted(k for k, v in self.roots.items() if v),
+            "files": {self._rel(p): d for p, d in self.files.items()},
+            "dirs": {k.partition(":")[0] + ":" + self._rel(k.partition(":")[2]): v for k, v in self.dirs.items()},
+        }
 
     def _rel(self, path):
         best = None
@@ -138,8 +141,7 @@ def sources(request):
     if vllm_root is not None:
         follow = attributes_read(trees) if request.get("follow_attributes") else frozenset()
         found = collect_sources(lambda p: reads.read(os.path.join(vllm_root, p)), seeds, follow=follow)
-    answer = {"speculators": {p: to_b64(d) for p, d in spec.items()},
-              "vllm": {p: to_b64(d) for p, d in found.items()}}
+    answer = {"speculators": {p: to_b64(d) for p, d in spec.items()}, "vllm": {p: to_b64(d) for p, d in found.items()}}
     if request.get("import_path"):
         answer["import_path"] = import_path(request["import_path"], reads)
     if request.get("env"):

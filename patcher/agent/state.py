@@ -77,7 +77,7 @@ def list_backups(state):
 def manifest_problem(manifest):
     """Why a parsed manifest is not one this tool wrote (a short phrase), or None."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        return "it has no \"files\" record"
+        return 'it has no "files" record'
     for path, entry in manifest["files"].items():
         try:
             check_relative(path)
@@ -89,7 +89,9 @@ def manifest_problem(manifest):
             if not isinstance(entry.get(key), str) or not HEX_DIGEST.match(entry[key]):
                 return "the entry of %s has no valid %s" % (path, key)
         patches = entry.get("patches")
-        if not isinstance(patches, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in patches.items()):
+        if not isinstance(patches, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in patches.items()
+        ):
             return "the entry of %s has no valid patches list" % path
     return None
 
@@ -112,8 +114,14 @@ def load_state(state, root):
         if data is not None and (named is None or sha256(data) == named):
             backups.setdefault(path, []).append(data)
     if os.path.exists(os.path.join(state, JOURNAL)):  # (a cleanup record alone: the commit is done)
-        return State(None, digest, {}, backups, "%s: an interrupted commit is still recorded and could not be finished; "
-                     "run any command again with write access, or %s" % (os.path.join(state, JOURNAL), REPAIR_HINT))
+        return State(
+            None,
+            digest,
+            {},
+            backups,
+            "%s: an interrupted commit is still recorded and could not be finished; "
+            "run any command again with write access, or %s" % (os.path.join(state, JOURNAL), REPAIR_HINT),
+        )
     if raw is not None:
         try:
             manifest = json.loads(raw.decode("utf-8"))
@@ -131,18 +139,34 @@ def load_state(state, root):
             if current == entry["pristine_sha256"]:
                 way = REPAIR_HINT + " (the installed file is the pristine one)"
             else:
-                way = ("reinstall speculators (pip install --force-reinstall --no-deps speculators==%s), then run "
-                       "`speculators-patch repair`" % ((manifest or {}).get("speculators_version") or "<version>"))
-            return State(manifest, digest, pristine, backups, (
-                "%s: the pristine copy of %s is missing or does not match its recorded sha256 (tampered or "
-                "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, way)))
+                way = (
+                    "reinstall speculators (pip install --force-reinstall --no-deps speculators==%s), then run "
+                    "`speculators-patch repair`" % ((manifest or {}).get("speculators_version") or "<version>")
+                )
+            return State(
+                manifest,
+                digest,
+                pristine,
+                backups,
+                (
+                    "%s: the pristine copy of %s is missing or does not match its recorded sha256 (tampered or "
+                    "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, way)
+                ),
+            )
         pristine[path] = hit[1]
     for path, copies in sorted(backups.items()):
         if path in entries:
             continue
         current = read_bytes(os.path.join(root, path))
         if current is not None and any(current != c for c in copies):
-            return State(manifest, digest, pristine, backups, (
-                "%s: %s has a kept pristine copy that differs from the installed file but no record in %s "
-                "(deleted or emptied?); %s" % (state, path, MANIFEST, REPAIR_HINT)))
+            return State(
+                manifest,
+                digest,
+                pristine,
+                backups,
+                (
+                    "%s: %s has a kept pristine copy that differs from the installed file but no record in %s "
+                    "(deleted or emptied?); %s" % (state, path, MANIFEST, REPAIR_HINT)
+                ),
+            )
     return State(manifest, digest, pristine, backups, None)

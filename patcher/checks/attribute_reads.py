@@ -36,8 +36,9 @@ from patcher.checks.callsite import WORKER, Finding, Index, Symbol, dotted_name,
 KIND = "missing-attribute"
 
 
-def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None],
-          index: Index | None = None) -> list[Finding]:
+def check(
+    speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None], index: Index | None = None
+) -> list[Finding]:
     """Every read of an attribute a vLLM class does not have, in ``speculators`` modules
     (path -> source). Files that do not parse are skipped (the patch check reports them).
     ``index``: an ``Index`` of ``vllm`` shared with the call-site check (parsed once)."""
@@ -70,7 +71,11 @@ class _Class:
         for fn in self.methods.values():
             for node in ast.walk(fn):
                 for target, value in _assignments(node):
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
                         self.own.setdefault(target.attr, []).append((value, fn))
         self._busy: set[int] = set()
         self._locals: dict[int, dict[str, list[ast.expr]]] = {}  # id(fn) -> name -> assigned values
@@ -117,8 +122,10 @@ class _Class:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == attr:
                     return self._annotation(item.annotation, cls, None)
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == attr:
-                    is_property = any(dotted_name(d) in ("property", "functools.cached_property", "cached_property")
-                                      for d in item.decorator_list)
+                    is_property = any(
+                        dotted_name(d) in ("property", "functools.cached_property", "cached_property")
+                        for d in item.decorator_list
+                    )
                     return self._annotation(item.returns, cls, item) if is_property else None
             for item in cls.node.body:
                 if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -231,10 +238,19 @@ class _Class:
                     owner = self.worker
                 if not isinstance(owner, Symbol) or self.has(owner, node.attr) is not False:
                     continue
-                findings.append(Finding(
-                    KIND, self.path, node.lineno, ast.unparse(node),
-                    f"{owner.node.name} (and its vLLM bases) has no attribute {node.attr}",
-                    owner.file, owner.node.lineno, f"class {owner.node.name}", subject=node.attr))
+                findings.append(
+                    Finding(
+                        KIND,
+                        self.path,
+                        node.lineno,
+                        ast.unparse(node),
+                        f"{owner.node.name} (and its vLLM bases) has no attribute {node.attr}",
+                        owner.file,
+                        owner.node.lineno,
+                        f"class {owner.node.name}",
+                        subject=node.attr,
+                    )
+                )
         return findings
 
 
@@ -261,8 +277,13 @@ def _hasattr_tests(test: ast.AST, negated: bool = False) -> set:
             return _hasattr_tests(test.operand)
         return found
     for node in ast.walk(test):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
-                and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "hasattr"
+            and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
             found.add((ast.dump(node.args[0]), node.args[1].value))
     return found
 

@@ -49,6 +49,7 @@ from patcher.errors import Interrupted, UserError
 
 # --- Errors: one writer ------------------------------------------------------------------
 
+
 def fail(message: str, as_json: bool, code: int = 2) -> NoReturn:
     """End the run on a refusal: ``error: MESSAGE`` on stderr, or with ``--json`` the object
     ``{"error", "exit_code"}`` on stdout (``patcher.cli.say_error``); exit ``code``."""
@@ -63,11 +64,15 @@ def one_line(text: str) -> str:
 
 # --- Options -----------------------------------------------------------------------------
 
+
 def _one_target(ctx, param, values: tuple[str, ...]) -> str | None:
     """``--target`` given once (or not): a second one is refused rather than silently winning."""
     if len(values) > 1:
-        raise click.BadParameter(f"given {len(values)} times ({', '.join(values)}): one target per run; "
-                                 "several hosts take --host", ctx=ctx, param=param)
+        raise click.BadParameter(
+            f"given {len(values)} times ({', '.join(values)}): one target per run; several hosts take --host",
+            ctx=ctx,
+            param=param,
+        )
     return values[0] if values else None
 
 
@@ -75,41 +80,78 @@ def connection_options(f):
     """Where the target is and how to reach it: ``--target``, ``--host``, ``--hosts-file``,
     ``--exec``, ``--jobs``, the SSH options, ``--connect-timeout``, ``--json``."""
     f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
-    f = click.option("--connect-timeout", type=click.FloatRange(1, 3600), metavar="SECONDS",
-                     envvar="SPECULATORS_PATCH_CONNECT_TIMEOUT",
-                     help="Give up when the target's agent has not started within this time: the SSH connection, "
-                          "the --exec command, the interpreter (default 30).")(f)
+    f = click.option(
+        "--connect-timeout",
+        type=click.FloatRange(1, 3600),
+        metavar="SECONDS",
+        envvar="SPECULATORS_PATCH_CONNECT_TIMEOUT",
+        help="Give up when the target's agent has not started within this time: the SSH connection, "
+        "the --exec command, the interpreter (default 30).",
+    )(f)
     f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
-    f = click.option("--ssh-persist", type=click.IntRange(0, 86400), metavar="SECONDS",
-                     envvar="SPECULATORS_PATCH_SSH_PERSIST",
-                     help="Keep each host's SSH connection open this long after a run, for the next run to "
-                          "reuse (default 60; 0: a new connection every run). Off where your ssh_config "
-                          "sets ControlPath or ControlMaster.")(f)
-    f = click.option("--jobs", type=click.IntRange(1, 256), default=DEFAULT_JOBS, show_default=True,
-                     help="With several hosts: how many to work on at once.")(f)
-    f = click.option("--exec", "exec_commands", multiple=True, metavar="'CMD ...'",
-                     help="Run on the Python this command starts, e.g. 'docker exec -i NAME python3' or "
-                          "'kubectl exec -i POD -- python3' (argument vector, no shell); repeatable.")(f)
+    f = click.option(
+        "--ssh-persist",
+        type=click.IntRange(0, 86400),
+        metavar="SECONDS",
+        envvar="SPECULATORS_PATCH_SSH_PERSIST",
+        help="Keep each host's SSH connection open this long after a run, for the next run to "
+        "reuse (default 60; 0: a new connection every run). Off where your ssh_config "
+        "sets ControlPath or ControlMaster.",
+    )(f)
+    f = click.option(
+        "--jobs",
+        type=click.IntRange(1, 256),
+        default=DEFAULT_JOBS,
+        show_default=True,
+        help="With several hosts: how many to work on at once.",
+    )(f)
+    f = click.option(
+        "--exec",
+        "exec_commands",
+        multiple=True,
+        metavar="'CMD ...'",
+        help="Run on the Python this command starts, e.g. 'docker exec -i NAME python3' or "
+        "'kubectl exec -i POD -- python3' (argument vector, no shell); repeatable.",
+    )(f)
     f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
-    f = click.option("--host", "hosts", multiple=True, metavar="HOST",
-                     help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.")(f)
-    f = click.option("--target", metavar="PATH", multiple=True, callback=_one_target,
-                     help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).")(f)
+    f = click.option(
+        "--host",
+        "hosts",
+        multiple=True,
+        metavar="HOST",
+        help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.",
+    )(f)
+    f = click.option(
+        "--target",
+        metavar="PATH",
+        multiple=True,
+        callback=_one_target,
+        help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).",
+    )(f)
     return f
 
 
 def patch_file_option(f):
     """``--patch-file FILE`` (repeatable): a user patch, loaded by ``_main`` before anything else."""
-    return click.option("--patch-file", "patch_files", multiple=True, metavar="FILE",
-                        help="Also use the patch this Python file defines (PATCH = Patch(...)); repeatable.")(f)
+    return click.option(
+        "--patch-file",
+        "patch_files",
+        multiple=True,
+        metavar="FILE",
+        help="Also use the patch this Python file defines (PATCH = Patch(...)); repeatable.",
+    )(f)
 
 
 def timeout_option(f):
     """``--timeout SECONDS``: the longest wait for each answer of the target's agent."""
-    return click.option("--timeout", type=click.FloatRange(1, 86400), metavar="SECONDS",
-                        envvar="SPECULATORS_PATCH_TIMEOUT",
-                        help="Give up when the target's agent does not answer a request within this time "
-                             "(default 600; a commit keeps going on the target and finishes or rolls back).")(f)
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(1, 86400),
+        metavar="SECONDS",
+        envvar="SPECULATORS_PATCH_TIMEOUT",
+        help="Give up when the target's agent does not answer a request within this time "
+        "(default 600; a commit keeps going on the target and finishes or rolls back).",
+    )(f)
 
 
 def target_options(f):
@@ -122,7 +164,11 @@ def target_options(f):
 def read_options(ctx: click.Context, params: dict[str, Any], **more: Any) -> Options:
     """This run's ``Options``, from the click function's parameters (``more``: values that
     are not options of its own, such as selftest's wait for the agent)."""
-    known = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in params.items() if k in Options.__dataclass_fields__}
+    known = {
+        k: tuple(v) if isinstance(v, (list, tuple)) else v
+        for k, v in params.items()
+        if k in Options.__dataclass_fields__
+    }
     given = ctx.get_parameter_source("ssh_persist") == click.core.ParameterSource.COMMANDLINE
     return Options(**known, ssh_persist_given=given, **more)
 
@@ -142,6 +188,7 @@ def _seconds(variable: str) -> float | None:
 
 
 # --- One run: its target or hosts, its answer --------------------------------------------
+
 
 def _main(opts: Options, command: Callable[[str | None], Report]) -> NoReturn:
     """Run ``command`` on the local target or one host; several hosts go to
@@ -183,6 +230,7 @@ def run_verb(opts: Options, verb: Verb) -> NoReturn:
 
 # --- The click entry points ----------------------------------------------------------------
 
+
 class _Group(click.Group):
     """Usage errors as one ``error:`` line (exit 2), like every other refusal; and a closed
     standard output is refused before anything is read or written."""
@@ -213,19 +261,28 @@ def main() -> None:
 @main.command()
 @target_options
 @click.option("--dry-run", is_flag=True, help="Show what would be applied; write nothing.")
-@click.option("--adopt", is_flag=True, help="A file changed since patching (updated upstream) becomes the new "
-              "pristine copy and is patched; revert then gives that newer file back.")
-@click.option("--allow-partial", is_flag=True,
-              help="With --only/--skip: accept an install that lacks patches the installed vLLM needs (exit as verify "
-                   "of the chosen patches). At risk: what each left-out patch fixes, named in the output; e.g. "
-                   "without SP010, SP012 and SP022 hidden states can be attributed to the wrong request.")
+@click.option(
+    "--adopt",
+    is_flag=True,
+    help="A file changed since patching (updated upstream) becomes the new "
+    "pristine copy and is patched; revert then gives that newer file back.",
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="With --only/--skip: accept an install that lacks patches the installed vLLM needs (exit as verify "
+    "of the chosen patches). At risk: what each left-out patch fixes, named in the output; e.g. "
+    "without SP010, SP012 and SP022 hidden states can be attributed to the wrong request.",
+)
 @click.pass_context
 def apply(ctx: click.Context, **params: Any) -> None:
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
     opts = read_options(ctx, params)
     if opts.allow_partial and not (opts.only or opts.skip):
-        fail("--allow-partial is only used with --only or --skip: without them every needed patch is applied",
-             opts.as_json)
+        fail(
+            "--allow-partial is only used with --only or --skip: without them every needed patch is applied",
+            opts.as_json,
+        )
     run_verb(opts, APPLY)
 
 
@@ -258,8 +315,11 @@ def status(ctx: click.Context, **params: Any) -> None:
 
 @main.command(name="verify")
 @target_options
-@click.option("--runtime", is_flag=True,
-              help="Also import vLLM in the target's interpreter and confirm the call check on the live objects (slow).")
+@click.option(
+    "--runtime",
+    is_flag=True,
+    help="Also import vLLM in the target's interpreter and confirm the call check on the live objects (slow).",
+)
 @click.pass_context
 def verify_command(ctx: click.Context, **params: Any) -> None:
     """Check vLLM's API (static read, with evidence) and the patched speculators agree."""
@@ -278,18 +338,39 @@ def revert(ctx: click.Context, **params: Any) -> None:
 
 @main.command()
 @connection_options
-@click.option("--arch", "archs", multiple=True, type=click.Choice(SELFTEST_ARCHS),
-              help="Architecture to build and check; repeatable (default: llama, plus --model's).")
-@click.option("--model", metavar="PATH", help="A real model's directory or config.json on the target: "
-              "a tiny model of its architecture is checked too.")
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    type=click.Choice(SELFTEST_ARCHS),
+    help="Architecture to build and check; repeatable (default: llama, plus --model's).",
+)
+@click.option(
+    "--model",
+    metavar="PATH",
+    help="A real model's directory or config.json on the target: a tiny model of its architecture is checked too.",
+)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--runner", type=click.Choice(["auto", "v1", "v2", "both"]), default="auto", show_default=True,
-              help="GPU model runner: vLLM's own choice, V1, Model Runner V2, or one run with each.")
+@click.option(
+    "--runner",
+    type=click.Choice(["auto", "v1", "v2", "both"]),
+    default="auto",
+    show_default=True,
+    help="GPU model runner: vLLM's own choice, V1, Model Runner V2, or one run with each.",
+)
 @click.option("--timeout", "limit", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
 @click.pass_context
-def selftest(ctx: click.Context, archs: tuple[str, ...], model: str | None, device: str, tp: int, runner: str,
-             limit: int, **params: Any) -> None:
+def selftest(
+    ctx: click.Context,
+    archs: tuple[str, ...],
+    model: str | None,
+    device: str,
+    tp: int,
+    runner: str,
+    limit: int,
+    **params: Any,
+) -> None:
     """Prove extraction on this box: speculators' generator vs transformers on tiny models."""
     from patcher.commands.selftest import request
 
@@ -324,9 +405,16 @@ def list_command(ctx: click.Context, **params: Any) -> None:
 
 @main.command()
 @click.argument("patch_id", metavar="ID")
-@click.option("--file", "file", required=True, metavar="speculators/....py",
-              help="The speculators file the patch rewrites, relative to site-packages.")
-@click.option("-o", "--output", required=True, metavar="FILE.py", help="Where to write the patch (its test goes next to it).")
+@click.option(
+    "--file",
+    "file",
+    required=True,
+    metavar="speculators/....py",
+    help="The speculators file the patch rewrites, relative to site-packages.",
+)
+@click.option(
+    "-o", "--output", required=True, metavar="FILE.py", help="Where to write the patch (its test goes next to it)."
+)
 @click.option("--speculators", default="0.3.0", show_default=True, help="The speculators release it is written for.")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 def new(patch_id, file, output, speculators, force):
@@ -347,8 +435,12 @@ def new(patch_id, file, output, speculators, force):
     except (ImportError, ValueError):  # a broken or blocked install counts as none
         has_pytest = False
     if not has_pytest:  # `pip install .` brings no pytest
-        run_tests = (f"`{python} -m pip install pytest` (the Python speculators-patch runs in has none), then "
-                     f"`{python} -m pytest {shlex.quote(str(test_path))}`")
-    click.echo(f"wrote {patch_path} and {test_path}\n"
-               f"next: edit both, {run_tests}, then "
-               f"`speculators-patch diff --patch-file {shlex.quote(str(patch_path))} --target ...`")
+        run_tests = (
+            f"`{python} -m pip install pytest` (the Python speculators-patch runs in has none), then "
+            f"`{python} -m pytest {shlex.quote(str(test_path))}`"
+        )
+    click.echo(
+        f"wrote {patch_path} and {test_path}\n"
+        f"next: edit both, {run_tests}, then "
+        f"`speculators-patch diff --patch-file {shlex.quote(str(patch_path))} --target ...`"
+    )

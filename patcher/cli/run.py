@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 # --- One target, or several ---------------------------------------------------------------
 
+
 class Verb(NamedTuple):
     """One verb as the command line runs it on a target: ``run(opts, advice, snap)`` calls
     the ``patcher.commands`` verb (through ``commands.session.run``: the first snapshot, and
@@ -40,8 +41,9 @@ def connect(opts: Options, host: str | None) -> Transport:
     (``patcher.connect.exec.ExecTarget``), or None for this machine."""
     from patcher.connect.choose import transport_for
 
-    return transport_for(opts.target, host, opts.ssh_config, opts.ssh_persist,
-                         connect_timeout=opts.connect_timeout, timeout=opts.timeout)
+    return transport_for(
+        opts.target, host, opts.ssh_config, opts.ssh_persist, connect_timeout=opts.connect_timeout, timeout=opts.timeout
+    )
 
 
 def run_on_target(opts: Options, verb: Verb, host: str | None) -> Report:
@@ -100,8 +102,10 @@ def all_hosts(opts: Options) -> list:
         for host in hosts:
             parse_host(host)
     if not hosts and opts.ssh_config:
-        raise UserError("--ssh-config is only used with --host or --hosts-file; "
-                        + ("--exec targets do not use SSH" if opts.exec_commands else "no host was given"))
+        raise UserError(
+            "--ssh-config is only used with --host or --hosts-file; "
+            + ("--exec targets do not use SSH" if opts.exec_commands else "no host was given")
+        )
     if not hosts and opts.ssh_persist_given:
         raise UserError("--ssh-persist is only used with --host or --hosts-file; no host was given")
     if opts.exec_commands:
@@ -123,6 +127,7 @@ def load_patch_files(opts: Options) -> None:
 
 # --- The verbs, as the command line runs them ----------------------------------------------
 
+
 def select(opts: Options, keep: str | None = None, applied: set[str] | None = None):
     """The patches ``--only``/``--skip`` choose (``patcher.fixes.registry.select``), keeping
     what they ``requires`` or their ``dependents`` together."""
@@ -135,8 +140,15 @@ def apply_on(opts: Options, advice: Advice, snap: Snapshot):
     """``commands.apply.apply`` with this run's choice and flags."""
     from patcher.commands.apply import apply as verb
 
-    return verb(advice.transport, snap, select(opts, "requires"), opts.dry_run, opts.adopt, advise=advice.advise,
-                allow_partial=opts.allow_partial)
+    return verb(
+        advice.transport,
+        snap,
+        select(opts, "requires"),
+        opts.dry_run,
+        opts.adopt,
+        advise=advice.advise,
+        allow_partial=opts.allow_partial,
+    )
 
 
 def diff_on(opts: Options, advice: Advice, snap: Snapshot):
@@ -166,8 +178,9 @@ def revert_on(opts: Options, advice: Advice, snap: Snapshot):
     from patcher.commands.status import revert as verb
 
     chosen = select(opts, "dependents", snap.applied_ids())
-    return verb(advice.transport, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run,
-                advise=advice.advise)
+    return verb(
+        advice.transport, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run, advise=advice.advise
+    )
 
 
 APPLY = Verb(apply_on, reports.apply_report)

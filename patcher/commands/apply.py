@@ -46,20 +46,26 @@ class Applied:
         if dry_run:
             lines.append(f"dry run: {len(self.changed)} file(s) would change, nothing written")
         elif result.written:
-            lines.append(f"patched {len(result.written)} file(s) under {self.data['speculators_root']}: "
-                         f"{', '.join(result.written)}")
+            lines.append(
+                f"patched {len(result.written)} file(s) under {self.data['speculators_root']}: "
+                f"{', '.join(result.written)}"
+            )
         if result.adopted:
-            lines.append(f"adopted {len(result.adopted)} file(s): each one's change is now part of its pristine copy "
-                         f"(stock speculators plus the change, what revert restores), with the patches on top: "
-                         f"{', '.join(result.adopted)}")
+            lines.append(
+                f"adopted {len(result.adopted)} file(s): each one's change is now part of its pristine copy "
+                f"(stock speculators plus the change, what revert restores), with the patches on top: "
+                f"{', '.join(result.adopted)}"
+            )
         elif dry_run or result.written:
             pass
         elif self.modified:
             lines.append(f"nothing written: {', '.join(sorted(self.modified))} changed after patching (below)")
         elif self.left_out:
-            lines.append(f"nothing written: every chosen patch is applied, but "
-                         f"{', '.join(r['id'] for r in self.left_out)} "
-                         f"{'is' if len(self.left_out) == 1 else 'are'} needed and left out by --only/--skip")
+            lines.append(
+                f"nothing written: every chosen patch is applied, but "
+                f"{', '.join(r['id'] for r in self.left_out)} "
+                f"{'is' if len(self.left_out) == 1 else 'are'} needed and left out by --only/--skip"
+            )
         else:
             lines.append("nothing to do: every needed patch is already applied")
         return "\n".join(lines)
@@ -70,13 +76,23 @@ class Applied:
         (and then fail verify's check on), in one line; None when there are none."""
         if not (self.data.get("dry_run") and self.modified):
             return None
-        return (f"{', '.join(sorted(self.modified))} changed after patching: apply would not touch "
-                f"{'it' if len(self.modified) == 1 else 'them'} and would end with verify: FAILED "
-                f"(a file modified after patching)")
+        return (
+            f"{', '.join(sorted(self.modified))} changed after patching: apply would not touch "
+            f"{'it' if len(self.modified) == 1 else 'them'} and would end with verify: FAILED "
+            f"(a file modified after patching)"
+        )
 
 
-def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False,
-          verify_after: bool = True, advise: Callable[[str], str] = str, allow_partial: bool = False) -> Applied:
+def apply(
+    transport: Transport,
+    snap: Snapshot,
+    chosen,
+    dry_run: bool,
+    adopt: bool = False,
+    verify_after: bool = True,
+    advise: Callable[[str], str] = str,
+    allow_partial: bool = False,
+) -> Applied:
     """``apply``, then (unless ``dry_run``, or ``verify_after`` is False) every check
     ``verify`` makes on the result (its ``sources`` request rides on the commit, so it
     costs no round trip of its own): on the whole install, so a patch the installed vLLM
@@ -94,8 +110,9 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     check_after = verify_after and not dry_run
     sent_ahead = send_calls_ahead(transport, snap) if check_after else None
-    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt,
-                          revert_command=advise("speculators-patch revert"))
+    result = engine.apply(
+        transport, snap, chosen, dry_run=dry_run, adopt=adopt, revert_command=advise("speculators-patch revert")
+    )
     rows = outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
@@ -103,17 +120,28 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
     chosen_ids = {p.id for p in chosen}
     counted = chosen_ids if allow_partial else {p.id for p in all_patches()}
-    check = check_install(transport, engine.after(snap, result), counted, advise=advise,
-                          sent_ahead=sent_ahead) if check_after else None
+    check = (
+        check_install(transport, engine.after(snap, result), counted, advise=advise, sent_ahead=sent_ahead)
+        if check_after
+        else None
+    )
     left_out = left_out_needed(check, chosen_ids) if check else []
     modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
     for row in rows:
         if row["file"] in modified:
             row["file_modified"] = True
-    data = {**describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
-            "modified_files": sorted(modified),
-            "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
-            "left_out": left_out, "allow_partial": allow_partial, "unfinished": result.unfinished}
+    data = {
+        **describe(snap),
+        "dry_run": dry_run,
+        "written": result.written,
+        "adopted": result.adopted,
+        "patches": rows,
+        "modified_files": sorted(modified),
+        "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
+        "left_out": left_out,
+        "allow_partial": allow_partial,
+        "unfinished": result.unfinished,
+    }
     done = Applied(result, rows, changed, modified, check, data, left_out)
     data["summary"] = done.summary
     return done
@@ -125,8 +153,11 @@ def left_out_needed(check: InstallCheck, chosen_ids: set[str]) -> list[dict]:
     from patcher.fixes.registry import all_patches
 
     by_id = {p.id: p for p in all_patches()}
-    return [{"id": r["id"], "risk": by_id[r["id"]].risk or by_id[r["id"]].title}
-            for r in sorted(check.all_rows, key=lambda r: r["id"]) if r["id"] not in chosen_ids and r["verdict"] == "missing"]
+    return [
+        {"id": r["id"], "risk": by_id[r["id"]].risk or by_id[r["id"]].title}
+        for r in sorted(check.all_rows, key=lambda r: r["id"])
+        if r["id"] not in chosen_ids and r["verdict"] == "missing"
+    ]
 
 
 @dataclass
@@ -163,12 +194,25 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     said = None
     if modified and not text:  # apply leaves such a file as it is and fails verify's check
         one = len(modified) == 1
-        said = (f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
-                f"as {'it is' if one else 'they are'} and ends with verify: FAILED (a file modified after patching); "
-                f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
-                f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)")
-    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans),
-                                "modified_files": modified, "summary": said}, said)
+        said = (
+            f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
+            f"as {'it is' if one else 'they are'} and ends with verify: FAILED (a file modified after patching); "
+            f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
+            f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
+        )
+    return Diffed(
+        plans,
+        text,
+        {
+            **describe(snap),
+            "changed": bool(text),
+            "diff": text,
+            "patches": outcome_rows(plans),
+            "modified_files": modified,
+            "summary": said,
+        },
+        said,
+    )
 
 
 def _text(source: bytes) -> str:
@@ -189,7 +233,9 @@ def unified_diff(plans: list[FilePlan]) -> str:
     for p in plans:
         if p.changed:
             chunks += difflib.unified_diff(
-                _text(p.before).splitlines(True), _text(p.after).splitlines(True),
-                f"a/{p.path}", f"b/{p.path}",
+                _text(p.before).splitlines(True),
+                _text(p.after).splitlines(True),
+                f"a/{p.path}",
+                f"b/{p.path}",
             )
     return "".join(chunks)

@@ -23,15 +23,30 @@ def listing() -> Listed:
     from patcher.fixes.userpatches.loader import describe, origin_fields
 
     patches = sorted(all_patches(), key=lambda p: p.id)
-    rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title, **origin_fields(p),
-             "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
-                        "first_release": f.first_release} for f in p.facts],
-             "depends_on": p.depends_on, "requires": list(p.requires)}
-            for p in patches]
+    rows = [
+        {
+            "id": p.id,
+            "name": p.name,
+            "version": p.version,
+            "file": p.file,
+            "title": p.title,
+            **origin_fields(p),
+            "facts": [
+                {"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary, "first_release": f.first_release}
+                for f in p.facts
+            ],
+            "depends_on": p.depends_on,
+            "requires": list(p.requires),
+        }
+        for p in patches
+    ]
     origins = {p.id: describe(p) for p in patches if p.origin != "shipped"}
     shipped = len(patches) - len(origins)
-    return Listed(rows, origins, f"{len(patches)} patch(es): {shipped} shipped"
-                  + (f", {len(origins)} of your own" if origins else ""))
+    return Listed(
+        rows,
+        origins,
+        f"{len(patches)} patch(es): {shipped} shipped" + (f", {len(origins)} of your own" if origins else ""),
+    )
 
 
 def depends_on(row: dict) -> str:

@@ -40,8 +40,10 @@ class Repaired:
 def summary(result: RepairResult) -> str:
     """The line ``repair`` ends with."""
     if result.unrestorable:
-        return (f"repair: {len(result.unrestorable)} file(s) differ from what pip installed and nothing kept here "
-                f"restores them (listed above); the record covers the rest")
+        return (
+            f"repair: {len(result.unrestorable)} file(s) differ from what pip installed and nothing kept here "
+            f"restores them (listed above); the record covers the rest"
+        )
     if result.snap.state_problem or result.dropped:
         return "repaired: the record matches the files"
     return "nothing to repair: the record already matched the files; checked again"
@@ -56,6 +58,11 @@ def repair(transport: Transport) -> Repaired:
     snap = result.snap
     said = notes(result.after or snap)
     line = summary(result)
-    data = {**describe(snap), "was": snap.state_problem, "files": result.lines, "unrestorable": result.unrestorable,
-            "summary": line}
+    data = {
+        **describe(snap),
+        "was": snap.state_problem,
+        "files": result.lines,
+        "unrestorable": result.unrestorable,
+        "summary": line,
+    }
     return Repaired(result, snap.state_problem, result.lines, said, line, data)

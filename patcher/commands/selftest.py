@@ -65,8 +65,10 @@ def diagnose(error: dict, speculators: str | None = None) -> str | None:
     from patcher.fixes.registry import all_patches
 
     worker = error.get("worker") or {}
-    text = (f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"
-            f"{worker.get('type')}: {worker.get('message')}\n{worker.get('raised', '')}")
+    text = (
+        f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"
+        f"{worker.get('type')}: {worker.get('message')}\n{worker.get('raised', '')}"
+    )
     fits = {p.id for p in written_for(speculators, all_patches())} if speculators else None
     for pattern, patch_ids in SYMPTOMS:
         if re.search(pattern, text):
@@ -86,26 +88,41 @@ def request(archs: tuple[str, ...], model: str | None, device: str, tp: int, run
         raise UserError(f"--tp must be at least 1, got {tp}")
     if runner not in RUNNERS:
         raise UserError(f"unknown --runner {runner} (known: {', '.join(RUNNERS)})")
-    return {"archs": list(archs or ("llama",)), "model_path": model, "device": device, "tp": tp,
-            "bound": COSINE_FLOOR, "runner": runner}
+    return {
+        "archs": list(archs or ("llama",)),
+        "model_path": model,
+        "device": device,
+        "tp": tp,
+        "bound": COSINE_FLOOR,
+        "runner": runner,
+    }
 
 
 def run_remote(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
     """One ``run_python`` exchange running the check; returns its report.
     Raises ``UserError`` when the target refused (no device, memory) or gave no report."""
     payload = {"modules": modules(), "request": req}
-    answer = transport.request("run_python", script=(REMOTE / "launch.py").read_text(encoding="utf-8"),
-                               input=json.dumps(payload), site_packages=snap.site_packages, timeout=timeout,
-                               env=ENV, stream_stderr=True, what="selftest")
+    answer = transport.request(
+        "run_python",
+        script=(REMOTE / "launch.py").read_text(encoding="utf-8"),
+        input=json.dumps(payload),
+        site_packages=snap.site_packages,
+        timeout=timeout,
+        env=ENV,
+        stream_stderr=True,
+        what="selftest",
+    )
     for line in reversed(answer["stdout"].splitlines()):
         if line.startswith(MARKER):
-            report = json.loads(line[len(MARKER):])
+            report = json.loads(line[len(MARKER) :])
             if "refused" in report:
                 raise UserError(f"{transport.label}: selftest cannot run here: {report['refused']}")
             return report
     tail = [ln for ln in (answer["stdout"] + "\n" + transport.stderr_text()).splitlines() if ln.strip()]
-    raise UserError(f"{transport.label}: selftest ended without a report (exit {answer['returncode']}): "
-                    f"{tail[-1] if tail else 'no output'}")
+    raise UserError(
+        f"{transport.label}: selftest ended without a report (exit {answer['returncode']}): "
+        f"{tail[-1] if tail else 'no output'}"
+    )
 
 
 def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
@@ -136,6 +153,8 @@ def summarize(report: dict) -> dict:
 def verdict(report: dict) -> str:
     """The line a judged report (``summarize``) ends with: OK or FAILED, and the counts."""
     said = "OK" if report["ok"] else "FAILED"
-    return (f"selftest: {said}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
-            f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
-            f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})")
+    return (
+        f"selftest: {said}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
+        f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
+        f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})"
+    )

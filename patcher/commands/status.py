@@ -43,8 +43,12 @@ def status(snap: Snapshot, chosen) -> Status:
     mark_edited(source_changes(snap), rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
     state, reason = install_state(rows, files)
-    found = Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows,
-                                        "install": {"state": state, "reason": reason}})
+    found = Status(
+        plans,
+        rows,
+        files,
+        {**describe(snap), "files": files, "patches": rows, "install": {"state": state, "reason": reason}},
+    )
     found.data["summary"] = found.summary
     return found
 
@@ -91,13 +95,22 @@ def revert_summary(snap: Snapshot, result: CommitResult, changed: list[str], dry
     if result.written:
         return f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}"
     if result.committed:
-        return (f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
-                f"nothing (left by an earlier run)")
+        return (
+            f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
+            f"nothing (left by an earlier run)"
+        )
     return "nothing to revert: no file needed restoring"
 
 
-def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool,
-           advise: Callable[[str], str] = str) -> Reverted:
+def revert(
+    transport: Transport,
+    snap: Snapshot,
+    chosen,
+    partial: bool,
+    force: bool,
+    dry_run: bool,
+    advise: Callable[[str], str] = str,
+) -> Reverted:
     """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
     patches. A partial revert replays the patches it keeps from the pristine copies, so it
     refuses when one of those is a user patch whose file changed since it was applied.
@@ -109,9 +122,27 @@ def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: b
         entries = (snap.manifest or {}).get("files", {})
         replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
         refuse_edited_user_patches(snap, replayed - ids, "this revert")
-    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run,
-                           repair_command=advise("speculators-patch repair"))
+    result = engine.revert(
+        transport,
+        snap,
+        chosen,
+        partial=partial,
+        force=force,
+        dry_run=dry_run,
+        repair_command=advise("speculators-patch repair"),
+    )
     changed = [p.path for p in result.plans if p.changed]
     said = revert_summary(snap, result, changed, dry_run)
-    return Reverted(result, changed, {**describe(snap), "dry_run": dry_run, "written": result.written,
-                                      "would_change": changed, "unfinished": result.unfinished, "summary": said}, said)
+    return Reverted(
+        result,
+        changed,
+        {
+            **describe(snap),
+            "dry_run": dry_run,
+            "written": result.written,
+            "would_change": changed,
+            "unfinished": result.unfinished,
+            "summary": said,
+        },
+        said,
+    )

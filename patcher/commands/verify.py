@@ -74,8 +74,14 @@ class InstallCheck:
 NO_PROOF = "no engine proof for this vLLM"
 
 
-def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: bool = False,
-                  advise: Callable[[str], str] = str, sent_ahead: tuple[dict, dict | None] | None = None) -> InstallCheck:
+def check_install(
+    transport: Transport,
+    snap: Snapshot,
+    ids: set[str],
+    runtime: bool = False,
+    advise: Callable[[str], str] = str,
+    sent_ahead: tuple[dict, dict | None] | None = None,
+) -> InstallCheck:
     """Every check ``verify`` makes on ``snap`` (one ``sources`` exchange, or none when it
     was sent ahead: ``sent_ahead`` is what ``verify.send_calls_ahead`` returned). ``ids``:
     the patches whose verdicts count; ``advise``: a fix hint as this caller words it (the
@@ -89,21 +95,35 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     present = {c.patch.id for c in every if c.state in ("applied", "satisfied")}  # in the installed code
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in every if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime, sent_ahead)
-    life = lifecycle.check(calls.vllm or {}, snap.files.get(lifecycle.GENERATOR),
-                           written_for(snap.speculators_version, all_patches()), present)
+    life = lifecycle.check(
+        calls.vllm or {},
+        snap.files.get(lifecycle.GENERATOR),
+        written_for(snap.speculators_version, all_patches()),
+        present,
+    )
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in source_changes(snap) if c["id"] in ids]
-    rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict,
-             "hint": advise(c.hint)} for c in checks]
+    rows = [
+        {"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": advise(c.hint)}
+        for c in checks
+    ]
     mark_edited(changed_sources, rows, "verdict")
     modified = sorted(p for p in (snap.manifest or {}).get("files", {}) if snap.file_state(p) == "modified")
-    failing = [what for what, bad in (
-        ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
-        ("the calls", not calls.ok), ("the engine's life cycle", life is not None and not life.ok),
-        ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
-        ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
-        (NO_PROOF, bool(unproven))) if bad]
+    failing = [
+        what
+        for what, bad in (
+            ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
+            ("the calls", not calls.ok),
+            ("the engine's life cycle", life is not None and not life.ok),
+            ("the imports", not calls.imports_ok),
+            ("the model runner", not calls.runner_ok),
+            ("a user patch's source", bool(changed_sources)),
+            ("a file modified after patching", bool(modified)),
+            (NO_PROOF, bool(unproven)),
+        )
+        if bad
+    ]
     all_rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict} for c in every]
     return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices, life, all_rows)
 
@@ -112,8 +132,9 @@ def _release(minor: tuple[int, int] | None) -> str | None:
     return None if minor is None else ".".join(map(str, minor))
 
 
-def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
-           advise: Callable[[str], str] = str) -> tuple[InstallCheck, dict]:
+def verify(
+    transport: Transport, snap: Snapshot, chosen, runtime: bool = False, advise: Callable[[str], str] = str
+) -> tuple[InstallCheck, dict]:
     """``verify``: every check of ``check_install``, and its evidence as data (``verify
     --json``); ``--only``/``--skip`` (``chosen``) narrow the patch checks, not the call check."""
     from patcher import engine
@@ -122,17 +143,38 @@ def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
     engine.check_supported(snap)
     ids = {p.id for p in chosen}
     check = check_install(transport, snap, ids, runtime, advise)
-    facts, rows, calls, unproven, changed_sources = check.facts, check.rows, check.calls, check.unproven, check.changed_sources
+    facts, rows, calls, unproven, changed_sources = (
+        check.facts,
+        check.rows,
+        check.calls,
+        check.unproven,
+        check.changed_sources,
+    )
     ok = check.ok
     data = {
         **describe(snap),
         "ok": ok,
-        "facts": [{"patch": f.patch.id, "symbol": f.fact.symbol, "summary": f.fact.summary, "holds": f.evidence.holds,
-                   "missing": f.evidence.missing, "file": f.evidence.file, "line": f.evidence.line,
-                   "found": f.evidence.found, "first_release": f.fact.first_release} for f in facts],
+        "facts": [
+            {
+                "patch": f.patch.id,
+                "symbol": f.fact.symbol,
+                "summary": f.fact.summary,
+                "holds": f.evidence.holds,
+                "missing": f.evidence.missing,
+                "file": f.evidence.file,
+                "line": f.evidence.line,
+                "found": f.evidence.found,
+                "first_release": f.fact.first_release,
+            }
+            for f in facts
+        ],
         "patches": rows,
-        "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
-                  "runtime": calls.runtime.as_dict() if calls.runtime else None},
+        "calls": {
+            "ok": calls.ok,
+            "checked": len(calls.checked),
+            "findings": [f.as_dict() for f in calls.findings],
+            "runtime": calls.runtime.as_dict() if calls.runtime else None,
+        },
         "lifecycle": check.lifecycle.as_dict() if check.lifecycle else None,
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
@@ -140,11 +182,22 @@ def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
         "modified_files": check.modified,
         "failing": check.failing,
         "summary": check.summary,
-        "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
-                   "newest": _release(proven.newest(snap.speculators_version)),
-                   "unproven": unproven,
-                   "devices": check.devices,
-                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by,
-                                 "where": p.where, "speculators": p.speculators} for p in proven.PROVEN]},
+        "proven": {
+            "oldest": _release(proven.oldest(snap.speculators_version)),
+            "newest": _release(proven.newest(snap.speculators_version)),
+            "unproven": unproven,
+            "devices": check.devices,
+            "releases": [
+                {
+                    "release": p.release,
+                    "archs": list(p.archs),
+                    "date": p.date,
+                    "by": p.by,
+                    "where": p.where,
+                    "speculators": p.speculators,
+                }
+                for p in proven.PROVEN
+            ],
+        },
     }
     return check, data

@@ -45,7 +45,9 @@ def repair(transport: Transport) -> RepairResult:
     first = read_snapshot(transport, tolerate_damage=True)
     transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
     snap = read_snapshot(transport, tolerate_damage=True, record_check=True)
-    entries = (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
+    entries = (
+        (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
+    )
     files, lines = {}, []
     paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))
     kept_for = (snap.manifest or {}).get("speculators_version") if isinstance(snap.manifest, dict) else None
@@ -66,8 +68,12 @@ def repair(transport: Transport) -> RepairResult:
             continue
         entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
         patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
-        if (entry.get("patched_sha256") == digest and patches and all(isinstance(v, int) for v in patches.values())
-                and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))):
+        if (
+            entry.get("patched_sha256") == digest
+            and patches
+            and all(isinstance(v, int) for v in patches.values())
+            and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))
+        ):
             files[path] = dict(entry)  # the record it has still describes the file and its copy
             lines.append(f"{path}: patched ({', '.join(sorted(patches))}), as recorded")
             continue
@@ -75,8 +81,11 @@ def repair(transport: Transport) -> RepairResult:
         for copy in copies:
             for only_needed in (True, False):
                 try:
-                    replay = plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed) \
-                        if snap.vllm is not None or not only_needed else None
+                    replay = (
+                        plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed)
+                        if snap.vllm is not None or not only_needed
+                        else None
+                    )
                 except UserError:
                     replay = None
                 if replay is not None and replay.after == current:
@@ -90,28 +99,45 @@ def repair(transport: Transport) -> RepairResult:
         elif copies:
             entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
             kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
-            files[path] = {"pristine_sha256": sha256(kept), "patched_sha256": entry.get("patched_sha256") or sha256(kept),
-                           "patches": dict(entry.get("patches") or {})}
+            files[path] = {
+                "pristine_sha256": sha256(kept),
+                "patched_sha256": entry.get("patched_sha256") or sha256(kept),
+                "patches": dict(entry.get("patches") or {}),
+            }
             if not all(isinstance(v, int) for v in files[path]["patches"].values()):
                 files[path]["patches"] = {}
             if files[path]["patched_sha256"] == digest:
                 files[path]["patched_sha256"] = sha256(kept)
             lines.append(f"{path}: modified after patching (revert --force restores the kept pristine copy)")
         elif path in entries:
-            raise UserError(f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
-                            f"reinstall speculators (pip install --force-reinstall --no-deps "
-                            f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again")
-    pristine = {p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
-                for p, e in files.items()}
+            raise UserError(
+                f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
+                f"reinstall speculators (pip install --force-reinstall --no-deps "
+                f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again"
+            )
+    pristine = {
+        p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
+        for p, e in files.items()
+    }
     recorded_before = user_records.records(snap.manifest)
     loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
     manifest = new_manifest(snap, files, loaded)
-    transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,
-                      manifest=manifest, manifest_expect_sha256=snap.manifest_sha256, repair=True)
+    transport.request(
+        "commit",
+        state_dir=snap.state_dir,
+        root=snap.speculators_root,
+        writes={},
+        pristine=pristine,
+        manifest=manifest,
+        manifest_expect_sha256=snap.manifest_sha256,
+        repair=True,
+    )
     unrestorable = [p for p in (snap.record_differs or []) if p not in files]
     for path in unrestorable:
-        lines.append(f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
-                     f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
-                     f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does")
+        lines.append(
+            f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
+            f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
+            f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
+        )
     dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
     return RepairResult(first, lines, unrestorable, dropped, snap)

@@ -49,7 +49,9 @@ class VllmFact:
                 raise ValueError(f"{self.symbol}: its probe names no vLLM file; pass modules=(...) it reads")
             object.__setattr__(self, "modules", read)
         elif read and tuple(self.modules) != read:
-            raise ValueError(f"{self.symbol}: modules {tuple(self.modules)} differ from the files its probe reads {read}")
+            raise ValueError(
+                f"{self.symbol}: modules {tuple(self.modules)} differ from the files its probe reads {read}"
+            )
 
 
 @dataclass(frozen=True)

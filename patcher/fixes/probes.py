@@ -188,8 +188,12 @@ def attribute_stores(path: str, qualname: str, attr: str, holding: str) -> Probe
             return _missing(path, qualname)
         for node in ast.walk(fn):
             if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
-                    and t.value.id == "self" for t in node.targets):
+                isinstance(t, ast.Attribute)
+                and t.attr == attr
+                and isinstance(t.value, ast.Name)
+                and t.value.id == "self"
+                for t in node.targets
+            ):
                 if any(isinstance(n, ast.Name) and n.id == holding for n in ast.walk(node.value)):
                     shown = " ".join(ast.unparse(node).split())
                     return Evidence(True, path, node.lineno, shown if len(shown) <= 90 else shown[:87] + "...")

@@ -64,7 +64,8 @@ def _said(task: dict, data: dict) -> None:
     """The task says what the CLI says: ``msg`` is the verb's summary and ``warnings`` its
     notes, word for word (each side's own install path read as ROOT)."""
     assert task["msg"].replace(task["speculators"]["root"], "ROOT") == data["summary"].replace(
-        data["speculators_root"], "ROOT")
+        data["speculators_root"], "ROOT"
+    )
     assert task.get("warnings", []) == data["notes"]
 
 

@@ -50,8 +50,12 @@ def engine_environ(vllm: str = DEFAULT_VLLM) -> dict[str, str]:
 
 def ensure_models() -> Path:
     """Tiny checkpoints of ``fixtures/models.py`` in the cache (built once, deterministic)."""
-    subprocess.run([str(engine_python()), str(ROOT / "fixtures" / "models.py"), str(MODELS)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [str(engine_python()), str(ROOT / "fixtures" / "models.py"), str(MODELS)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return MODELS
 
 
@@ -69,8 +73,20 @@ def make_target(dest: Path, wheel: Path, vllm: str = DEFAULT_VLLM) -> Path:
     site = next((dest / "lib").glob("python3*/site-packages"))
     engine_site = next((engine_dir(vllm) / "lib").glob("python3*/site-packages"))
     subprocess.run(
-        [str(engine_python(vllm)), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
-         "--disable-pip-version-check", "--target", str(site), str(wheel)],
+        [
+            str(engine_python(vllm)),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
         check=True,
     )
     for entry in engine_site.iterdir():
@@ -82,8 +98,9 @@ def make_target(dest: Path, wheel: Path, vllm: str = DEFAULT_VLLM) -> Path:
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real ``speculators-patch`` CLI, run from this checkout (``env`` added to ours)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "patcher", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "patcher", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+    )
 
 
 def applied(proc: subprocess.CompletedProcess, partial: bool) -> bool:
@@ -111,8 +128,15 @@ SELFTEST_TIMEOUT = 1200  # s; three architectures take about 90 s on the 2-core 
 
 def selftest(target: Path, *args: str, vllm: str = "0.16.0", env: dict | None = None) -> tuple[int, dict, str]:
     """``speculators-patch selftest --json`` on ``target`` with the ``vllm`` engine: (exit code, data, stderr)."""
-    proc = cli("selftest", "--target", str(target), "--json", *args, env={**engine_environ(vllm), **(env or {})},
-               timeout=SELFTEST_TIMEOUT)
+    proc = cli(
+        "selftest",
+        "--target",
+        str(target),
+        "--json",
+        *args,
+        env={**engine_environ(vllm), **(env or {})},
+        timeout=SELFTEST_TIMEOUT,
+    )
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -130,8 +154,11 @@ def patched_target(tmp_path_factory, vllm: str, *apply_args: str) -> Path:
 def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]) -> None:
     """What a user checks of a passing selftest: exit 0, every case of every arch within its bound."""
     report = data["selftest"]
-    failed = {a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
-              for a in report["archs"] if not a["ok"]}
+    failed = {
+        a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
+        for a in report["archs"]
+        if not a["ok"]
+    }
     assert code == 0 and report["ok"], failed or stderr[-2000:]
     assert [a["arch"] for a in report["archs"]] == archs
     for arch in report["archs"]:

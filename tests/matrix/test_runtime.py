@@ -45,8 +45,10 @@ def test_runtime_confirms_static_reading(tmp_path):
     assert runtime["vllm"] == "0.16.0"
     assert runtime["disagreements"] == []
     assert {k[2:] for k in finding_keys(calls["findings"])} == {
-        ("unknown-keyword", "kv_cache_specs"), ("missing-argument", "block_size"),
-        ("missing-argument", "is_encoder_decoder")}
+        ("unknown-keyword", "kv_cache_specs"),
+        ("missing-argument", "block_size"),
+        ("missing-argument", "is_encoder_decoder"),
+    }
     assert finding_keys(runtime["findings"]) == finding_keys(calls["findings"])
     assert code == 1
 

@@ -122,8 +122,12 @@ def test_a_patch_orders_after_what_it_requires_in_its_file():
     """``order`` and ``requires`` say one thing: a patch that requires another on the same
     file runs after it (SP022 rewrites what SP010 wrote); on another file order has no say."""
     by_id = {p.id: p for p in PATCHES}
-    before = [f"{p.id} (order {p.order}) requires {r} (order {by_id[r].order})" for p in PATCHES for r in p.requires
-              if by_id[r].file == p.file and by_id[r].order >= p.order]
+    before = [
+        f"{p.id} (order {p.order}) requires {r} (order {by_id[r].order})"
+        for p in PATCHES
+        for r in p.requires
+        if by_id[r].file == p.file and by_id[r].order >= p.order
+    ]
     assert before == []
     assert all(r in by_id for p in PATCHES for r in p.requires)
 
@@ -154,7 +158,9 @@ def test_required_patches_are_selected_together():
     # (SP010 with SP012, SP022 and SP027).
     group = {dependent.id, *dependent.requires}
     while True:
-        more = {p.id for p in PATCHES if set(p.requires) & group} | {r for p in PATCHES if p.id in group for r in p.requires}
+        more = {p.id for p in PATCHES if set(p.requires) & group} | {
+            r for p in PATCHES if p.id in group for r in p.requires
+        }
         if more <= group:
             break
         group |= more

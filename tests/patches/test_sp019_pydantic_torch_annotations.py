@@ -54,4 +54,3 @@ def test_the_real_file_is_rewritten_and_still_parses():
     verdict, new, _ = run(src)
     assert verdict == "changed"
     compile(new, PATCH.file, "exec")
-

@@ -74,8 +74,17 @@ def test_the_next_run_reuses_the_connection_with_the_same_answer(sandbox, ssh_co
 def test_persist_zero_opens_a_connection_per_run_and_leaves_no_socket(sandbox, ssh_config, sshd, cache):
     before = sshd.connections()
     for _ in range(2):
-        r = remote(ssh_config, "status", "--host", "gpu-box", "--target", str(sandbox), "--ssh-persist", "0",
-                   env={"SPECULATORS_PATCH_CACHE": str(cache)})
+        r = remote(
+            ssh_config,
+            "status",
+            "--host",
+            "gpu-box",
+            "--target",
+            str(sandbox),
+            "--ssh-persist",
+            "0",
+            env={"SPECULATORS_PATCH_CACHE": str(cache)},
+        )
         assert r.returncode == 0, r.stderr
     assert sshd.connections() == before + 2 and sockets(cache) == []
 
@@ -138,7 +147,9 @@ def test_the_users_own_control_path_is_kept(tmp_path, sandbox, sshd, cache):
     own = Path(tempfile.mkdtemp(prefix="cm-"))
     try:
         config = tmp_path / "ssh_config"
-        config.write_text(sshd.host_block("mine", extra=f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n"))
+        config.write_text(
+            sshd.host_block("mine", extra=f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n")
+        )
         r = remote(config, "status", "--host", "mine", "--target", str(sandbox), env=reuse(cache))
         assert r.returncode == 0, r.stderr
         assert sockets(cache) == [] and [p for p in own.iterdir() if p.is_socket()]
@@ -178,6 +189,7 @@ def test_a_patched_install_is_the_same_either_way(tmp_path, ssh_config, cache):
 
 
 # --- A kept connection never outlives a change in what it was trusted with (issue 23) ---
+
 
 def _own_trust(tmp_path: Path, sshd, where: str = "user", extra: str = "") -> tuple[Path, Path, Path]:
     """A config for ``trusting-box`` whose known_hosts file (``where``: the user's or the
@@ -263,8 +275,10 @@ def test_a_known_hosts_command_gets_no_kept_connection(tmp_path, sandbox, sshd, 
     """What a KnownHostsCommand answers is only known by running it for the key the server
     shows, which a kept master never does again: such hosts connect afresh every run."""
     config, known, _ = _own_trust(tmp_path, sshd, extra="")
-    config.write_text(config.read_text().replace(f"UserKnownHostsFile {known}", "UserKnownHostsFile /dev/null")
-                      + f"  KnownHostsCommand /bin/cat {known}\n")
+    config.write_text(
+        config.read_text().replace(f"UserKnownHostsFile {known}", "UserKnownHostsFile /dev/null")
+        + f"  KnownHostsCommand /bin/cat {known}\n"
+    )
     before = sshd.connections()
     for _ in range(2):
         r = _status(config, sandbox, cache)

@@ -25,9 +25,11 @@ MAX_EXCHANGES = 3  # per subcommand and host, whatever the number of patches or 
 def _same_report(remote_report: dict, local_report: dict) -> None:
     """Reports equal but for the target's label and the fix column's commands, which name
     the host they were checked on; the same (small) number of exchanges."""
+
     def strip(report):
         rows = [{k: v for k, v in r.items() if k != "hint"} for r in report.get("patches", [])]
         return {**{k: v for k, v in report.items() if k != "target"}, "patches": rows}
+
     assert strip(remote_report) == strip(local_report)
     for row in remote_report.get("patches", []):
         if "speculators-patch apply" in row.get("hint", ""):
@@ -50,8 +52,16 @@ def test_apply_remote_equals_local(tmp_path, sshd, ssh_config):
 def test_a_config_without_connect_timeout_works(sandbox, sshd, ssh_config):
     """Most ssh_configs set no ConnectTimeout: the tool then passes ssh one it accepts (whole
     seconds; ``ConnectTimeout=30.0`` made every such connection fail)."""
-    r = remote(ssh_config, "status", "--host", "plain-box", "--target", str(sandbox), "--json",
-               env={"SPECULATORS_PATCH_SSH_PERSIST": "0"})
+    r = remote(
+        ssh_config,
+        "status",
+        "--host",
+        "plain-box",
+        "--target",
+        str(sandbox),
+        "--json",
+        env={"SPECULATORS_PATCH_SSH_PERSIST": "0"},
+    )
     assert r.returncode == 0, r.stderr
     assert set(json.loads(r.stdout)["files"].values()) == {"pristine"}
     r = remote(ssh_config, "status", "--host", "plain-box", "--target", str(sandbox), "--connect-timeout", "7.5")
@@ -150,10 +160,19 @@ def test_hostile_missing_target_is_refused_and_runs_nothing(tmp_path, sshd, ssh_
     assert not canary.exists()
 
 
-@pytest.mark.parametrize("host", [
-    "-oProxyCommand=touch {canary}", "gpu-box;touch {canary}", "$(touch {canary})", "gpu box",
-    "gpu-box\ntouch {canary}", "user@-oProxyCommand=x", "root@gpu-box:99999",
-], ids=["option", "semicolon", "substitution", "space", "newline", "option-after-user", "bad-port"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "-oProxyCommand=touch {canary}",
+        "gpu-box;touch {canary}",
+        "$(touch {canary})",
+        "gpu box",
+        "gpu-box\ntouch {canary}",
+        "user@-oProxyCommand=x",
+        "root@gpu-box:99999",
+    ],
+    ids=["option", "semicolon", "substitution", "space", "newline", "option-after-user", "bad-port"],
+)
 def test_hostile_host_is_refused_before_ssh_runs(tmp_path, ssh_config, host):
     canary = tmp_path / "CANARY"
     r = remote(ssh_config, "status", "--host", host.format(canary=canary), "--target", "/nonexistent")

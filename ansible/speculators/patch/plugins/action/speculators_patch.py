@@ -61,23 +61,47 @@ class ActionModule(ActionBase):
         def attempt(snap):  # the CLI's verbs: apply (its checks on the result are verify's task) and revert
             if patched:
                 return apply(transport, snap, chosen, dry_run=check, verify_after=False)
-            return revert(transport, snap, select(only, skip, "dependents", snap.applied_ids()),
-                          partial=bool(only or skip), force=args["force"], dry_run=check)
+            return revert(
+                transport,
+                snap,
+                select(only, skip, "dependents", snap.applied_ids()),
+                partial=bool(only or skip),
+                force=args["force"],
+                dry_run=check,
+            )
 
         snap, done = session.run(transport, attempt)  # the CLI's read and retry
         outcome = done.result
         changing = [p for p in outcome.plans if p.changed]
         changed = bool(changing) if check else bool(outcome.written)
-        result = {**task_target(snap), "changed": changed, "written": outcome.written,
-                  "files": [{"path": p.path, "state": snap.file_state(p.path),
-                             "before_sha256": engine.sha256(p.before), "after_sha256": engine.sha256(p.after),
-                             "changed": p.changed} for p in outcome.plans]}
+        result = {
+            **task_target(snap),
+            "changed": changed,
+            "written": outcome.written,
+            "files": [
+                {
+                    "path": p.path,
+                    "state": snap.file_state(p.path),
+                    "before_sha256": engine.sha256(p.before),
+                    "after_sha256": engine.sha256(p.after),
+                    "changed": p.changed,
+                }
+                for p in outcome.plans
+            ],
+        }
         if patched:
             result["plan_cache"] = plan_cache_state(outcome.plans)
             result["patches"] = done.rows
         if self._task.diff and changing:
-            result["diff"] = [{"before_header": f"a/{p.path}", "after_header": f"b/{p.path}",
-                               "before": text(p.before), "after": text(p.after)} for p in changing]
+            result["diff"] = [
+                {
+                    "before_header": f"a/{p.path}",
+                    "after_header": f"b/{p.path}",
+                    "before": text(p.before),
+                    "after": text(p.after),
+                }
+                for p in changing
+            ]
         result["msg"] = done.summary  # the CLI's words, as apply/revert (--dry-run in check mode) print them
         warnings = notes(snap)
         if warnings:

@@ -55,8 +55,12 @@ class ActionModule(ActionBase):
         chosen = select(tuple(args["only"]), tuple(args["skip"]))
         snap, found = session.run(transport, lambda snap: status(snap, chosen))  # the CLI's status, as the CLI runs it
         patches = found.rows
-        result = {**task_target(snap), "changed": False, "plan_cache": plan_cache_state(found.plans),
-                  "status": {"files": found.files, "patches": patches}}
+        result = {
+            **task_target(snap),
+            "changed": False,
+            "plan_cache": plan_cache_state(found.plans),
+            "status": {"files": found.files, "patches": patches},
+        }
         said = [found.summary]
         if args["verify"]:
             check, data = verify(transport, snap, chosen)

@@ -39,8 +39,14 @@ class ActionModule(ActionBase):
 
         controller.use_patch_files(args["patch_files"])
         done = repair(transport)
-        result = {**task_target(done.result.snap), "changed": done.changed, "was": done.was, "files": done.lines,
-                  "unrestorable": done.result.unrestorable, "msg": done.summary}
+        result = {
+            **task_target(done.result.snap),
+            "changed": done.changed,
+            "was": done.was,
+            "files": done.lines,
+            "unrestorable": done.result.unrestorable,
+            "msg": done.summary,
+        }
         if done.result.unrestorable:  # the CLI's exit 1: nothing here restores these files
             result["failed"] = True
         if done.notes:

@@ -66,10 +66,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(patch_files=dict(type="list", elements="path", default=[])),
-                           supports_check_mode=True)
-    module.fail_json(msg="this module runs through its action plugin on the controller, which needs "
-                         "speculators-patch installed there (pip install 'speculators-patch[ansible]')")
+    module = AnsibleModule(
+        argument_spec=dict(patch_files=dict(type="list", elements="path", default=[])), supports_check_mode=True
+    )
+    module.fail_json(
+        msg="this module runs through its action plugin on the controller, which needs "
+        "speculators-patch installed there (pip install 'speculators-patch[ansible]')"
+    )
 
 
 if __name__ == "__main__":

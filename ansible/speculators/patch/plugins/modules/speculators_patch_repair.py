@@ -83,9 +83,7 @@ from ansible_collections.speculators.patch.plugins.module_utils.agent_relay impo
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            target=dict(type="str"),
-            patch_files=dict(type="list", elements="path", default=[]),
-            **RELAY_ARGS
+            target=dict(type="str"), patch_files=dict(type="list", elements="path", default=[]), **RELAY_ARGS
         ),
         supports_check_mode=False,
     )
