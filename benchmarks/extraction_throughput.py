@@ -60,7 +60,10 @@ def worker(model_dir: str) -> None:
     assert len(result) == len(batch) and all(r["hidden_states"][0].shape[0] == len(r["input_ids"]) for r in result)
     from importlib.metadata import version
 
-    ready = {"speculators": version("speculators"), "kv_cache_blocks": generator.vllm_config.cache_config.num_gpu_blocks}
+    ready = {
+        "speculators": version("speculators"),
+        "kv_cache_blocks": generator.vllm_config.cache_config.num_gpu_blocks,
+    }
     print(MARK, json.dumps(ready), flush=True)
     import psutil
 
@@ -79,7 +82,7 @@ def _reply(proc: subprocess.Popen) -> str | None:
     """The worker's next marked line (vLLM also logs to stdout); None if it exited."""
     for line in proc.stdout:
         if line.startswith(MARK):
-            return line[len(MARK):].strip()
+            return line[len(MARK) :].strip()
     return None
 
 
@@ -95,8 +98,12 @@ def main() -> int:
 
     ensure_engine_env()
     model = ensure_models() / "llama"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-           "VLLM_SLEEP_WHEN_IDLE": "1"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_SLEEP_WHEN_IDLE": "1",
+    }
     with tempfile.TemporaryDirectory(prefix="extraction-bench-") as tmp:
         tmp = Path(tmp)
         patched = make_target(tmp / "patched-0.3.0", speculators_wheel("0.3.0"))
@@ -109,8 +116,14 @@ def main() -> int:
         procs, info = {}, {}
         for name, target in sides.items():  # one after the other: start-up is not measured
             procs[name] = subprocess.Popen(
-                [str(target / "bin" / "python"), __file__, "--worker", str(model)], cwd=tmp, env=env, text=True,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=(tmp / f"{name}.log").open("w"))
+                [str(target / "bin" / "python"), __file__, "--worker", str(model)],
+                cwd=tmp,
+                env=env,
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=(tmp / f"{name}.log").open("w"),
+            )
             line = _reply(procs[name])
             if line is None:
                 print(f"{name} failed to start:\n{(tmp / f'{name}.log').read_text()[-3000:]}", file=sys.stderr)
@@ -130,23 +143,31 @@ def main() -> int:
             proc.wait(timeout=120)
 
     tokens = sum(LENGTHS)
-    print(f"model: tiny Llama (6 layers, hidden 128), layers {LAYERS}, batch {len(LENGTHS)} prompts / "
-          f"{tokens} tokens, max_model_len {MAX_MODEL_LEN}, vLLM 0.16.0 CPU, bf16")
+    print(
+        f"model: tiny Llama (6 layers, hidden 128), layers {LAYERS}, batch {len(LENGTHS)} prompts / "
+        f"{tokens} tokens, max_model_len {MAX_MODEL_LEN}, vLLM 0.16.0 CPU, bf16"
+    )
     print(f"{args.pairs} pairs of generate() calls, alternating, after one warm-up each")
     for name, secs in seconds.items():
         rates = [tokens / x for x in secs]
-        print(f"{name:>15} (speculators {info[name]['speculators']}): median {statistics.median(rates):,.0f} "
-              f"tokens/s, best {max(rates):,.0f}, worst {min(rates):,.0f}; KV cache blocks "
-              f"{info[name]['kv_cache_blocks']}")
+        print(
+            f"{name:>15} (speculators {info[name]['speculators']}): median {statistics.median(rates):,.0f} "
+            f"tokens/s, best {max(rates):,.0f}, worst {min(rates):,.0f}; KV cache blocks "
+            f"{info[name]['kv_cache_blocks']}"
+        )
     for name in sides:
-        print(f"{name:>15}: median CPU time per call {statistics.median(cpu[name]):.2f} s "
-              f"(driver + vLLM workers; {tokens / statistics.median(cpu[name]):,.0f} tokens per CPU-second)")
+        print(
+            f"{name:>15}: median CPU time per call {statistics.median(cpu[name]):.2f} s "
+            f"(driver + vLLM workers; {tokens / statistics.median(cpu[name]):,.0f} tokens per CPU-second)"
+        )
     for label, data in (("wall time", seconds), ("CPU time", cpu)):
         a, b = data["patched 0.3.0"], data["upstream 0.4.0"]
-        ratios = sorted(y / x for x, y in zip(a, b))  # throughput A / throughput B per pair
-        print(f"ratio patched 0.3.0 / upstream 0.4.0 by {label} (median of {len(ratios)} paired ratios): "
-              f"{statistics.median(ratios):.3f} (quartiles {ratios[len(ratios) // 4]:.3f}-"
-              f"{ratios[3 * len(ratios) // 4]:.3f}; best calls {min(b) / min(a):.3f})")
+        ratios = sorted(y / x for x, y in zip(a, b, strict=False))  # throughput A / throughput B per pair
+        print(
+            f"ratio patched 0.3.0 / upstream 0.4.0 by {label} (median of {len(ratios)} paired ratios): "
+            f"{statistics.median(ratios):.3f} (quartiles {ratios[len(ratios) // 4]:.3f}-"
+            f"{ratios[3 * len(ratios) // 4]:.3f}; best calls {min(b) / min(a):.3f})"
+        )
     return 0
 
 

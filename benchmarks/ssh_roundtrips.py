@@ -71,8 +71,11 @@ def _child_cpu() -> float:
 def run(*args: str, cache: Path) -> tuple[float, float, dict]:
     """One CLI run with --json: (wall seconds, local CPU seconds, parsed output). The CPU
     time is the CLI's and its children's (workers, ssh clients), not the remote agent's."""
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},  # bytecode as after pip install
-           "PYTHONPATH": str(ROOT), "SPECULATORS_PATCH_CACHE": str(cache)}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},  # bytecode as after pip install
+        "PYTHONPATH": str(ROOT),
+        "SPECULATORS_PATCH_CACHE": str(cache),
+    }
     cpu, start = _child_cpu(), time.perf_counter()
     proc = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True, cwd=ROOT, env=env)
     seconds, cpu = time.perf_counter() - start, _child_cpu() - cpu
@@ -88,8 +91,14 @@ def _floor_cpu(config: str, cache: Path, runs: int = 20) -> float:
     os.environ["SPECULATORS_PATCH_CACHE"] = str(cache)  # the CLI runs' socket directory
     from patcher.connect.ssh import DEFAULT_PERSIST, _resolved, reuse_options
 
-    argv = ["ssh", "-F", config, *reuse_options(_resolved(["ssh", "-F", config], "node1"), DEFAULT_PERSIST),
-            "node1", "python3 -S -c pass && ~/ml-env/bin/python -c pass"]
+    argv = [
+        "ssh",
+        "-F",
+        config,
+        *reuse_options(_resolved(["ssh", "-F", config], "node1"), DEFAULT_PERSIST),
+        "node1",
+        "python3 -S -c pass && ~/ml-env/bin/python -c pass",
+    ]
     subprocess.run(argv, check=True)
     start = _machine_busy()
     for _ in range(runs):
@@ -149,26 +158,58 @@ def main(n: int, out: Path | None) -> None:
         run("verify", "--target", str(local_env), cache=tmp / "cache")
         for _ in range(n):
             measure("local apply", ["apply", "--target", str(local_env)], lambda: fresh(local_env), cold=True)
-            measure("ssh apply", ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config],
-                    lambda: fresh(servers[0].home / "ml-env"), cold=True)
+            measure(
+                "ssh apply",
+                ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config],
+                lambda: fresh(servers[0].home / "ml-env"),
+                cold=True,
+            )
             measure("local verify", ["verify", "--target", str(local_env)])
             measure("ssh verify", ["verify", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
             measure("ssh status", ["status", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
             measure("ssh diff", ["diff", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
-            measure("ssh apply again (no-op)", ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config])
+            measure(
+                "ssh apply again (no-op)", ["apply", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config]
+            )
             # 1 host against 8 through the same fan-out path (--host given twice collapses to one).
-            measure("1 host apply (fan-out)", ["apply", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
-                                               "--ssh-config", config], lambda: fresh(servers[0].home / "ml-env"), cold=True)
-            measure(f"{HOSTS} hosts apply", ["apply", *all_hosts, "--target", "~/ml-env", "--ssh-config", config],
-                    lambda: [fresh(s.home / "ml-env") for s in servers], cold=True)
-            measure("1 host verify (fan-out)", ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
-                                                "--ssh-config", config])
+            measure(
+                "1 host apply (fan-out)",
+                ["apply", "--host", "node1", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config],
+                lambda: fresh(servers[0].home / "ml-env"),
+                cold=True,
+            )
+            measure(
+                f"{HOSTS} hosts apply",
+                ["apply", *all_hosts, "--target", "~/ml-env", "--ssh-config", config],
+                lambda: [fresh(s.home / "ml-env") for s in servers],
+                cold=True,
+            )
+            measure(
+                "1 host verify (fan-out)",
+                ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env", "--ssh-config", config],
+            )
             measure(f"{HOSTS} hosts verify", ["verify", *all_hosts, "--target", "~/ml-env", "--ssh-config", config])
             # The same two without connection reuse: a new SSH connection per host and run.
-            measure("1 host verify, new conn.", ["verify", "--host", "node1", "--host", "node1", "--target", "~/ml-env",
-                                                 "--ssh-config", config, "--ssh-persist", "0"])
-            measure(f"{HOSTS} hosts verify, new conn.", ["verify", *all_hosts, "--target", "~/ml-env",
-                                                          "--ssh-config", config, "--ssh-persist", "0"])
+            measure(
+                "1 host verify, new conn.",
+                [
+                    "verify",
+                    "--host",
+                    "node1",
+                    "--host",
+                    "node1",
+                    "--target",
+                    "~/ml-env",
+                    "--ssh-config",
+                    config,
+                    "--ssh-persist",
+                    "0",
+                ],
+            )
+            measure(
+                f"{HOSTS} hosts verify, new conn.",
+                ["verify", *all_hosts, "--target", "~/ml-env", "--ssh-config", config, "--ssh-persist", "0"],
+            )
         floor = _floor_cpu(config, tmp / "cache")
         for folder in tmp.glob("cache*/ssh"):
             close_masters(folder)
@@ -178,12 +219,16 @@ def main(n: int, out: Path | None) -> None:
     ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     print(f"{ssh_version}, loopback; {n} runs each, interleaved; wall time of one CLI run")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"  {'subcommand':30} {'median':>8} {'min':>7} {'max':>7} {'local CPU':>10} {'machine busy':>13}"
-          "  ssh connections  exchanges")
+    print(
+        f"  {'subcommand':30} {'median':>8} {'min':>7} {'max':>7} {'local CPU':>10} {'machine busy':>13}"
+        "  ssh connections  exchanges"
+    )
     for k, v in times.items():
         conns, exchanges = counts[k]
-        print(f"  {k:30} {med[k]:7.2f}s {min(v):6.2f}s {max(v):6.2f}s {statistics.median(cpu[k]):9.2f}s"
-              f" {100 * statistics.median(busy[k]):12.0f}%  {conns:>15}  {exchanges:>9}")
+        print(
+            f"  {k:30} {med[k]:7.2f}s {min(v):6.2f}s {max(v):6.2f}s {statistics.median(cpu[k]):9.2f}s"
+            f" {100 * statistics.median(busy[k]):12.0f}%  {conns:>15}  {exchanges:>9}"
+        )
     pairs = {
         "ssh/local apply": ("ssh apply", "local apply"),
         "ssh/local verify": ("ssh verify", "local verify"),
@@ -203,10 +248,14 @@ def main(n: int, out: Path | None) -> None:
 
     extra = (machine_cpu(f"{HOSTS} hosts verify") - machine_cpu("1 host verify (fan-out)")) / (HOSTS - 1)
     one = med["1 host verify (fan-out)"]
-    print(f"  verify, per extra host: {extra:.3f} CPU-s measured; floor {floor:.3f} CPU-s (an SSH session on the shared")
+    print(
+        f"  verify, per extra host: {extra:.3f} CPU-s measured; floor {floor:.3f} CPU-s (an SSH session on the shared"
+    )
     print(f"  connection + the bootstrap's and the target's interpreter starts, nothing else). With {cpus} CPUs for")
-    print(f"  every host, {HOSTS} hosts/1 cannot go below (1 host + {HOSTS - 1} x floor / {cpus} CPUs) / 1 host = "
-          f"{(one + (HOSTS - 1) * floor / cpus) / one:.2f}x")
+    print(
+        f"  every host, {HOSTS} hosts/1 cannot go below (1 host + {HOSTS - 1} x floor / {cpus} CPUs) / 1 host = "
+        f"{(one + (HOSTS - 1) * floor / cpus) / one:.2f}x"
+    )
     print("  local CPU: this CLI and its children (workers, ssh clients); the loopback hosts' agents and")
     print("  sshd run on the same machine too. machine busy: all CPUs, everyone's processes included.")
     print("  apply: fresh targets and an empty controller cache each time (each distinct file planned once);")
@@ -214,9 +263,21 @@ def main(n: int, out: Path | None) -> None:
     print("  SSH connections are reused between runs (--ssh-persist, default 60 s: the connections column")
     print("  counts new ones); 'new conn.' rows pass --ssh-persist 0, a new connection per host and run.")
     if out:
-        out.write_text(json.dumps({"runs": n, "median_seconds": med, "samples": times, "cpu_seconds": cpu, "machine_busy": busy,
-                                   "connections_exchanges": counts, "ratios": ratios,
-                                   "floor_cpu_seconds_per_host": floor}, indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "runs": n,
+                    "median_seconds": med,
+                    "samples": times,
+                    "cpu_seconds": cpu,
+                    "machine_busy": busy,
+                    "connections_exchanges": counts,
+                    "ratios": ratios,
+                    "floor_cpu_seconds_per_host": floor,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 from sandbox import CACHE, make_sandbox, site_packages  # noqa: E402
 
 from patcher.checks import callsite  # noqa: E402
-from patcher.checks.runtime import ENV as PROBE_ENV, MARKER, PROBE_SOURCE, probe_request  # noqa: E402
+from patcher.checks.runtime import ENV as PROBE_ENV  # noqa: E402
+from patcher.checks.runtime import MARKER, PROBE_SOURCE, probe_request
 from patcher.connect.local import LocalTransport  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -56,8 +57,12 @@ def main(n: int) -> None:
         (engine_site,) = (ENGINE_ENV / "lib").glob("python3*/site-packages")
         for target in (env, patched):
             (site_packages(target) / "zz-engine-env.pth").write_text(f"{engine_site}\n")
-        subprocess.run([sys.executable, "-m", "patcher", "apply", "--target", str(patched)], capture_output=True,
-                       cwd=ROOT, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "patcher", "apply", "--target", str(patched)],
+            capture_output=True,
+            cwd=ROOT,
+            check=True,
+        )
         python = str(env / "bin" / "python")
 
         transport = LocalTransport(str(env))
@@ -68,8 +73,13 @@ def main(n: int) -> None:
         request = json.dumps({**probe_request(record, callsite.WORKER), "site_packages": None})
 
         def static_verify(target: Path = env) -> None:
-            subprocess.run([sys.executable, "-m", "patcher", "verify", "--json", "--target", str(target)],
-                           capture_output=True, cwd=ROOT, check=False, env=ENV)
+            subprocess.run(
+                [sys.executable, "-m", "patcher", "verify", "--json", "--target", str(target)],
+                capture_output=True,
+                cwd=ROOT,
+                check=False,
+                env=ENV,
+            )
 
         def static_calls() -> None:
             t = LocalTransport(str(env))
@@ -77,12 +87,21 @@ def main(n: int) -> None:
                 callsite.check(*callsite.fetch(t))
 
         def import_based() -> None:
-            out = subprocess.run([python, "-c", PROBE_SOURCE], input=request.encode(), capture_output=True,
-                                 env={**ENV, **PROBE_ENV}, check=True).stdout.decode()
+            out = subprocess.run(
+                [python, "-c", PROBE_SOURCE],
+                input=request.encode(),
+                capture_output=True,
+                env={**ENV, **PROBE_ENV},
+                check=True,
+            ).stdout.decode()
             assert MARKER in out, out[-2000:]
 
-        times: dict[str, list[float]] = {"static verify, patched": [], "static verify (CLI)": [],
-                                         "static call check": [], "import vLLM + inspect": []}
+        times: dict[str, list[float]] = {
+            "static verify, patched": [],
+            "static verify (CLI)": [],
+            "static call check": [],
+            "import vLLM + inspect": [],
+        }
         for _ in range(n):
             times["static verify, patched"].append(timed(lambda: static_verify(patched)))
             times["static verify (CLI)"].append(timed(static_verify))

@@ -15,9 +15,15 @@ the declarative codemods ``AddKeyword``, ``RemoveKeyword`` and ``Replace`` in
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Patch": "patcher.fixes.patch", "PatchCodemod": "patcher.fixes.patch", "PatchRefused": "patcher.errors",
-    "VllmFact": "patcher.fixes.patch", "AddKeyword": "patcher.fixes.codemods", "RemoveKeyword": "patcher.fixes.codemods",
-    "Replace": "patcher.fixes.codemods", "run_codemod": "patcher.engine", "load_patch_file": "patcher.fixes.userpatches.loader",
+    "Patch": "patcher.fixes.patch",
+    "PatchCodemod": "patcher.fixes.patch",
+    "PatchRefused": "patcher.errors",
+    "VllmFact": "patcher.fixes.patch",
+    "AddKeyword": "patcher.fixes.codemods",
+    "RemoveKeyword": "patcher.fixes.codemods",
+    "Replace": "patcher.fixes.codemods",
+    "run_codemod": "patcher.engine",
+    "load_patch_file": "patcher.fixes.userpatches.loader",
 }
 __all__ = sorted(_PUBLIC)
 

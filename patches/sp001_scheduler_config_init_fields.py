@@ -29,7 +29,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="SchedulerConfig requires the init-only field is_encoder_decoder",
-            modules=("vllm/config/scheduler.py",),
             symbol="SchedulerConfig.is_encoder_decoder",
             first_release="0.12.0",
             probe=init_field_required("vllm/config/scheduler.py", "SchedulerConfig", "is_encoder_decoder"),

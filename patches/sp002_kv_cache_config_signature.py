@@ -31,11 +31,14 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="get_kv_cache_config_from_groups no longer takes kv_cache_specs",
-            modules=("vllm/v1/core/kv_cache_utils.py", "vllm/v1/core/kv_cache_planning.py"),
             symbol="get_kv_cache_config_from_groups",
             first_release="0.12.0",
-            probe=parameter_absent("vllm/v1/core/kv_cache_utils.py", "get_kv_cache_config_from_groups", "kv_cache_specs",
-                                   moved_to="vllm/v1/core/kv_cache_planning.py"),
+            probe=parameter_absent(
+                "vllm/v1/core/kv_cache_utils.py",
+                "get_kv_cache_config_from_groups",
+                "kv_cache_specs",
+                moved_to="vllm/v1/core/kv_cache_planning.py",
+            ),
         ),
     ),
     order=20,

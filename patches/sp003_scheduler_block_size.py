@@ -29,7 +29,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="Scheduler.__init__ requires block_size",
-            modules=("vllm/v1/core/sched/scheduler.py",),
             symbol="Scheduler.__init__",
             first_release="0.12.0",
             probe=parameter_required("vllm/v1/core/sched/scheduler.py", "Scheduler.__init__", "block_size"),

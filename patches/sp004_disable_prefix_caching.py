@@ -29,7 +29,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="CacheConfig.enable_prefix_caching defaults to True",
-            modules=("vllm/config/cache.py",),
             symbol="CacheConfig.enable_prefix_caching",
             first_release="0.12.0",
             probe=field_default("vllm/config/cache.py", "CacheConfig", "enable_prefix_caching", "True"),

@@ -17,15 +17,17 @@ from patcher.fixes.cst_helpers import calls_to, replace_statements, same_code
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 
-ANY_EXECUTE = m.Call(func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model")))
+ANY_EXECUTE = m.Call(
+    func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model"))
+)
 EXECUTE = m.SimpleStatementLine(body=[m.Expr(ANY_EXECUTE)])
 STEP = "self.executor.execute_model(scheduler_output)"  # the one call rewritten: its result is what it tests
-TWO_PHASE = '''\
+TWO_PHASE = """\
 model_output = self.executor.execute_model(scheduler_output)
 if model_output is None and hasattr(self.executor, "sample_tokens"):
     # vLLM >= 0.12: a step is execute_model() then sample_tokens().
     self.executor.sample_tokens(None)
-'''
+"""
 
 
 class CallSampleTokens(PatchCodemod):
@@ -57,14 +59,12 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="the worker runs a step in two phases, execute_model then sample_tokens",
-            modules=("vllm/v1/worker/gpu_worker.py",),
             symbol="Worker.sample_tokens",
             first_release="0.12.0",
             probe=method_defined("vllm/v1/worker/gpu_worker.py", "Worker.sample_tokens", "grammar_output"),
         ),
         VllmFact(
             summary="executors expose sample_tokens(grammar_output, non_block=False)",
-            modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.sample_tokens",
             first_release="0.12.0",
             probe=method_defined("vllm/v1/executor/abstract.py", "Executor.sample_tokens", "grammar_output"),

@@ -31,7 +31,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="collective_rpc(unique_reply_rank=r) returns one reply, not a list",
-            modules=("vllm/v1/executor/multiproc_executor.py",),
             symbol="MultiprocExecutor.collective_rpc",
             first_release="0.12.0",
             probe=returns_not_list("vllm/v1/executor/multiproc_executor.py", "MultiprocExecutor.collective_rpc"),

@@ -58,7 +58,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="LlamaModel embeds with embed_input_ids (get_input_embeddings renamed)",
-            modules=("vllm/model_executor/models/llama.py",),
             symbol="LlamaModel.embed_input_ids",
             first_release="0.12.0",
             probe=method_defined("vllm/model_executor/models/llama.py", "LlamaModel.embed_input_ids"),

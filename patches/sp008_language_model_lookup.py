@@ -30,28 +30,30 @@ GATE = m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Call(func=m.Nam
 # The gate it replaces, whole: ``if not supports_eagle3(model): raise ...`` and nothing else
 # (LOOKUP rebinds ``model``: another argument, or other statements in the gate, would be lost).
 EXACT_GATE = m.If(
-    test=m.UnaryOperation(operator=m.Not(), expression=m.Call(
-        func=m.Name("supports_eagle3"), args=[m.Arg(m.Name("model"), keyword=None, star="")])),
+    test=m.UnaryOperation(
+        operator=m.Not(),
+        expression=m.Call(func=m.Name("supports_eagle3"), args=[m.Arg(m.Name("model"), keyword=None, star="")]),
+    ),
     body=m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Raise()])]),
     orelse=None,
 )
 BASE_MODEL = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Name("base_model"))], value=m.Attribute(m.Name("model"), m.Name("model")))]
 )
-LOOKUP = '''\
+LOOKUP = """\
 # Not supports_eagle3(): its answer for DeepSeek-V2/V3 and Kimi-K2.5 changes across vLLM
 # releases; their decoder layers are captured alike. Multimodal wrappers hold the text
 # model behind get_language_model() and have no .model.
 if hasattr(model, "get_language_model"):
     model = model.get_language_model()
-'''
-CHECK = '''\
+"""
+CHECK = """\
 base_model = getattr(model, "model", model)
 if not hasattr(base_model, "layers"):
     raise ValueError(
         f"Model {type(model).__name__} does not support hidden state extraction"
     )
-'''
+"""
 
 
 class LanguageModelLookup(PatchCodemod):
@@ -65,9 +67,14 @@ class LanguageModelLookup(PatchCodemod):
             self.refuse(None, "'if not supports_eagle3(model): raise ...' then 'base_model = model.model'")
         gates, bases = m.findall(tree, GATE), m.findall(tree, BASE_MODEL)
         for node in [*gates[1:], *bases[1:], *(g for g in gates[:1] if not m.matches(g, EXACT_GATE))]:
-            self.refuse(node, "one 'if not supports_eagle3(model): raise ...' (nothing else in it) and one "
-                              "'base_model = model.model'")
-        RemoveImportsVisitor.remove_unused_import(self.context, "vllm.model_executor.models.interfaces", "supports_eagle3")
+            self.refuse(
+                node,
+                "one 'if not supports_eagle3(model): raise ...' (nothing else in it) and one "
+                "'base_model = model.model'",
+            )
+        RemoveImportsVisitor.remove_unused_import(
+            self.context, "vllm.model_executor.models.interfaces", "supports_eagle3"
+        )
         return replace_statements(tree, {GATE: LOOKUP, BASE_MODEL: CHECK})
 
 
@@ -82,7 +89,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="multimodal wrappers hold the text model behind get_language_model(), not .model",
-            modules=("vllm/model_executor/models/interfaces.py",),
             symbol="SupportsMultiModal.get_language_model",
             first_release="0.11.0",
             probe=method_defined("vllm/model_executor/models/interfaces.py", "SupportsMultiModal.get_language_model"),

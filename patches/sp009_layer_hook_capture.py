@@ -80,8 +80,12 @@ class HiddenStatesWorkerExtension:
         self._captured_states[layer_ids.index(layer_id)].append(captured)
 '''
 
-UNUSED_AFTER = (("types", None), ("itertools", "islice"), ("vllm.distributed", "get_pp_group"),
-                ("vllm.sequence", "IntermediateTensors"))
+UNUSED_AFTER = (
+    ("types", None),
+    ("itertools", "islice"),
+    ("vllm.distributed", "get_pp_group"),
+    ("vllm.sequence", "IntermediateTensors"),
+)
 
 
 class LayerHookCapture(PatchCodemod):
@@ -91,8 +95,10 @@ class LayerHookCapture(PatchCodemod):
         has_forward = bool(m.findall(tree, REPLACEMENT_FORWARD))
         if not has_forward and calls_to(tree, "_register_capture_hooks"):
             self.already_satisfied("hidden states are captured by forward hooks on the layers")
-        shape = ("def _patched_forward(...), a method _store_captured_states and "
-                 "'base_model.forward = types.MethodType(_patched_forward, base_model)'")
+        shape = (
+            "def _patched_forward(...), a method _store_captured_states and "
+            "'base_model.forward = types.MethodType(_patched_forward, base_model)'"
+        )
         if not (has_forward and m.findall(tree, STORE_METHOD) and m.findall(tree, BIND_FORWARD)):
             self.refuse(None, shape)
         for node in m.findall(tree, REPLACEMENT_FORWARD):
@@ -147,11 +153,11 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="DeepseekV2DecoderLayer.forward takes llama_4_scaling (a replacement forward drops it)",
-            modules=("vllm/model_executor/models/deepseek_v2.py",),
             symbol="DeepseekV2DecoderLayer.forward",
             first_release="0.12.0",
-            probe=method_defined("vllm/model_executor/models/deepseek_v2.py", "DeepseekV2DecoderLayer.forward",
-                                 "llama_4_scaling"),
+            probe=method_defined(
+                "vllm/model_executor/models/deepseek_v2.py", "DeepseekV2DecoderLayer.forward", "llama_4_scaling"
+            ),
         ),
     ),
     order=90,

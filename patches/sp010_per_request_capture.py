@@ -18,11 +18,14 @@ alone changes no result: SP012 makes the generator ask per request (and needs th
 Works with 0.3.0's replacement forward and with SP009's hooks alike (same storage layout).
 
 Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, built by vllm/v1/worker/gpu_worker.py
-when VLLM_USE_V2_MODEL_RUNNER=1 from 0.13, and by default for some architectures from 0.22:
-VllmConfig.use_v2_model_runner in vllm/config/vllm.py) keeps no input_batch. The emitted
-code then stops at capture setup with one line naming the runner class and the variable,
-instead of an AttributeError at the first step. ``verify`` reports the condition
-(patcher/model_runner.py).
+when VLLM_USE_V2_MODEL_RUNNER=1 from 0.13, by default for some architectures from 0.22, and
+the only runner from 0.34) keeps no input_batch. SP010 reads V1's batch only: its
+``_track_batch_layout`` stops at capture setup with one line naming a runner it cannot read,
+instead of an AttributeError at the first step. SP022, applied after it, replaces that
+method with one that reads Model Runner V2's batch too, and SP027 recognises V2 by the batch
+state it keeps, so with them capture works under both runners. ``verify``'s model-runner
+line says which runner a job gets (patcher/checks/model_runner.py). The methods SP010
+writes are in capture_methods.py, which SP022 reads to recognise them.
 """
 
 import libcst as cst
@@ -30,6 +33,7 @@ import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import statements
 from patcher.fixes.patch import Patch, PatchCodemod
+from speculators_patch_codemods import capture_methods
 
 CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))
 # self._captured_states = None
@@ -48,78 +52,8 @@ if per_request:
     return self._get_captured_states_per_request()
 """
 
-# Methods as they appear in the class (parsed inside it, so docstrings keep their indent).
-METHODS = '''\
-class HiddenStatesWorkerExtension:
-
-    def _track_batch_layout(self):
-        """Record each executed step's requests and token counts in vLLM's batch order.
-
-        A step's tokens are laid out in the model runner's batch order
-        (input_batch.req_id_to_index), not in submission order, and a prompt may be split
-        across steps (chunked prefill).
-        """
-        runner = self.model_runner  # type: ignore[attr-defined]
-        if not hasattr(runner, "input_batch"):
-            raise RuntimeError(
-                "speculators-patch: hidden-state capture needs vLLM's V1 GPU model runner "
-                f"(input_batch); {type(runner).__name__} has none: set "
-                "VLLM_USE_V2_MODEL_RUNNER=0 (Model Runner V2 is built when it is 1, and "
-                "by default for some models from vLLM 0.22)"
-            )
-        execute_model = runner.execute_model
-        if getattr(execute_model, "_records_batch_layout", False):
-            return
-
-        def execute_model_recording_layout(scheduler_output, *args, **kwargs):
-            output = execute_model(scheduler_output, *args, **kwargs)
-            scheduled = scheduler_output.num_scheduled_tokens
-            if scheduled:
-                index = runner.input_batch.req_id_to_index
-                missing = [req_id for req_id in scheduled if req_id not in index]
-                if missing:
-                    raise RuntimeError(f"Scheduled requests not in the batch: {missing}")
-                layout = sorted(scheduled.items(), key=lambda item: index[item[0]])
-                self._batch_layouts.append(layout)
-            return output
-
-        execute_model_recording_layout._records_batch_layout = True
-        runner.execute_model = execute_model_recording_layout
-
-    def _get_captured_states_per_request(self):
-        """Get the captured hidden states per request, assembled across steps.
-
-        Returns:
-            Dict mapping request id to a list of tensors, one per target layer, or None
-            if no states captured. Raises when captures and executed steps disagree.
-        """
-        captured, self._captured_states = self._captured_states, None
-        layouts, self._batch_layouts = self._batch_layouts, []
-        if captured is None:
-            return None
-        per_request = {}
-        for layer_index, passes in enumerate(captured):
-            if len(passes) != len(layouts):
-                raise RuntimeError(
-                    f"Captured {len(passes)} forward passes for {len(layouts)} steps"
-                )
-            for rows, layout in zip(passes, layouts):
-                total = sum(num_tokens for _, num_tokens in layout)
-                # vLLM may pad a step's tail (e.g. for CUDA graphs), never its head.
-                if rows.shape[0] < total:
-                    raise RuntimeError(
-                        f"Captured {rows.shape[0]} rows for a step of {total} tokens"
-                    )
-                offset = 0
-                for req_id, num_tokens in layout:
-                    chunks = per_request.setdefault(req_id, [[] for _ in captured])
-                    chunks[layer_index].append(rows[offset : offset + num_tokens])
-                    offset += num_tokens
-        return {
-            req_id: [torch.cat(chunks, dim=0) for chunks in layers]
-            for req_id, layers in per_request.items()
-        }
-'''
+# Methods as they appear in the class: written out in capture_methods, which SP022 reads too.
+METHODS = capture_methods.PER_REQUEST
 
 
 def _method(name: str) -> m.FunctionDef:
@@ -132,8 +66,10 @@ class PerRequestCapture(PatchCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if m.findall(tree, NEW_RPC):
             self.already_satisfied("captures are split per request by the batch layout")
-        shape = ("class HiddenStatesWorkerExtension whose _setup_hidden_states_capture and "
-                 "_reset_capture set 'self._captured_states = None', and def _get_captured_states(self)")
+        shape = (
+            "class HiddenStatesWorkerExtension whose _setup_hidden_states_capture and "
+            "_reset_capture set 'self._captured_states = None', and def _get_captured_states(self)"
+        )
         found = m.findall(tree, CLASS) and m.findall(tree, GET_STATES)
         if not found or not all(m.findall(tree, _method(n)) for n in AFTER_RESET):
             self.refuse(None, shape)
@@ -146,8 +82,11 @@ class PerRequestCapture(PatchCodemod):
         for name in AFTER_RESET:
             for extra in m.findall(m.findall(tree, m.FunctionDef(name=m.Name(name)))[0], RESET_LINE)[1:]:
                 self.refuse(extra, f"one 'self._captured_states = None' in {name}")
-        for taken in m.findall(tree, m.FunctionDef(name=m.Name("_track_batch_layout")) | m.Attribute(
-                value=m.Name("self"), attr=m.Name("_batch_layouts"))):
+        for taken in m.findall(
+            tree,
+            m.FunctionDef(name=m.Name("_track_batch_layout"))
+            | m.Attribute(value=m.Name("self"), attr=m.Name("_batch_layouts")),
+        ):
             self.refuse(taken, "no _track_batch_layout or self._batch_layouts before this patch adds them")
         return tree.visit(_Rewrite(tree.default_newline))
 
@@ -165,8 +104,11 @@ class _Rewrite(cst.CSTTransformer):
         self.functions.pop()
         if not m.matches(original, GET_STATES):
             return updated
-        param = cst.Param(cst.Name("per_request"), default=cst.Name("False"),
-                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        param = cst.Param(
+            cst.Name("per_request"),
+            default=cst.Name("False"),
+            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+        )
         params = updated.params.with_changes(params=[*updated.params.params, param])
         body = list(updated.body.body)
         at = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0

@@ -13,7 +13,9 @@ from patcher.fixes.codemods import Replace
 from patcher.fixes.patch import Patch, VllmFact
 from patcher.fixes.probes import method_defined
 
-ANY_CUDA_QUERY = m.Call(func=m.Attribute(value=m.Attribute(m.Name("torch"), m.Name("cuda")), attr=m.Name("mem_get_info")))
+ANY_CUDA_QUERY = m.Call(
+    func=m.Attribute(value=m.Attribute(m.Name("torch"), m.Name("cuda")), attr=m.Name("mem_get_info"))
+)
 CUDA_QUERY = m.Call(func=ANY_CUDA_QUERY.func, args=[])
 # free_memory, _ = ... (the one shape rewritten: the replacement binds free_memory only)
 FREE_AND_TOTAL = [m.AssignTarget(m.Tuple([m.Element(m.Name("free_memory")), m.Element(m.Name("_"))]))]
@@ -42,7 +44,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="executors report available memory per worker, on every platform",
-            modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.determine_available_memory",
             first_release="0.11.0",
             probe=method_defined("vllm/v1/executor/abstract.py", "Executor.determine_available_memory"),

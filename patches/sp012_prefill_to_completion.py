@@ -59,7 +59,7 @@ LAYERS_LOG = 'log.debug(f"Successfully captured {len(aux_hidden_states)} layers"
 PROMPT_LENS = "prompt_lens = {}\n"
 RECORD_LEN = "prompt_lens[req.request_id] = len(ids_list)\n"
 COMPUTED = "computed = dict.fromkeys(prompt_lens, 0)\n"
-FINISH_DONE = '''\
+FINISH_DONE = """\
 # vLLM may split a prompt across steps (chunked prefill): finish a request only
 # once its whole prompt has run, so no decode step is ever scheduled for it.
 finished = []
@@ -68,13 +68,13 @@ for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
     if computed[req_id] >= prompt_lens[req_id]:
         finished.append(req_id)
 self.scheduler.finish_requests(finished, RequestStatus.FINISHED_ABORTED)
-'''
-ABORT_REST = '''\
+"""
+ABORT_REST = """\
 # Requests vLLM stopped scheduling before their prompt ended are reported below.
 unfinished = [req_id for req_id, n in computed.items() if n < prompt_lens[req_id]]
 if unfinished:
     self.scheduler.finish_requests(unfinished, RequestStatus.FINISHED_ABORTED)
-'''
+"""
 REQUESTS_LOG = 'log.debug(f"Successfully captured {len(aux_hidden_states)} requests")\n'
 RESULTS_COMMENT = (
     "# Captures arrive per request; refuse to return anything when a request's rows do",
@@ -82,7 +82,7 @@ RESULTS_COMMENT = (
 )
 RESULTS_TARGET = "i, (req_id, seq_len)"
 RESULTS_ITER = "enumerate(prompt_lens.items())"
-CHECKED_STATES = '''\
+CHECKED_STATES = """\
 layer_states = aux_hidden_states.get(req_id)
 if (
     computed[req_id] != seq_len
@@ -95,13 +95,16 @@ if (
         f"per layer {[h.shape[0] for h in layer_states or []]}"
     )
 layer_states = [h.cpu() for h in layer_states]
-'''
+"""
 
 
 # What the rewrite drops or replaces, as speculators 0.3.0 has it (a hand edit there is refused, not lost).
 EXACT = (
-    (ABORT_LOOP, "for req_id in scheduler_output.num_scheduled_tokens:\n"
-                 "    self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)"),
+    (
+        ABORT_LOOP,
+        "for req_id in scheduler_output.num_scheduled_tokens:\n"
+        "    self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)",
+    ),
     (SEQ_LENS, "seq_lens = [len(ids) for ids in input_ids_list]"),
     (SLICE_STATES, "layer_states = [h[offset : offset + seq_len].clone().cpu() for h in aux_hidden_states]"),
     (OFFSET_STEP, "offset += seq_len"),
@@ -114,7 +117,9 @@ IDS_LIST = m.Assign(targets=[m.AssignTarget(m.Name("ids_list"))])  # RECORD_LEN 
 def _rpc_args_known(call: cst.Call) -> bool:
     """``collective_rpc("_get_captured_states")``, or with 0.3.0's ``unique_reply_rank=0`` (SP006 skipped)."""
     rest = call.args[1:]
-    return not rest or (len(rest) == 1 and m.matches(rest[0], m.Arg(m.Integer("0"), keyword=m.Name("unique_reply_rank"))))
+    return not rest or (
+        len(rest) == 1 and m.matches(rest[0], m.Arg(m.Integer("0"), keyword=m.Name("unique_reply_rank")))
+    )
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -132,8 +137,10 @@ class PrefillToCompletion(PatchCodemod):
                     self.refuse(kwargs, f'collective_rpc("_get_captured_states", kwargs={PER_REQUEST})')
                 self.already_satisfied("the generator assembles captures per request")
         anchors = (SUBMIT_LOOP, STEP_LOOP, RPC, SEQ_LENS, OFFSET, RESULTS_LOOP)
-        shape = ("speculators 0.3.0's generate(): the add_request loop, the step loop aborting every scheduled "
-                 "request, collective_rpc(\"_get_captured_states\"), and the seq_lens/offset slicing loop")
+        shape = (
+            "speculators 0.3.0's generate(): the add_request loop, the step loop aborting every scheduled "
+            'request, collective_rpc("_get_captured_states"), and the seq_lens/offset slicing loop'
+        )
         if not all(m.findall(tree, a) for a in anchors):
             self.refuse(None, shape)
         for matcher in (*anchors, ADD_REQUEST, ABORT_LOOP, SLICE_STATES, OFFSET_STEP):
@@ -144,8 +151,9 @@ class PrefillToCompletion(PatchCodemod):
                 if not same_code(node, code):
                     self.refuse(node, f"'{code.splitlines()[0]}...'" if "\n" in code else f"'{code}'")
         loop = m.findall(tree, RESULTS_LOOP)[0]
-        if not same_code(loop.with_changes(body=cst.IndentedBlock([cst.SimpleStatementLine([cst.Pass()])])),
-                         RESULTS_HEAD):
+        if not same_code(
+            loop.with_changes(body=cst.IndentedBlock([cst.SimpleStatementLine([cst.Pass()])])), RESULTS_HEAD
+        ):
             self.refuse(loop, f"'{RESULTS_HEAD[:-6]}'")
         for call in m.findall(tree, RPC):
             if not _rpc_args_known(call):
@@ -211,9 +219,12 @@ class _Rewrite(cst.CSTTransformer):
         if len(updated.args) == 1 and isinstance(updated.whitespace_before_args, cst.ParenthesizedWhitespace):
             # One argument on its own line (0.3.0's layout once SP006 ran): same for the new one.
             first = updated.args[0].with_changes(comma=cst.Comma(whitespace_after=updated.whitespace_before_args))
-            new = cst.Arg(keyword=cst.Name("kwargs"), value=cst.parse_expression(PER_REQUEST),
-                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                          comma=updated.args[0].comma)
+            new = cst.Arg(
+                keyword=cst.Name("kwargs"),
+                value=cst.parse_expression(PER_REQUEST),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                comma=updated.args[0].comma,
+            )
             return updated.with_changes(args=[first, new])
         return append_keyword(updated, "kwargs", PER_REQUEST)
 

@@ -22,10 +22,10 @@ from patcher.fixes.patch import Patch, PatchCodemod
 
 FLAG = "_REQUEST_TAKES_EOS_TOKEN_ID"
 FLAG_DEFINED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(FLAG))])])
-DEFINE_FLAG = f'''\
+DEFINE_FLAG = f"""\
 # vLLM <= 0.16 requires Request(eos_token_id=); 0.17 removed it. Read once, at import.
 {FLAG} = "eos_token_id" in inspect.signature(Request.__init__).parameters
-'''
+"""
 IMPORT = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
 
 

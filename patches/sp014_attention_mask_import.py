@@ -24,16 +24,24 @@ from patcher.fixes.patch import Patch, PatchCodemod
 
 MODULE = "modeling_attn_mask_utils"
 NAME = "_prepare_4d_causal_attention_mask"
-IMPORT = m.SimpleStatementLine(body=[m.ImportFrom(
-    module=m.Attribute(value=m.Name("transformers"), attr=m.Name(MODULE)),
-    names=[m.ImportAlias(name=m.Name(NAME), asname=None)],
-)])
+IMPORT = m.SimpleStatementLine(
+    body=[
+        m.ImportFrom(
+            module=m.Attribute(value=m.Name("transformers"), attr=m.Name(MODULE)),
+            names=[m.ImportAlias(name=m.Name(NAME), asname=None)],
+        )
+    ]
+)
 GUARDED = m.Try(body=m.IndentedBlock(body=[IMPORT]))
 # Satisfied only where the guard still gives the name: an ImportError handler that defines it.
-DEFINES = m.FunctionDef(name=m.Name(NAME)) | m.AssignTarget(target=m.Name(NAME)) | m.ImportAlias(
-    name=m.Name(NAME), asname=None) | m.ImportAlias(asname=m.AsName(m.Name(NAME)))
+DEFINES = (
+    m.FunctionDef(name=m.Name(NAME))
+    | m.AssignTarget(target=m.Name(NAME))
+    | m.ImportAlias(name=m.Name(NAME), asname=None)
+    | m.ImportAlias(asname=m.AsName(m.Name(NAME)))
+)
 FALLBACK = m.ExceptHandler(type=m.Name("ImportError"), body=m.MatchIfTrue(lambda body: bool(m.findall(body, DEFINES))))
-PORTABLE = f'''\
+PORTABLE = f"""\
 try:  # transformers < 5.24
     from transformers.{MODULE} import {NAME}
 except ImportError:  # transformers 5.24 removed the module: the same mask, built here
@@ -53,7 +61,7 @@ except ImportError:  # transformers 5.24 removed the module: the same mask, buil
         blocked = blocked[None, None] | (attention_mask[:, None, None, :] == 0)
         mask = torch.zeros(blocked.shape, dtype=dtype, device=device)
         return mask.masked_fill(blocked, torch.finfo(dtype).min)
-'''
+"""
 
 
 class AttentionMaskImport(PatchCodemod):
@@ -65,8 +73,9 @@ class AttentionMaskImport(PatchCodemod):
                 self.refuse(guard, f"'except ImportError:' that defines {NAME} after the guarded import")
             self.already_satisfied(f"the {MODULE} import has a fallback")
         top_level = [s for s in tree.body if m.matches(s, IMPORT)]
-        if len(top_level) != 1 or not m.findall(tree, m.ImportFrom(module=m.Name("torch")) | m.Import(
-                names=[m.ImportAlias(name=m.Name("torch"))])):
+        if len(top_level) != 1 or not m.findall(
+            tree, m.ImportFrom(module=m.Name("torch")) | m.Import(names=[m.ImportAlias(name=m.Name("torch"))])
+        ):
             self.refuse(None, f"one module-level 'from transformers.{MODULE} import {NAME}' and 'import torch'")
         return replace_statements(tree, {IMPORT: PORTABLE})
 

@@ -16,10 +16,9 @@ The emitted line is SP011's; the helper's import is left in place (``empty_cache
 
 import libcst.matchers as m
 
-from speculators_patch_codemods.sp011_device_memory_query import FREE_AND_TOTAL
-from speculators_patch_codemods.sp011_device_memory_query import PATCH as SP011
-from speculators_patch_codemods.sp011_device_memory_query import PlatformMemoryQuery
 from patcher.fixes.patch import Patch
+from speculators_patch_codemods.sp011_device_memory_query import FREE_AND_TOTAL, PlatformMemoryQuery
+from speculators_patch_codemods.sp011_device_memory_query import PATCH as SP011
 
 # free_memory, _ = mem_get_info()   (speculators.utils.util.mem_get_info)
 HELPER_QUERY = m.Call(func=m.Name("mem_get_info"), args=[])

@@ -33,7 +33,9 @@ FINISH = m.Call(func=m.Attribute(attr=m.Name("finish_requests")))
 COUNT = m.AugAssign(target=m.Subscript(value=m.Name("request_num_computed")))
 # while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0 ...:
 STEP_LOOP = m.While(
-    test=m.MatchIfTrue(lambda test: bool(m.findall(test, m.NamedExpr(target=m.Name("scheduler_output"), value=SCHEDULE)))),
+    test=m.MatchIfTrue(
+        lambda test: bool(m.findall(test, m.NamedExpr(target=m.Name("scheduler_output"), value=SCHEDULE)))
+    ),
     body=m.MatchIfTrue(lambda body: bool(m.findall(body, EXECUTE)) and bool(m.findall(body, COUNT))),
 )
 FINISH_COMPLETED = """\
@@ -56,13 +58,19 @@ class FinishCompletedPrompts(PatchCodemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         loops = m.findall(tree, STEP_LOOP)
         if len(loops) != 1:
-            self.refuse(loops[1] if loops else None,
-                        "one 'while (scheduler_output := self.scheduler.schedule())...' loop that calls "
-                        "self.executor.execute_model and counts request_num_computed[req_id] += num_tokens")
+            self.refuse(
+                loops[1] if loops else None,
+                "one 'while (scheduler_output := self.scheduler.schedule())...' loop that calls "
+                "self.executor.execute_model and counts request_num_computed[req_id] += num_tokens",
+            )
         calls = m.findall(loops[0].body, FINISH)
         if calls:  # 0.4.x finishes requests after the loop: in it, only this patch's statement is known
-            ours = {id(c) for s in m.findall(loops[0].body, m.SimpleStatementLine(body=[m.Expr(FINISH)]))
-                    if same_code(s, FINISH_COMPLETED) for c in m.findall(s, FINISH)}
+            ours = {
+                id(c)
+                for s in m.findall(loops[0].body, m.SimpleStatementLine(body=[m.Expr(FINISH)]))
+                if same_code(s, FINISH_COMPLETED)
+                for c in m.findall(s, FINISH)
+            }
             for call in calls:
                 if id(call) not in ours:
                     self.refuse(call, "no finish_requests in the step loop but the one this patch adds")

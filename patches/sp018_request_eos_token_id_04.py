@@ -11,8 +11,8 @@ file runs on vLLM 0.12-0.16 and on 0.17 and later. Like SP013 it is needed where
 keyword is passed unconditionally, whatever the installed vLLM.
 """
 
-from speculators_patch_codemods.sp013_request_eos_token_id import PortableEosTokenId
 from patcher.fixes.patch import Patch
+from speculators_patch_codemods.sp013_request_eos_token_id import PortableEosTokenId
 
 
 class PortableEosTokenId04(PortableEosTokenId):

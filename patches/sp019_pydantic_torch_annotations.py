@@ -22,22 +22,28 @@ import libcst.matchers as m
 from patcher.fixes.codemods import Replace
 from patcher.fixes.patch import Patch
 
-REBUILD = m.SimpleStatementLine(body=[m.Expr(m.Call(
-    func=m.Attribute(value=m.Name("cls"), attr=m.Name("model_rebuild")),
-    args=[m.Arg(keyword=m.Name("force"), value=m.Name("True"))],
-))])
+REBUILD = m.SimpleStatementLine(
+    body=[
+        m.Expr(
+            m.Call(
+                func=m.Attribute(value=m.Name("cls"), attr=m.Name("model_rebuild")),
+                args=[m.Arg(keyword=m.Name("force"), value=m.Name("True"))],
+            )
+        )
+    ]
+)
 TORCH_IN_SCOPE = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"))])])
 
 
 class TorchForAnnotations(Replace):
     DESCRIPTION = "cls.model_rebuild(force=True) -> with torch in the caller's namespace"
     MATCH = REBUILD
-    REPLACEMENT = '''\
+    REPLACEMENT = """\
 # transformers 5's PretrainedConfig annotations name torch; model_rebuild resolves them in
 # this frame's namespace.
 import torch  # noqa: F401
 cls.model_rebuild(force=True)
-'''
+"""
     SATISFIED = TORCH_IN_SCOPE
     SATISFIED_REASON = "torch is imported where the models are rebuilt"
     EXPECTED = "'cls.model_rebuild(force=True)' in ReloadableBaseModel.reload_schema"

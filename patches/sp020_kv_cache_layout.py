@@ -21,19 +21,26 @@ from patcher.fixes.codemods import Replace
 from patcher.fixes.patch import Patch
 
 SPEC_NAME = m.SimpleString('"get_kv_cache_spec"') | m.SimpleString("'get_kv_cache_spec'")
-SPECS = m.SimpleStatementLine(body=[m.Assign(
-    targets=[m.AssignTarget(m.Name("kv_cache_spec_list"))],
-    value=m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("executor")),
-                                  attr=m.Name("collective_rpc")),
-                 args=[m.Arg(SPEC_NAME)]),
-)])
+SPECS = m.SimpleStatementLine(
+    body=[
+        m.Assign(
+            targets=[m.AssignTarget(m.Name("kv_cache_spec_list"))],
+            value=m.Call(
+                func=m.Attribute(
+                    value=m.Attribute(value=m.Name("self"), attr=m.Name("executor")), attr=m.Name("collective_rpc")
+                ),
+                args=[m.Arg(SPEC_NAME)],
+            ),
+        )
+    ]
+)
 BROADCAST = m.Call(func=m.Attribute(attr=m.Name("set_kv_cache_layout")))
 
 
 class ResolveKvCacheLayout(Replace):
     DESCRIPTION = "after the workers' KV cache specs: resolve and broadcast the KV cache layout (vLLM 0.29+)"
     MATCH = SPECS
-    REPLACEMENT = '''\
+    REPLACEMENT = """\
 kv_cache_spec_list = self.executor.collective_rpc("get_kv_cache_spec")
 # vLLM >= 0.29: the engine core resolves one KV cache layout before sizing the cache
 # (EngineCore._initialize_kv_caches); this generator is its own engine core.
@@ -46,7 +53,7 @@ if hasattr(self.executor, "get_supported_kv_cache_layouts") and hasattr(self.exe
         [spec for specs in kv_cache_spec_list for spec in specs.values()],
     )
     self.executor.set_kv_cache_layout(layout.name)
-'''
+"""
     SATISFIED = BROADCAST
     SATISFIED_REASON = "the generator already resolves the KV cache layout"
     EXPECTED = "'kv_cache_spec_list = self.executor.collective_rpc(\"get_kv_cache_spec\")' in the generator"

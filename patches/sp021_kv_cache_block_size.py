@@ -25,11 +25,11 @@ from patcher.fixes.patch import Patch, PatchCodemod
 
 CHOICE = "_KV_CACHE_BLOCK_SIZE"
 FIXED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("VLLM_BLOCK_SIZE"))])])
-DEFINE_CHOICE = f'''\
+DEFINE_CHOICE = f"""\
 # vLLM >= 0.18 picks the block size per platform and attention backend when none is given
 # (CacheConfig.user_specified_block_size); some refuse 16. Read once, at import.
 {CHOICE} = None if "user_specified_block_size" in CacheConfig.__dataclass_fields__ else VLLM_BLOCK_SIZE
-'''
+"""
 
 
 class LetVllmPickBlockSize(PatchCodemod):
@@ -56,9 +56,14 @@ class _UseChoice(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if id(original) != self.target:
             return updated
-        return updated.with_changes(args=[
-            a.with_changes(value=cst.Name(CHOICE)) if a.keyword is not None and a.keyword.value == "block_size" else a
-            for a in updated.args])
+        return updated.with_changes(
+            args=[
+                a.with_changes(value=cst.Name(CHOICE))
+                if a.keyword is not None and a.keyword.value == "block_size"
+                else a
+                for a in updated.args
+            ]
+        )
 
 
 PATCH = Patch(

@@ -32,17 +32,21 @@ def _module(dotted: str) -> m.BaseMatcherNode:
     return m.Attribute(value=_module(".".join(outer)), attr=m.Name(last)) if outer else m.Name(last)
 
 
-IMPORT = m.SimpleStatementLine(body=[m.ImportFrom(
-    module=_module("vllm.v1.core.kv_cache_utils"),
-    names=[m.ImportAlias(name=m.Name(name), asname=None) for name in HELPERS],
-)])
+IMPORT = m.SimpleStatementLine(
+    body=[
+        m.ImportFrom(
+            module=_module("vllm.v1.core.kv_cache_utils"),
+            names=[m.ImportAlias(name=m.Name(name), asname=None) for name in HELPERS],
+        )
+    ]
+)
 NAMES = "".join(f"        {name},\n" for name in HELPERS)
 
 
 class KvCachePlanningImports(Replace):
     DESCRIPTION = "from kv_cache_utils import <3 KV cache helpers> -> kv_cache_planning's where they moved (vLLM 0.33)"
     MATCH = IMPORT
-    REPLACEMENT = f'''\
+    REPLACEMENT = f"""\
 # vLLM >= 0.33 moved these three helpers, unchanged, to kv_cache_planning, where its engine
 # core plans the KV cache (vllm/v1/engine/core.py).
 try:
@@ -51,12 +55,14 @@ try:
 except ImportError:
     from vllm.v1.core.kv_cache_planning import (
 {NAMES}    )
-'''
+"""
     SATISFIED = m.ImportFrom(module=_module("vllm.v1.core.kv_cache_planning"))
     SATISFIED_REASON = "the generator imports the KV cache helpers from kv_cache_planning where they are"
     EXPECTED = f"'from vllm.v1.core.kv_cache_utils import ({', '.join(HELPERS)},)' in the generator"
-    TOUCHES = m.ImportFrom(module=_module("vllm.v1.core.kv_cache_utils"), names=[
-        m.ZeroOrMore(), m.ImportAlias(name=m.OneOf(*(m.Name(name) for name in HELPERS))), m.ZeroOrMore()])
+    TOUCHES = m.ImportFrom(
+        module=_module("vllm.v1.core.kv_cache_utils"),
+        names=[m.ZeroOrMore(), m.ImportAlias(name=m.OneOf(*(m.Name(name) for name in HELPERS))), m.ZeroOrMore()],
+    )
 
 
 PATCH = Patch(
@@ -70,7 +76,6 @@ PATCH = Patch(
     facts=tuple(
         VllmFact(
             summary=f"{name} moved from kv_cache_utils to kv_cache_planning",
-            modules=(OLD, NEW),
             symbol=f"kv_cache_planning.{name}",
             first_release="0.33.0",
             probe=function_moved(OLD, NEW, name),

@@ -50,8 +50,9 @@ def _block(code: str, newline: str) -> cst.If:
 
 
 def _passes_interleave(call: cst.Call) -> bool:
-    return len(call.args) >= 2 or any(a.star == "**" or (a.keyword is not None and a.keyword.value == PARAM)
-                                      for a in call.args)
+    return len(call.args) >= 2 or any(
+        a.star == "**" or (a.keyword is not None and a.keyword.value == PARAM) for a in call.args
+    )
 
 
 class PassInterleaveSize(PatchCodemod):
@@ -62,8 +63,11 @@ class PassInterleaveSize(PatchCodemod):
             self.already_satisfied("the KV cache layout is sent with the interleave size where vLLM takes it")
         # The one shape accepted: SP020's block as SP020 writes it (a hand-edited copy is refused).
         sp020 = _block(SP020.REPLACEMENT, tree.default_newline)
-        found = [n for n in m.findall(tree, m.If()) if isinstance(n, cst.If)
-                 and n.deep_equals(sp020.with_changes(leading_lines=n.leading_lines))]
+        found = [
+            n
+            for n in m.findall(tree, m.If())
+            if isinstance(n, cst.If) and n.deep_equals(sp020.with_changes(leading_lines=n.leading_lines))
+        ]
         if len(found) != 1:
             self.refuse(None, "SP020's KV cache layout block in the generator, unedited (SP024 applies after SP020)")
         return tree.visit(_Rewrite(found[0], _block(BLOCK, tree.default_newline)))
@@ -91,12 +95,12 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="Executor.set_kv_cache_layout requires cp_kv_cache_interleave_size",
-            modules=("vllm/v1/executor/abstract.py",),
             symbol="Executor.set_kv_cache_layout",
             first_release="0.33.0",
             # set_kv_cache_layout itself is new in 0.29 (SP020 calls it only where it exists).
-            probe=parameter_required("vllm/v1/executor/abstract.py", "Executor.set_kv_cache_layout", PARAM,
-                                     optional=True),
+            probe=parameter_required(
+                "vllm/v1/executor/abstract.py", "Executor.set_kv_cache_layout", PARAM, optional=True
+            ),
         ),
     ),
     order=180,

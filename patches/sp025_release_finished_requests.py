@@ -27,8 +27,13 @@ from patcher.fixes.probes import class_reads
 from speculators_patch_codemods.sp005_two_phase_execution import TWO_PHASE
 
 # while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
-STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(
-    value=m.NamedExpr(target=m.Name("scheduler_output")), attr=m.Name("total_num_scheduled_tokens"))))
+STEP_LOOP = m.While(
+    test=m.Comparison(
+        left=m.Attribute(
+            value=m.NamedExpr(target=m.Name("scheduler_output")), attr=m.Name("total_num_scheduled_tokens")
+        )
+    )
+)
 FLUSH = m.If(test=m.Attribute(m.Name("scheduler_output"), m.Name("finished_req_ids")))
 CODE = """\
 # The schedule() that ended the loop carries the requests finished in the last step: Model
@@ -39,8 +44,10 @@ if scheduler_output.finished_req_ids:
 
 
 # The flush as this patch writes it, and as SP005 leaves it when it ran after it (two-phase).
-FLUSHES = (CODE, "if scheduler_output.finished_req_ids:\n" + "".join(
-    f"    {line}\n" for line in TWO_PHASE.splitlines()))
+FLUSHES = (
+    CODE,
+    "if scheduler_output.finished_req_ids:\n" + "".join(f"    {line}\n" for line in TWO_PHASE.splitlines()),
+)
 
 
 class ReleaseFinishedRequests(PatchCodemod):
@@ -52,8 +59,11 @@ class ReleaseFinishedRequests(PatchCodemod):
                 self.refuse(flush, f"'{CODE.splitlines()[2]}' with nothing but {CODE.splitlines()[3].strip()!r}")
             self.already_satisfied("the last scheduler output reaches the workers")
         if len(m.findall(tree, STEP_LOOP)) != 1:
-            self.refuse(None, "one 'while (scheduler_output := self.scheduler.schedule())"
-                              ".total_num_scheduled_tokens > 0:' loop in generate()")
+            self.refuse(
+                None,
+                "one 'while (scheduler_output := self.scheduler.schedule())"
+                ".total_num_scheduled_tokens > 0:' loop in generate()",
+            )
         return tree.visit(_Rewrite())
 
 
@@ -77,7 +87,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="Model Runner V2 frees a request's slot only from a step's finished_req_ids",
-            modules=("vllm/v1/worker/gpu/model_runner.py",),
             symbol="GPUModelRunner (scheduler_output.finished_req_ids)",
             first_release="0.12.0",
             probe=class_reads("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner", "finished_req_ids"),

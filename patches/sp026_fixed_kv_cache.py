@@ -50,8 +50,10 @@ class KeepKvCacheFixed(PatchCodemod):
             self.already_satisfied(f"CacheConfig(..., **{CHOICE})")
         hand_set = [a for a in call.args if a.keyword is not None and a.keyword.value == SWITCH]
         if hand_set or starred or call.args and call.args[0].keyword is None:
-            self.refuse((hand_set or starred or call.args)[0],
-                        f"CacheConfig(...) with keyword arguments only and no {SWITCH}= of its own")
+            self.refuse(
+                (hand_set or starred or call.args)[0],
+                f"CacheConfig(...) with keyword arguments only and no {SWITCH}= of its own",
+            )
         if len(anchors) != 1:
             self.refuse(None, "one module-level VLLM_BLOCK_SIZE = ...")
         tree = tree.visit(_PassChoice(id(call)))
@@ -68,8 +70,9 @@ class _PassChoice(cst.CSTTransformer):
         if id(original) != self.target:
             return updated
         keyed = append_keyword(updated, "_", "0")  # the layout of one more argument, then made **CHOICE
-        last = keyed.args[-1].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT, star="**",
-                                           value=cst.Name(CHOICE))
+        last = keyed.args[-1].with_changes(
+            keyword=None, equal=cst.MaybeSentinel.DEFAULT, star="**", value=cst.Name(CHOICE)
+        )
         return keyed.with_changes(args=[*keyed.args[:-1], last])
 
 
@@ -83,7 +86,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="CacheConfig has enable_extensible_kv_cache; vLLM turns it on for CUDA when unset",
-            modules=("vllm/config/cache.py",),
             symbol=f"CacheConfig.{SWITCH}",
             first_release="0.34.0",
             probe=field_defined("vllm/config/cache.py", "CacheConfig", SWITCH),

@@ -21,7 +21,7 @@ import libcst.matchers as m
 from patcher.fixes.cst_helpers import statements
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import imports_at_top
-from speculators_patch_codemods.sp022_model_runner_v2_capture import METHODS as SP022_METHODS
+from speculators_patch_codemods import capture_methods
 
 CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))
 HELPER = m.FunctionDef(name=m.Name("_keeps_batch_state"))
@@ -116,8 +116,7 @@ class HiddenStatesWorkerExtension:
 
 
 def _methods(code: str, newline: str) -> dict[str, cst.FunctionDef]:
-    cls = cst.ensure_type(cst.parse_module(code.replace("\n", newline)).body[0], cst.ClassDef)
-    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+    return {s.name.value: s for s in capture_methods.class_body(code, newline) if isinstance(s, cst.FunctionDef)}
 
 
 class RecogniseV2ByBatchState(PatchCodemod):
@@ -127,16 +126,25 @@ class RecogniseV2ByBatchState(PatchCodemod):
         if any(m.matches(s, HELPER) for s in tree.body):
             self.already_satisfied("Model Runner V2 is recognised by its batch state")
         # The one shape accepted: SP022's two methods as SP022 writes them (hand edits are refused).
-        expected = _methods(SP022_METHODS, tree.default_newline)
+        expected = _methods(capture_methods.EITHER_RUNNER, tree.default_newline)
         classes = [s for s in tree.body if m.matches(s, CLASS)]
-        found = {f.name.value: f for c in classes for f in c.body.body
-                 if isinstance(f, cst.FunctionDef) and f.name.value in REPLACED}
+        found = {
+            f.name.value: f
+            for c in classes
+            for f in c.body.body
+            if isinstance(f, cst.FunctionDef) and f.name.value in REPLACED
+        }
         for name in REPLACED:
             if name not in found or not found[name].deep_equals(
-                    expected[name].with_changes(leading_lines=found[name].leading_lines)):
-                self.refuse(found.get(name), f"class HiddenStatesWorkerExtension with SP022's {name}, unedited "
-                                             "(SP027 applies after SP022)")
-        return tree.visit(_Rewrite(_methods(METHODS, tree.default_newline), FUNCTIONS.replace("\n", tree.default_newline)))
+                expected[name].with_changes(leading_lines=found[name].leading_lines)
+            ):
+                self.refuse(
+                    found.get(name),
+                    f"class HiddenStatesWorkerExtension with SP022's {name}, unedited (SP027 applies after SP022)",
+                )
+        return tree.visit(
+            _Rewrite(_methods(METHODS, tree.default_newline), FUNCTIONS.replace("\n", tree.default_newline))
+        )
 
 
 class _Rewrite(cst.CSTTransformer):
@@ -167,7 +175,6 @@ PATCH = Patch(
     facts=(
         VllmFact(
             summary="the CPU worker always builds Model Runner V2 (vllm/v1/worker/cpu/model_runner.py)",
-            modules=("vllm/v1/worker/cpu_worker.py",),
             symbol="CPUWorker (CPUModelRunner from vllm.v1.worker.cpu.model_runner)",
             first_release="0.34.0",
             probe=imports_at_top("vllm/v1/worker/cpu_worker.py", "vllm.v1.worker.cpu.model_runner"),

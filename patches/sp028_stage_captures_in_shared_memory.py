@@ -163,9 +163,14 @@ class StageCapturesInSharedMemory(PatchCodemod):
         if m.findall(tree, ADDED):
             self.already_satisfied("captures are staged in shared host memory")
         if len(m.findall(tree, CLASS)) != 1 or len(m.findall(tree, SP010_METHOD)) != 1:
-            self.refuse(None, "class HiddenStatesWorkerExtension with SP010's _get_captured_states_per_request "
-                              "(SP028 applies after SP010)")
-        own = [f for f in m.findall(tree, m.FunctionDef(name=m.Name() & m.MatchIfTrue(lambda n: n.value in ADDED_NAMES)))]
+            self.refuse(
+                None,
+                "class HiddenStatesWorkerExtension with SP010's _get_captured_states_per_request "
+                "(SP028 applies after SP010)",
+            )
+        own = [
+            f for f in m.findall(tree, m.FunctionDef(name=m.Name() & m.MatchIfTrue(lambda n: n.value in ADDED_NAMES)))
+        ]
         if own:  # a method of the user's by one of those names would be shadowed
             self.refuse(own[0], f"no methods named {', '.join(sorted(ADDED_NAMES))} of its own")
         code = METHODS.replace("\n", tree.default_newline)
@@ -196,6 +201,6 @@ PATCH = Patch(
     risk="hidden states come back as pickled CUDA tensors through the RPC: about 4x slower extraction on a GPU",
     requires=("SP010",),  # the per-step layouts and per-layer capture lists SP010 keeps
     depends_on="at run time: MultiprocExecutor.collective_rpc and the runner's execute_model "
-               "(vllm/v1/executor/multiproc_executor.py), Linux memfd and /proc, and on GPUs "
-               "torch.cuda.cudart().cudaHostRegister",
+    "(vllm/v1/executor/multiproc_executor.py), Linux memfd and /proc, and on GPUs "
+    "torch.cuda.cudart().cudaHostRegister",
 )

@@ -28,8 +28,10 @@ from patcher.fixes.patch import Patch, PatchCodemod
 
 
 def _self_call(owner: str, method: str, *args) -> m.Call:
-    return m.Call(func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name(owner)), attr=m.Name(method)),
-                  args=list(args) if args else m.DoNotCare())
+    return m.Call(
+        func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name(owner)), attr=m.Name(method)),
+        args=list(args) if args else m.DoNotCare(),
+    )
 
 
 def _line(expr) -> m.SimpleStatementLine:
@@ -43,14 +45,33 @@ RESET = _line(m.Expr(_self_call("executor", "collective_rpc", m.Arg(m.SimpleStri
 # The step in generate()'s loop: SP005's 'model_output = ...' form, or 0.3.0's own (vLLM 0.11)
 STEP_CALL = _self_call("executor", "execute_model", m.Arg(m.Name("scheduler_output")))
 STEP = _line(m.Assign(targets=[m.AssignTarget(m.Name("model_output"))], value=STEP_CALL) | m.Expr(STEP_CALL))
-STEP_LOOP = m.While(test=m.Comparison(left=m.Attribute(
-    value=m.NamedExpr(target=m.Name("scheduler_output")), attr=m.Name("total_num_scheduled_tokens"))))
+STEP_LOOP = m.While(
+    test=m.Comparison(
+        left=m.Attribute(
+            value=m.NamedExpr(target=m.Name("scheduler_output")), attr=m.Name("total_num_scheduled_tokens")
+        )
+    )
+)
 # SP012's per-request RPC and the line reading rank 0's reply
-ASKED = _line(m.Assign(targets=[m.AssignTarget(m.Name("captured_states_list"))], value=_self_call(
-    "executor", "collective_rpc", m.Arg(m.SimpleString('"_get_captured_states"')), m.ZeroOrMore(),
-    m.Arg(keyword=m.Name("kwargs")), m.ZeroOrMore())))  # SP006 drops a unique_reply_rank= beside it (0.12+)
-TAKEN = _line(m.Assign(targets=[m.AssignTarget(m.Name("aux_hidden_states"))],
-                       value=m.Subscript(m.Name("captured_states_list"), [m.SubscriptElement(m.Index(m.Integer("0")))])))
+ASKED = _line(
+    m.Assign(
+        targets=[m.AssignTarget(m.Name("captured_states_list"))],
+        value=_self_call(
+            "executor",
+            "collective_rpc",
+            m.Arg(m.SimpleString('"_get_captured_states"')),
+            m.ZeroOrMore(),
+            m.Arg(keyword=m.Name("kwargs")),
+            m.ZeroOrMore(),
+        ),
+    )
+)  # SP006 drops a unique_reply_rank= beside it (0.12+)
+TAKEN = _line(
+    m.Assign(
+        targets=[m.AssignTarget(m.Name("aux_hidden_states"))],
+        value=m.Subscript(m.Name("captured_states_list"), [m.SubscriptElement(m.Index(m.Integer("0")))]),
+    )
+)
 
 HELPER_CODE = '''\
 class _HostCaptures:
@@ -133,10 +154,10 @@ class _HostCaptures:
             for req_id, states in self.states.items()
         }
 '''
-SHARE = '''\
+SHARE = """\
 # Captures reach this process through shared host memory, step by step (speculators-patch SP029).
 self._host_captures = _HostCaptures(self.executor)
-'''
+"""
 START = "self._host_captures.start(prompt_lens)\n"
 COLLECT = "self._host_captures.collect()  # the previous step's rows, copied while the GPU runs this one\n"
 FINISH = "aux_hidden_states = self._host_captures.finish()\n"
@@ -149,13 +170,17 @@ class CollectCapturesPerStep(PatchCodemod):
         if m.findall(tree, HELPER):
             self.already_satisfied("captures are collected from shared host memory")
         loops = m.findall(tree, STEP_LOOP)
-        anchors = {"self.executor.initialize_from_config(...)": (tree, INITIALIZED),
-                   'self.executor.collective_rpc("_reset_capture")': (tree, RESET),
-                   "self.executor.execute_model(scheduler_output) in the step loop": (loops[0] if loops else tree, STEP),
-                   'captured_states_list = self.executor.collective_rpc("_get_captured_states", kwargs=...)': (tree, ASKED),
-                   "aux_hidden_states = captured_states_list[0]": (tree, TAKEN)}
+        anchors = {
+            "self.executor.initialize_from_config(...)": (tree, INITIALIZED),
+            'self.executor.collective_rpc("_reset_capture")': (tree, RESET),
+            "self.executor.execute_model(scheduler_output) in the step loop": (loops[0] if loops else tree, STEP),
+            'captured_states_list = self.executor.collective_rpc("_get_captured_states", kwargs=...)': (tree, ASKED),
+            "aux_hidden_states = captured_states_list[0]": (tree, TAKEN),
+        }
         if len(loops) != 1:
-            self.refuse(None, "one 'while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens' loop")
+            self.refuse(
+                None, "one 'while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens' loop"
+            )
         for shown, (where, matcher) in anchors.items():
             found = m.findall(where, matcher)
             if len(found) != 1:
@@ -196,8 +221,9 @@ class _Rewrite(cst.CSTTransformer):
             return updated
         # The helper goes right above the generator, which keeps its two blank lines.
         first = self.helper[0].with_changes(leading_lines=updated.leading_lines)
-        return cst.FlattenSentinel([first, *self.helper[1:],
-                                    updated.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])])
+        return cst.FlattenSentinel(
+            [first, *self.helper[1:], updated.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])]
+        )
 
 
 PATCH = Patch(
@@ -212,5 +238,5 @@ PATCH = Patch(
     risk="hidden states come back as pickled CUDA tensors through the RPC: about 4x slower extraction on a GPU",
     requires=("SP012", "SP028"),  # rewrites SP012's collection; SP028's worker RPCs
     depends_on="at run time: MultiprocExecutor.collective_rpc (vllm/v1/executor/multiproc_executor.py) "
-               "and torch.from_file on the worker's memfd (/proc/<pid>/fd)",
+    "and torch.from_file on the worker's memfd (/proc/<pid>/fd)",
 )

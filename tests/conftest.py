@@ -8,9 +8,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sandbox import make_sandbox, site_packages, wheel
+from support import FIGURES, GENERATOR, WORKER
 
-from support import FIGURES, GENERATOR, WORKER  # noqa: F401  (also puts fixtures/ on sys.path)
-from sandbox import make_sandbox, site_packages, wheel  # noqa: E402
+# The loopback sshd fixtures (sshd, ssh_config, fleet, fleet_envs, ...) for every tier that needs them.
+pytest_plugins = ("sshfixtures",)
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +43,7 @@ os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"
 
 # --- Parallel runs (pytest-xdist; ``make test`` runs two workers) ---------------------------
 
+
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # on a worker: hand this worker's figures to the controller
@@ -55,7 +58,11 @@ def pytest_testnodedown(node, error):
 def pytest_terminal_summary(terminalreporter):
     if FIGURES and not hasattr(terminalreporter.config, "workeroutput"):
         full = os.environ.get("SPECULATORS_PATCH_FULL_SWEEP") == "1"
-        terminalreporter.write_sep("-", "fault-injection figures (" + ("full sweep" if full else
-                                   "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step") + ")")
+        terminalreporter.write_sep(
+            "-",
+            "fault-injection figures ("
+            + ("full sweep" if full else "sampled; SPECULATORS_PATCH_FULL_SWEEP=1 tries every step")
+            + ")",
+        )
         for key in sorted(FIGURES):
             terminalreporter.write_line(f"{key}: {FIGURES[key]}")

@@ -1,7 +1,8 @@
 """Helpers shared by the test tiers: paths, digests and the real CLI.
 
 Import these with ``from support import ...`` (several directories have a conftest.py, so
-``from conftest import`` would pick whichever was imported first).
+``from conftest import`` would pick whichever was imported first). pyproject.toml puts this
+folder, fixtures/ and the tiers' helper folders on the path (``pythonpath``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "fixtures"))
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"

@@ -22,7 +22,7 @@ def test_adopting_a_hand_edit_keeps_it_on_the_stock_file(sandbox, site):
     assert refused.returncode == 2 and "apply --adopt" in refused.stderr
     adopted = run_cli("apply", "--adopt", "--target", str(sandbox))
     assert adopted.returncode == 0, adopted.stdout + adopted.stderr
-    assert f"adopted 1 file(s)" in adopted.stdout and (site / GENERATOR).read_bytes() == edited
+    assert "adopted 1 file(s)" in adopted.stdout and (site / GENERATOR).read_bytes() == edited
     code, status = run_json("status", "--target", str(sandbox))
     assert status["files"][GENERATOR] == "patched" and status["install"]["state"] == "patched"
     assert run_cli("verify", "--target", str(sandbox)).returncode == 0

@@ -7,7 +7,6 @@ such symbol -- is shown as ``fact-missing``, never ``not-needed``/``ok``."""
 from __future__ import annotations
 
 import pytest
-
 from sandbox import make_sandbox
 from support import WORKER, run_cli, run_json
 
@@ -49,8 +48,20 @@ def test_apply_on_a_release_with_known_breaks_ends_with_verifys_verdict(v33):
 # Issue 30 item 1: the three patches that keep hidden states attributed to the right request, and
 # the ones that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): a selection that
 # splits them is refused first (test_selection.py).
-SKIP_CAPTURE = ("--skip", "SP010", "--skip", "SP012", "--skip", "SP022", "--skip", "SP027", "--skip", "SP028",
-                "--skip", "SP029")
+SKIP_CAPTURE = (
+    "--skip",
+    "SP010",
+    "--skip",
+    "SP012",
+    "--skip",
+    "SP022",
+    "--skip",
+    "SP027",
+    "--skip",
+    "SP028",
+    "--skip",
+    "SP029",
+)
 
 
 def test_a_skipped_needed_patch_is_named_and_fails_the_apply(sandbox):
@@ -61,18 +72,29 @@ def test_a_skipped_needed_patch_is_named_and_fails_the_apply(sandbox):
     assert _verdict(first) == _verdict(run_cli("verify", "--target", str(sandbox)))  # verify's, whole install
     code, report = run_json("apply", "--target", str(sandbox), *SKIP_CAPTURE)
     assert code == 1 and report["verify"]["ok"] is False
-    assert [r["id"] for r in report["left_out"]] == ["SP010", "SP012", "SP022", "SP028", "SP029"]  # SP027: not needed on 0.16
+    assert [r["id"] for r in report["left_out"]] == [
+        "SP010",
+        "SP012",
+        "SP022",
+        "SP028",
+        "SP029",
+    ]  # SP027: not needed on 0.16
     again = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE)
     assert again.returncode == 1 and "nothing to do" not in again.stdout
-    assert "nothing written: every chosen patch is applied, but SP010, SP012, SP022, SP028, SP029 are needed" in again.stdout
+    assert (
+        "nothing written: every chosen patch is applied, but SP010, SP012, SP022, SP028, SP029 are needed"
+        in again.stdout
+    )
     assert run_cli("verify", "--target", str(sandbox)).returncode == 1
 
 
 def test_a_partial_install_is_accepted_only_when_asked_for(sandbox):
     accepted = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE, "--allow-partial")
     assert accepted.returncode == 0, accepted.stdout
-    assert "SP010 skipped but needed: hidden states can be attributed to the wrong request (--allow-partial: " \
-           "accepted)" in accepted.stdout
+    assert (
+        "SP010 skipped but needed: hidden states can be attributed to the wrong request (--allow-partial: "
+        "accepted)" in accepted.stdout
+    )
     again = run_cli("apply", "--target", str(sandbox), *SKIP_CAPTURE, "--allow-partial")
     assert again.returncode == 0 and "nothing to do" not in again.stdout
     alone = run_cli("apply", "--target", str(sandbox), "--allow-partial")

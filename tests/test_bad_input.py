@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from support import GENERATOR, run_cli, tree_digest
 
 
@@ -134,8 +133,21 @@ def test_revert_after_upgrading_speculators_does_not_restore_old_files(sandbox, 
 
     run_cli("apply", "--target", str(sandbox))
     # pip acting on the sandbox's interpreter, as `pip install speculators==0.4.0` there would
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet",
-                    "--no-deps", "--no-compile", str(wheel("speculators", "0.4.0"))], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(sandbox / "bin/python"),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            str(wheel("speculators", "0.4.0")),
+        ],
+        check=True,
+    )
     before = tree_digest(site)
     for force in ((), ("--force",)):
         assert_refused(run_cli("revert", "--target", str(sandbox), *force), "speculators 0.4.0 is installed")
@@ -154,8 +166,7 @@ def test_target_given_twice_is_refused(sandbox, tmp_path):
     """The last --target used to win silently: a typo'd fleet script would patch the wrong env."""
     other = tmp_path / "other"
     other.mkdir()
-    assert_refused(run_cli("status", "--target", str(sandbox), "--target", str(other)),
-                   "--target", "given 2 times")
+    assert_refused(run_cli("status", "--target", str(sandbox), "--target", str(other)), "--target", "given 2 times")
 
 
 def test_skipping_a_required_patch_is_refused_naming_both(sandbox, site):
@@ -183,5 +194,7 @@ def test_list_answers_a_bad_patch_file_in_json(tmp_path):
 def test_a_broken_interpreter_link_is_named_not_called_missing(tmp_path):
     (tmp_path / "env" / "bin").mkdir(parents=True)
     (tmp_path / "env" / "bin" / "python").symlink_to(tmp_path / "gone" / "python3")
-    assert_refused(run_cli("status", "--target", str(tmp_path / "env")),
-                   f"{tmp_path / 'env' / 'bin' / 'python'} is a link that cannot be followed")
+    assert_refused(
+        run_cli("status", "--target", str(tmp_path / "env")),
+        f"{tmp_path / 'env' / 'bin' / 'python'} is a link that cannot be followed",
+    )

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from support import GENERATOR, ROOT, WORKER, run_cli, tree_digest
+from support import GENERATOR, ROOT, run_cli, tree_digest
 
 COMMANDS = ("apply", "diff", "status", "verify", "revert")
 
@@ -53,8 +52,10 @@ def _option_kinds(tmp: Path) -> list[tuple[str, list[str]]]:
             (f"{cmd}: --target a text file", [cmd, "--target", str(tmp / "plain.txt")]),
             (f"{cmd}: --target a plain directory", [cmd, "--target", str(tmp / "notenv")]),
             (f"{cmd}: --ssh-config without --host", [cmd, "--ssh-config", str(tmp / "ssh_config")]),
-            (f"{cmd}: --ssh-config with only --exec", [cmd, "--ssh-config", str(tmp / "ssh_config"),
-                                                      "--exec", f"{sys.executable} -I"]),
+            (
+                f"{cmd}: --ssh-config with only --exec",
+                [cmd, "--ssh-config", str(tmp / "ssh_config"), "--exec", f"{sys.executable} -I"],
+            ),
             (f"{cmd}: --ssh-persist negative", [cmd, "--host", "x", "--ssh-persist", "-1"]),
             (f"{cmd}: --ssh-persist without --host", [cmd, "--ssh-persist", "30"]),
             (f"{cmd}: --hosts-file missing", [cmd, "--hosts-file", str(tmp / "nope")]),
@@ -96,6 +97,7 @@ def test_option_kinds(tmp_path, sandbox, site, monkeypatch):
 
 # --- Kinds that damage the target or its state --------------------------------------------
 
+
 def _state(site: Path) -> Path:
     return site / ".speculators-patch"
 
@@ -125,6 +127,7 @@ def _entry_edit(key, value):
         else:
             entry[key] = value
         _set_manifest(site, m)
+
     return damage
 
 
@@ -133,26 +136,38 @@ def _rename_entry(new):
         m = _manifest(site)
         m["files"][new] = m["files"].pop(GENERATOR)
         _set_manifest(site, m)
+
     return damage
 
 
 def _journal(content: str):
     def damage(site):
         (_state(site) / "journal.json").write_text(content)
+
     return damage
 
 
 def _journal_escape(site):
     digest = "0" * 64
-    (_state(site) / "journal.json").write_text(json.dumps({
-        "root": str(site), "files": {"../../../../../../X": {"old": digest, "new": digest}},
-        "manifest_old": None, "manifest_new": None, "new_backups": [], "drop": []}))
+    (_state(site) / "journal.json").write_text(
+        json.dumps(
+            {
+                "root": str(site),
+                "files": {"../../../../../../X": {"old": digest, "new": digest}},
+                "manifest_old": None,
+                "manifest_new": None,
+                "new_backups": [],
+                "drop": [],
+            }
+        )
+    )
 
 
 def _append(path_of, data: bytes):
     def damage(site):
         p = path_of(site)
         p.write_bytes(p.read_bytes() + data)
+
     return damage
 
 
@@ -160,18 +175,21 @@ def _truncate(path_of, keep: int = 0):
     def damage(site):
         p = path_of(site)
         p.write_bytes(p.read_bytes()[:keep])
+
     return damage
 
 
 def _delete(path_of):
     def damage(site):
         path_of(site).unlink()
+
     return damage
 
 
 def _write(path_of, data: bytes):
     def damage(site):
         path_of(site).write_bytes(data)
+
     return damage
 
 
@@ -198,7 +216,12 @@ DAMAGE = [
     ("random bytes in a speculators file", False, _write(GEN, bytes(range(256)) * 64), ("apply", "diff", "status")),
     ("NUL byte in a speculators file", False, _append(GEN, b"\0\n"), ("apply", "diff")),
     ("undecodable UTF-8 in a speculators file", False, _append(GEN, b"# \xff\xfe\n"), ("apply", "diff")),
-    ("unknown coding cookie", False, lambda s: GEN(s).write_bytes(b"# -*- coding: klingon -*-\n" + GEN(s).read_bytes()), ("apply", "diff")),
+    (
+        "unknown coding cookie",
+        False,
+        lambda s: GEN(s).write_bytes(b"# -*- coding: klingon -*-\n" + GEN(s).read_bytes()),
+        ("apply", "diff"),
+    ),
     ("syntax error in a vLLM file", False, _append(_vllm_file, b"\ndef broken(:\n"), ("apply", "diff", "status")),
     ("NUL byte in a vLLM file", False, _append(_vllm_file, b"\0"), ("apply", "status")),
     ("METADATA without a version", False, _no_version, ("apply", "status")),
@@ -217,17 +240,30 @@ DAMAGE = [
     ("journal truncated", True, _journal('{"root": "'), ("status", "apply", "revert")),
     ("journal not a journal", True, _journal("[]"), ("status",)),
     ("journal with a ../ key", True, _journal_escape, ("status", "revert")),
-    ("backup with a line appended", True, _append(lambda s: _backup(s, GENERATOR), b"import os\n"), ("revert", "status")),
+    (
+        "backup with a line appended",
+        True,
+        _append(lambda s: _backup(s, GENERATOR), b"import os\n"),
+        ("revert", "status"),
+    ),
     ("backup truncated", True, _truncate(lambda s: _backup(s, GENERATOR)), ("revert", "status")),
-    ("backup replaced by garbage, revert --only", True, _write(lambda s: _backup(s, GENERATOR), b"\x00garbage"),
-     ("revert --only SP004",)),
+    (
+        "backup replaced by garbage, revert --only",
+        True,
+        _write(lambda s: _backup(s, GENERATOR), b"\x00garbage"),
+        ("revert --only SP004",),
+    ),
     ("backup deleted", True, _delete(lambda s: _backup(s, GENERATOR)), ("revert", "apply")),
     # Updated upstream after patching (the pristine file plus a line, as `git pull` in an
     # editable install): apply would have to rewrite a modified file, so it refuses
     # (naming --adopt) and diff previews that refusal. (A comment appended to the patched
     # file is `modified` too, but then nothing needs rewriting: both say there is nothing to do.)
-    ("file updated upstream after patching (diff previews apply's refusal)", True,
-     lambda s: GEN(s).write_bytes(_backup(s, GENERATOR).read_bytes() + b"\nUPSTREAM_ADDED = 1\n"), ("diff", "apply")),
+    (
+        "file updated upstream after patching (diff previews apply's refusal)",
+        True,
+        lambda s: GEN(s).write_bytes(_backup(s, GENERATOR).read_bytes() + b"\nUPSTREAM_ADDED = 1\n"),
+        ("diff", "apply"),
+    ),
 ]
 
 
@@ -258,8 +294,13 @@ def test_damage_kinds(sandbox, site, tmp_path):
 def test_stdout_closed_is_refused_before_anything(sandbox, site):
     before = tree_digest(site)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(f"'{sys.executable}' -m patcher apply --target '{sandbox}' >&-", shell=True,
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        f"'{sys.executable}' -m patcher apply --target '{sandbox}' >&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     _assert_refused(done.returncode, done.stderr, "", "stdout closed")
     assert tree_digest(site) == before
 
@@ -269,10 +310,26 @@ def _python_for_nobody() -> str:
     one may live under /root), with this environment's packages on its path."""
     import shutil
 
-    for python in (sys.executable, shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}",
-                                                path="/usr/local/bin:/usr/bin:/bin")):
-        if python and subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
-                                      f'test -x "$(readlink -f {python})"'], capture_output=True).returncode == 0:
+    for python in (
+        sys.executable,
+        shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/local/bin:/usr/bin:/bin"),
+    ):
+        if (
+            python
+            and subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                    f'test -x "$(readlink -f {python})"',
+                ],
+                capture_output=True,
+            ).returncode
+            == 0
+        ):
             return python
     pytest.skip("no interpreter of this Python's version that an unprivileged user can start")
 
@@ -286,11 +343,22 @@ def test_unreadable_target_directory(sandbox, site, tmp_path):
     locked.mkdir(mode=0o700)
     os.chmod(tmp_path, 0o755)
     packages = sysconfig.get_paths()["purelib"]  # with its .pth files: the editable install's finder
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", _python_for_nobody(), "-I",
-                           "-c", f"import site, sys; site.addsitedir({packages!r}); sys.path.insert(0, {str(ROOT)!r}); "
-                           f"sys.argv=['speculators-patch', 'status', "
-                           f"'--target', {str(locked / 'env')!r}]; from patcher.cli import main; main()"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            _python_for_nobody(),
+            "-I",
+            "-c",
+            f"import site, sys; site.addsitedir({packages!r}); sys.path.insert(0, {str(ROOT)!r}); "
+            f"sys.argv=['speculators-patch', 'status', "
+            f"'--target', {str(locked / 'env')!r}]; from patcher.cli import main; main()",
+        ],
+        capture_output=True,
+        text=True,
+    )
     _assert_refused(done.returncode, done.stderr, done.stdout, "untraversable target")
     assert f"cannot read target {locked / 'env'}: Permission denied" in done.stderr
 

@@ -20,7 +20,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from sandbox import make_sandbox, site_packages
 from support import GENERATOR, WORKER, run_cli, tree_digest
 
@@ -85,8 +84,9 @@ def test_fast_path_answers_as_the_full_path(state: str, tmp_path: Path) -> None:
             assert slow.returncode in (0, 1, 2), slow.stderr
             for attempt in range(1, fast_runs + 1):
                 quick = run_cli(*args, env=fast)
-                assert (quick.returncode, quick.stdout, quick.stderr) == (slow.returncode, slow.stdout, slow.stderr), \
+                assert (quick.returncode, quick.stdout, quick.stderr) == (slow.returncode, slow.stdout, slow.stderr), (
                     f"{state}: {' '.join(args)} (fast run {attempt}) differs from the full path"
+                )
     assert tree_digest(site_packages(env)) == before, "a read-only command changed the target"
 
     # A writing apply from this state: the same files, the same record, the same output.
@@ -95,8 +95,12 @@ def test_fast_path_answers_as_the_full_path(state: str, tmp_path: Path) -> None:
         copy = tmp_path / f"apply-{mode}"
         shutil.copytree(env, copy, symlinks=True)
         done = run_cli("apply", "--target", str(copy), env={**fast, **extra})
-        results[mode] = (done.returncode, done.stdout.replace(str(copy), "ENV"), done.stderr.replace(str(copy), "ENV"),
-                         tree_digest(site_packages(copy)))
+        results[mode] = (
+            done.returncode,
+            done.stdout.replace(str(copy), "ENV"),
+            done.stderr.replace(str(copy), "ENV"),
+            tree_digest(site_packages(copy)),
+        )
     assert results["fast"] == results["slow"]
 
 
@@ -118,8 +122,14 @@ def _loaded(*args: str, env: dict) -> set[str]:
 
     from support import ROOT
 
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        timeout=300,
+    )
     return set(done.stderr.rsplit("loaded:", 1)[1].split())
 
 
@@ -178,8 +188,9 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
     assert contents(second) == contents(first)
     shutil.rmtree(tmp_path / "cache" / "fast" / "blobs")
     third, exchanges = snapshot()
-    assert exchanges == 2 and all(isinstance(v, str) is (site_packages(env) / p).exists()
-                                  for p, v in sent[-1]["answer"]["vllm"]["files"].items())
+    assert exchanges == 2 and all(
+        isinstance(v, str) is (site_packages(env) / p).exists() for p, v in sent[-1]["answer"]["vllm"]["files"].items()
+    )
     assert contents(third) == contents(first)
 
 

@@ -12,6 +12,7 @@ def states(report: dict) -> set[str]:
     """States of the patches the installed vLLM needs (others report not-needed)."""
     return {p["state"] for p in report["patches"] if p["state"] != "not-needed"}
 
+
 # What a user checks in the diff: each API fix appears as the line it adds or removes.
 EXPECTED_DIFF_LINES = [
     "+                is_encoder_decoder=False,",  # SP001
@@ -64,7 +65,10 @@ def test_verify_fails_before_and_passes_after_with_evidence(sandbox):
     facts = {f["symbol"]: f for f in report["facts"]}
     sample = facts["Worker.sample_tokens"]
     assert sample["holds"] and sample["file"] == "vllm/v1/worker/gpu_worker.py"
-    assert sample["found"] == "sample_tokens(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | AsyncModelRunnerOutput"
+    assert (
+        sample["found"]
+        == "sample_tokens(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | AsyncModelRunnerOutput"
+    )
     assert facts["SchedulerConfig.is_encoder_decoder"]["found"] == "SchedulerConfig.is_encoder_decoder: InitVar[bool]"
     needed = {p["id"] for p in report["patches"] if p["needed"]}
     assert all(f["holds"] and f["line"] for f in report["facts"] if f["patch"] in needed)
@@ -148,8 +152,19 @@ def test_reinstall_is_detected_and_apply_works_again(sandbox, site):
     import sys
 
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet", "--no-deps",
-         "--force-reinstall", "--no-compile", str(wheel("speculators", "0.3.0"))],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(sandbox / "bin/python"),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--force-reinstall",
+            "--no-compile",
+            str(wheel("speculators", "0.3.0")),
+        ],
         check=True,
     )
     _, status = run_json("status", "--target", str(sandbox))
@@ -169,12 +184,19 @@ def test_concurrent_applies_patch_once(sandbox, site):
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "patcher", "apply", "--json", "--target", str(sandbox)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-m", "patcher", "apply", "--json", "--target", str(sandbox)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for _ in range(3)
     ]
     outputs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [(p.returncode, err[-2000:]) for p, (_, err) in zip(procs, outputs)]
+    assert all(p.returncode == 0 for p in procs), [
+        (p.returncode, err[-2000:]) for p, (_, err) in zip(procs, outputs, strict=False)
+    ]
     reports = [json.loads(out) for out, _ in outputs]
     writers = [r for r in reports if r["written"]]
     assert len(writers) == 1, "exactly one process writes; the others find it applied"
@@ -196,7 +218,9 @@ def test_editable_install_is_patched_at_its_source(sandbox, site, tmp_path):
     source.mkdir(parents=True)
     shutil.move(str(site / "speculators"), str(source / "speculators"))
     dist = site / "speculators-0.3.0.dist-info"
-    (dist / "direct_url.json").write_text(json.dumps({"url": f"file://{source.parent}", "dir_info": {"editable": True}}))
+    (dist / "direct_url.json").write_text(
+        json.dumps({"url": f"file://{source.parent}", "dir_info": {"editable": True}})
+    )
     (site / "__editable__.speculators-0.3.0.pth").write_text(f"{source}\n")
     code, report = run_json("apply", "--target", str(sandbox))
     assert code == 0
@@ -228,10 +252,19 @@ def test_killed_mid_write_is_rolled_back_by_the_next_command(sandbox, site):
     from support import CLI, ROOT
 
     before = tree_digest(site / "speculators")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECULATORS_PATCH_FAULT": "pause-mid-write",
-           "SPECULATORS_PATCH_FAULT_SECONDS": "30"}
-    proc = subprocess.Popen([*CLI, "apply", "--target", str(sandbox)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SPECULATORS_PATCH_FAULT": "pause-mid-write",
+        "SPECULATORS_PATCH_FAULT_SECONDS": "30",
+    }
+    proc = subprocess.Popen(
+        [*CLI, "apply", "--target", str(sandbox)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     journal = site / ".speculators-patch/journal.json"
     deadline = time.monotonic() + 60
     while not journal.exists() and time.monotonic() < deadline:

@@ -33,29 +33,52 @@ def test_no_target_and_no_active_environment_names_the_tools_own(tmp_path):
     result = run_cli("status", env={"VIRTUAL_ENV": "", "CONDA_PREFIX": ""})
     line = _one_line(result)
     assert result.returncode == 2
-    assert f"no speculators installed in {Path(sys.executable).parent.parent}, the environment speculators-patch " \
-           "itself runs in" in line
+    assert (
+        f"no speculators installed in {Path(sys.executable).parent.parent}, the environment speculators-patch "
+        "itself runs in" in line
+    )
     assert "pass --target PATH" in line
 
 
 def test_new_hint_installs_pytest_where_the_tool_has_none(tmp_path):
     """After `pip install .` the tool's Python has no pytest: the hint says to install it."""
-    blocker = ("import importlib.abc, sys\n"
-               "class NoPytest(importlib.abc.MetaPathFinder):\n"
-               "    def find_spec(self, name, path=None, target=None):\n"
-               "        if name == 'pytest' or name.startswith('pytest.') or name == '_pytest':\n"
-               "            raise ModuleNotFoundError(name)\n"
-               "sys.meta_path.insert(0, NoPytest())\n"
-               "from patcher.cli import main\n"
-               "main()\n")
+    blocker = (
+        "import importlib.abc, sys\n"
+        "class NoPytest(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pytest' or name.startswith('pytest.') or name == '_pytest':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, NoPytest())\n"
+        "from patcher.cli import main\n"
+        "main()\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    without = subprocess.run([sys.executable, "-c", blocker, "new", "FIX001", "--file",
-                              "speculators/data_generation/logging_utils.py", "-o", str(tmp_path / "a" / "fix001.py")],
-                             capture_output=True, text=True, env=env)
+    without = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            blocker,
+            "new",
+            "FIX001",
+            "--file",
+            "speculators/data_generation/logging_utils.py",
+            "-o",
+            str(tmp_path / "a" / "fix001.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert without.returncode == 0, without.stderr
     assert f"`{sys.executable} -m pip install pytest`" in without.stdout
-    with_pytest = run_cli("new", "FIX001", "--file", "speculators/data_generation/logging_utils.py",
-                          "-o", str(tmp_path / "b" / "fix001.py"))
+    with_pytest = run_cli(
+        "new",
+        "FIX001",
+        "--file",
+        "speculators/data_generation/logging_utils.py",
+        "-o",
+        str(tmp_path / "b" / "fix001.py"),
+    )
     assert "pip install pytest" not in with_pytest.stdout and f"`{sys.executable} -m pytest " in with_pytest.stdout
 
 
@@ -65,9 +88,16 @@ def _interrupt_when(args: list[str], ready, env: dict | None = None) -> subproce
     its default, as under an interactive shell, even where this run inherited it ignored
     (``nohup``, a background job, a pytest-xdist worker)."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
-                            cwd=ROOT, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not ready() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -78,11 +108,17 @@ def _interrupt_when(args: list[str], ready, env: dict | None = None) -> subproce
 
 def test_ctrl_c_during_a_commit_waits_for_it_and_says_it_finished(sandbox, site):
     journal = site / ".speculators-patch" / "journal.json"
-    result = _interrupt_when(["apply", "--target", str(sandbox)], journal.exists,
-                             env={"SPECULATORS_PATCH_FAULT": "pause-mid-write", "SPECULATORS_PATCH_FAULT_SECONDS": "2"})
+    result = _interrupt_when(
+        ["apply", "--target", str(sandbox)],
+        journal.exists,
+        env={"SPECULATORS_PATCH_FAULT": "pause-mid-write", "SPECULATORS_PATCH_FAULT_SECONDS": "2"},
+    )
     assert result.returncode == 130
     line = _one_line(result)
-    assert "interrupted (Ctrl-C) while" in line and f"the commit was finished first: {len(PATCHED_FILES)} file(s) written" in line
+    assert (
+        "interrupted (Ctrl-C) while" in line
+        and f"the commit was finished first: {len(PATCHED_FILES)} file(s) written" in line
+    )
     status = run_cli("status", "--target", str(sandbox))
     assert status.returncode == 0 and status.stdout.count(": patched") == len(PATCHED_FILES)
 
@@ -90,7 +126,7 @@ def test_ctrl_c_during_a_commit_waits_for_it_and_says_it_finished(sandbox, site)
 def test_ctrl_c_before_a_commit_says_nothing_changed(sandbox, site, tmp_path):
     started = tmp_path / "started"
     slow = tmp_path / "slow-python"
-    slow.write_text(f"#!/bin/sh\ntouch {started}\nsleep 30\nexec {sys.executable} \"$@\"\n")
+    slow.write_text(f'#!/bin/sh\ntouch {started}\nsleep 30\nexec {sys.executable} "$@"\n')
     slow.chmod(0o755)
     result = _interrupt_when(["apply", "--exec", str(slow), "--target", str(sandbox)], started.exists)
     assert result.returncode == 130 and result.stderr.startswith("error: ")  # no blank line first
@@ -100,9 +136,11 @@ def test_ctrl_c_before_a_commit_says_nothing_changed(sandbox, site, tmp_path):
 
 def test_a_bad_line_in_a_hosts_file_is_named(tmp_path):
     hosts = tmp_path / "nodes.txt"
-    for content, says in ((b"node1\n# spare\ngpu box\n", f"{hosts}:3: not a host: 'gpu box'"),
-                          (b"node1\nno\0de\n", f"{hosts}:2: not text (a NUL byte)"),
-                          (b"node1\nn\xffde\n", f"{hosts}:2: not UTF-8 text")):
+    for content, says in (
+        (b"node1\n# spare\ngpu box\n", f"{hosts}:3: not a host: 'gpu box'"),
+        (b"node1\nno\0de\n", f"{hosts}:2: not text (a NUL byte)"),
+        (b"node1\nn\xffde\n", f"{hosts}:2: not UTF-8 text"),
+    ):
         hosts.write_bytes(content)
         result = run_cli("status", "--hosts-file", str(hosts))
         assert result.returncode == 2 and _one_line(result).startswith(f"error: {says}"), result.stderr
@@ -126,21 +164,27 @@ def test_piped_tables_carry_no_trailing_spaces(sandbox):
 def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site):
     """Issue 30 item 8: Ctrl-C 0.03 s in lands while click and rich are imported; it is one
     line and exit 130 there too (here it lands exactly there: SIGINT as the import of click starts)."""
-    code = ("import builtins, os, signal, sys\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "real = builtins.__import__\n"
-            "def interrupted(name, *args, **kwargs):\n"
-            "    if name == 'click':\n"
-            "        os.kill(os.getpid(), signal.SIGINT)\n"
-            "    return real(name, *args, **kwargs)\n"
-            "builtins.__import__ = interrupted\n"
-            "sys.argv[0] = 'speculators-patch'\n"
-            "from patcher.cli import console\n"
-            "console()\n")
+    code = (
+        "import builtins, os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "real = builtins.__import__\n"
+        "def interrupted(name, *args, **kwargs):\n"
+        "    if name == 'click':\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = interrupted\n"
+        "sys.argv[0] = 'speculators-patch'\n"
+        "from patcher.cli import console\n"
+        "console()\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for json_flag in ((), ("--json",)):
-        result = subprocess.run([sys.executable, "-c", code, "apply", "--target", str(sandbox), *json_flag],
-                                capture_output=True, text=True, env=env)
+        result = subprocess.run(
+            [sys.executable, "-c", code, "apply", "--target", str(sandbox), *json_flag],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         assert result.returncode == 130, result.stderr
         if json_flag:
             assert json.loads(result.stdout)["exit_code"] == 130 and result.stderr == ""
@@ -171,11 +215,26 @@ def test_revert_after_a_pip_upgrade_names_repair_which_cleans_it_up(sandbox, sit
     from sandbox import wheel
 
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet",
-                    "--no-deps", "--no-compile", "--force-reinstall", str(wheel("speculators", "0.4.0.1"))], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(sandbox / "bin/python"),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            "--force-reinstall",
+            str(wheel("speculators", "0.4.0.1")),
+        ],
+        check=True,
+    )
     result = run_cli("revert", "--target", str(sandbox))
-    assert result.returncode == 2 and f"`speculators-patch repair --target {sandbox}` drops that record" \
-        in _one_line(result)
+    assert result.returncode == 2 and f"`speculators-patch repair --target {sandbox}` drops that record" in _one_line(
+        result
+    )
     repaired = run_cli("repair", "--target", str(sandbox))
     assert repaired.returncode == 0 and "repaired:" in repaired.stdout, repaired.stdout
     assert not (site / ".speculators-patch").exists()

@@ -4,7 +4,6 @@ missed patcher.selftest: a non-editable install could not run ``selftest``)."""
 from __future__ import annotations
 
 import pytest
-
 from support import ROOT
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

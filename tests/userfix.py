@@ -6,17 +6,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patcher.fixes.userpatches.template import render
 from support import GENERATOR
+
+from patcher.fixes.userpatches.template import render
 
 
 def _fix001() -> str:
     """What a user writes in ten minutes: ``speculators-patch new FIX001 ...``'s template with
     its three constants and its title filled in."""
     source, _ = render("FIX001", GENERATOR, "fix001.py")
-    edits = {'NAME = "CHANGE_ME"': 'NAME = "CACHE_MEMORY_FRACTION"', 'OLD = "0"': 'OLD = "0.2"', 'NEW = "1"': 'NEW = "0.5"',
-             'title="<one line for tables>"': 'title="KV cache: half of the free memory, not a fifth"',
-             'name="fix001"': 'name="kv-cache-half"'}
+    edits = {
+        'NAME = "CHANGE_ME"': 'NAME = "CACHE_MEMORY_FRACTION"',
+        'OLD = "0"': 'OLD = "0.2"',
+        'NEW = "1"': 'NEW = "0.5"',
+        'title="<one line for tables>"': 'title="KV cache: half of the free memory, not a fifth"',
+        'name="fix001"': 'name="kv-cache-half"',
+    }
     for old, new in edits.items():
         assert source.count(old) == 1, old
         source = source.replace(old, new)
@@ -45,8 +50,11 @@ def installed_state(site: Path) -> dict:
     import json
 
     manifest = site / ".speculators-patch" / "manifest.json"
-    files = {str(p.relative_to(site)): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(site.rglob("*")) if p.is_file() and p != manifest}
+    files = {
+        str(p.relative_to(site)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(site.rglob("*"))
+        if p.is_file() and p != manifest
+    }
     record = json.loads(manifest.read_text()) if manifest.exists() else None
     for entry in (record or {}).get("files", {}).values():
         entry.pop("checked", None)

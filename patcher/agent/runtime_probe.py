@@ -52,7 +52,7 @@ def where(obj):
     except (TypeError, OSError):
         return None, None
     marker = "/vllm/"
-    return (path[path.rfind(marker) + 1:] if path and marker in path else path), line
+    return (path[path.rfind(marker) + 1 :] if path and marker in path else path), line
 
 
 def describe(obj, method):
@@ -64,7 +64,11 @@ def describe(obj, method):
     except (TypeError, ValueError) as e:
         return {"unknown": str(e)}
     params = list(sig.parameters.values())
-    if method is not None and params and not isinstance(inspect.getattr_static(obj, method), (staticmethod, classmethod)):
+    if (
+        method is not None
+        and params
+        and not isinstance(inspect.getattr_static(obj, method), (staticmethod, classmethod))
+    ):
         params = params[1:]  # unbound method read from the class: drop self
     extra = "error"
     if method is None and inspect.isclass(obj) and dataclasses.is_dataclass(obj):

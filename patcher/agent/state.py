@@ -11,16 +11,28 @@ In ``<site-packages>/.speculators-patch/``:
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 
-from .common import (AgentError, _check_rel, _digest_of, _HEX, JOURNAL, MANIFEST, OLD, _read, REPAIR_HINT,
-    sha256, TMP)
+from .common import (
+    HEX_DIGEST,
+    JOURNAL,
+    MANIFEST,
+    OLD,
+    REPAIR_HINT,
+    TMP,
+    AgentError,
+    check_relative,
+    digest_of,
+    read_bytes,
+    sha256,
+)
 
 
-def _state_paths(manifest, backups):
+def state_paths(manifest, backups):
     """The speculators paths the state names: manifest entries and kept copies (valid
-    paths only; a malformed manifest is reported by ``_load_state``)."""
+    paths only; a malformed manifest is reported by ``load_state``)."""
     named = set(backups)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if isinstance(files, dict):
@@ -28,27 +40,27 @@ def _state_paths(manifest, backups):
     out = set()
     for path in named:
         try:
-            out.add(_check_rel(path))
+            out.add(check_relative(path))
         except AgentError:
             pass
     return out
 
 
-def _backup_name(path, digest):
+def backup_name(path, digest):
     return "%s.sha256-%s" % (path, digest)
 
 
-def _find_backup(state, path, digest):
+def find_backup(state, path, digest):
     """The kept pristine copy of ``path`` whose bytes have ``digest`` (verified), or None.
     Also accepts the layout of earlier versions (``pristine/<path>``)."""
-    for name in (_backup_name(path, digest), path):
-        data = _read(os.path.join(state, "pristine", name))
+    for name in (backup_name(path, digest), path):
+        data = read_bytes(os.path.join(state, "pristine", name))
         if data is not None and sha256(data) == digest:
             return name, data
     return None
 
 
-def _list_backups(state):
+def list_backups(state):
     """{name under pristine/: (path it is a copy of, digest in its name or None)}."""
     top = os.path.join(state, "pristine")
     found = {}
@@ -62,73 +74,99 @@ def _list_backups(state):
     return found
 
 
-def _manifest_problem(manifest):
+def manifest_problem(manifest):
     """Why a parsed manifest is not one this tool wrote (a short phrase), or None."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        return "it has no \"files\" record"
+        return 'it has no "files" record'
     for path, entry in manifest["files"].items():
         try:
-            _check_rel(path)
+            check_relative(path)
         except AgentError:
             return "it names %r, which is not a speculators file" % (path,)
         if not isinstance(entry, dict):
             return "the entry of %s is not a record" % path
         for key in ("pristine_sha256", "patched_sha256"):
-            if not isinstance(entry.get(key), str) or not _HEX.match(entry[key]):
+            if not isinstance(entry.get(key), str) or not HEX_DIGEST.match(entry[key]):
                 return "the entry of %s has no valid %s" % (path, key)
         patches = entry.get("patches")
-        if not isinstance(patches, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in patches.items()):
+        if not isinstance(patches, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in patches.items()
+        ):
             return "the entry of %s has no valid patches list" % path
     return None
 
 
-def _load_state(state, root):
-    """Read and validate the state as a whole.
+State = collections.namedtuple("State", "manifest manifest_sha256 pristine backups problem")
+State.__doc__ = """The state directory as ``load_state`` read it: the manifest (or None), its sha256 (or
+None), ``pristine`` {path: verified pristine bytes}, ``backups`` {path: [verified bytes of every
+kept copy]}, and ``problem``: None, or one line naming the file at fault and the documented way
+out (then the manifest and pristine copies are what could be read before it)."""
 
-    Returns (manifest or None, its sha256 or None, {path: verified pristine bytes},
-    {path: [verified bytes of every kept copy]}, problem or None). A problem is one line
-    naming the file at fault and the documented way out.
-    """
+
+def load_state(state, root):
+    """Read and validate the state as a whole: a ``State``."""
     mpath = os.path.join(state, MANIFEST)
-    raw = _read(mpath)
+    raw = read_bytes(mpath)
     digest = None if raw is None else sha256(raw)
     manifest, pristine, backups = None, {}, {}
-    for name, (path, named) in sorted(_list_backups(state).items()):
-        data = _read(os.path.join(state, "pristine", name))
+    for name, (path, named) in sorted(list_backups(state).items()):
+        data = read_bytes(os.path.join(state, "pristine", name))
         if data is not None and (named is None or sha256(data) == named):
             backups.setdefault(path, []).append(data)
     if os.path.exists(os.path.join(state, JOURNAL)):  # (a cleanup record alone: the commit is done)
-        return None, digest, {}, backups, ("%s: an interrupted commit is still recorded and could not be finished; "
-                                           "run any command again with write access, or %s" % (os.path.join(state, JOURNAL), REPAIR_HINT))
+        return State(
+            None,
+            digest,
+            {},
+            backups,
+            "%s: an interrupted commit is still recorded and could not be finished; "
+            "run any command again with write access, or %s" % (os.path.join(state, JOURNAL), REPAIR_HINT),
+        )
     if raw is not None:
         try:
             manifest = json.loads(raw.decode("utf-8"))
         except ValueError:
-            return None, digest, {}, backups, "%s is damaged (not valid JSON); %s" % (mpath, REPAIR_HINT)
-        why = _manifest_problem(manifest)
+            return State(None, digest, {}, backups, "%s is damaged (not valid JSON); %s" % (mpath, REPAIR_HINT))
+        why = manifest_problem(manifest)
         if why:
-            return None, digest, {}, backups, "%s is damaged (%s); %s" % (mpath, why, REPAIR_HINT)
+            return State(None, digest, {}, backups, "%s is damaged (%s); %s" % (mpath, why, REPAIR_HINT))
     entries = (manifest or {}).get("files", {})
     for path in sorted(entries):
         entry = entries[path]
-        hit = _find_backup(state, path, entry["pristine_sha256"])
+        hit = find_backup(state, path, entry["pristine_sha256"])
         if hit is None:
-            current = _digest_of(os.path.join(root, path))
+            current = digest_of(os.path.join(root, path))
             if current == entry["pristine_sha256"]:
                 way = REPAIR_HINT + " (the installed file is the pristine one)"
             else:
-                way = ("reinstall speculators (pip install --force-reinstall --no-deps speculators==%s), then run "
-                       "`speculators-patch repair`" % ((manifest or {}).get("speculators_version") or "<version>"))
-            return manifest, digest, pristine, backups, (
-                "%s: the pristine copy of %s is missing or does not match its recorded sha256 (tampered or "
-                "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, way))
+                way = (
+                    "reinstall speculators (pip install --force-reinstall --no-deps speculators==%s), then run "
+                    "`speculators-patch repair`" % ((manifest or {}).get("speculators_version") or "<version>")
+                )
+            return State(
+                manifest,
+                digest,
+                pristine,
+                backups,
+                (
+                    "%s: the pristine copy of %s is missing or does not match its recorded sha256 (tampered or "
+                    "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, way)
+                ),
+            )
         pristine[path] = hit[1]
     for path, copies in sorted(backups.items()):
         if path in entries:
             continue
-        current = _read(os.path.join(root, path))
+        current = read_bytes(os.path.join(root, path))
         if current is not None and any(current != c for c in copies):
-            return manifest, digest, pristine, backups, (
-                "%s: %s has a kept pristine copy that differs from the installed file but no record in %s "
-                "(deleted or emptied?); %s" % (state, path, MANIFEST, REPAIR_HINT))
-    return manifest, digest, pristine, backups, None
+            return State(
+                manifest,
+                digest,
+                pristine,
+                backups,
+                (
+                    "%s: %s has a kept pristine copy that differs from the installed file but no record in %s "
+                    "(deleted or emptied?); %s" % (state, path, MANIFEST, REPAIR_HINT)
+                ),
+            )
+    return State(manifest, digest, pristine, backups, None)

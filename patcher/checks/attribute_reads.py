@@ -30,19 +30,20 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Mapping
 
-from patcher.agent.sources import local_import
-from patcher.checks.callsite import WORKER, Finding, Index, Symbol, _dotted, _extensions, vllm_imports
+from patcher.agent.pysource import local_import
+from patcher.checks.callsite import WORKER, Finding, Index, Symbol, dotted_name, vllm_imports, worker_extensions
 
 KIND = "missing-attribute"
 
 
-def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None],
-          index: Index | None = None) -> list[Finding]:
+def check(
+    speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None], index: Index | None = None
+) -> list[Finding]:
     """Every read of an attribute a vLLM class does not have, in ``speculators`` modules
     (path -> source). Files that do not parse are skipped (the patch check reports them).
     ``index``: an ``Index`` of ``vllm`` shared with the call-site check (parsed once)."""
     index = index if index is not None else Index(vllm)
-    extensions = {(path, cls.name) for path, cls in _extensions(speculators)}
+    extensions = {(path, cls.name) for path, cls in worker_extensions(speculators)}
     worker = index.resolve(*WORKER)
     findings: list[Finding] = []
     for path, data in sorted(speculators.items()):
@@ -70,7 +71,11 @@ class _Class:
         for fn in self.methods.values():
             for node in ast.walk(fn):
                 for target, value in _assignments(node):
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
                         self.own.setdefault(target.attr, []).append((value, fn))
         self._busy: set[int] = set()
         self._locals: dict[int, dict[str, list[ast.expr]]] = {}  # id(fn) -> name -> assigned values
@@ -104,7 +109,7 @@ class _Class:
             except SyntaxError:
                 return None
         for node in ast.walk(expr):
-            dotted = _dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            dotted = dotted_name(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
             sym = self._vllm_name(dotted, owner, fn) if dotted else None
             if sym is not None:
                 return sym
@@ -117,8 +122,10 @@ class _Class:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == attr:
                     return self._annotation(item.annotation, cls, None)
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == attr:
-                    is_property = any(_dotted(d) in ("property", "functools.cached_property", "cached_property")
-                                      for d in item.decorator_list)
+                    is_property = any(
+                        dotted_name(d) in ("property", "functools.cached_property", "cached_property")
+                        for d in item.decorator_list
+                    )
                     return self._annotation(item.returns, cls, item) if is_property else None
             for item in cls.node.body:
                 if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -130,7 +137,7 @@ class _Class:
                         if isinstance(node, ast.AnnAssign):
                             return self._annotation(node.annotation, cls, item)
                         if isinstance(value, ast.Call):
-                            dotted = _dotted(value.func)
+                            dotted = dotted_name(value.func)
                             sym = self._vllm_name(dotted, cls, item) if dotted else None
                             if sym is not None:
                                 return sym
@@ -169,7 +176,7 @@ class _Class:
                 if owner == "self":
                     own = self.methods.get(func.attr)
                     if own is not None and own.returns is not None:
-                        dotted = _dotted(own.returns)
+                        dotted = dotted_name(own.returns)
                         return self._from_import(dotted) if dotted else None
                     return self.returns(self.worker, func.attr) if self.worker is not None else None
                 return self.returns(owner, func.attr) if isinstance(owner, Symbol) else None
@@ -231,10 +238,19 @@ class _Class:
                     owner = self.worker
                 if not isinstance(owner, Symbol) or self.has(owner, node.attr) is not False:
                     continue
-                findings.append(Finding(
-                    KIND, self.path, node.lineno, ast.unparse(node),
-                    f"{owner.node.name} (and its vLLM bases) has no attribute {node.attr}",
-                    owner.file, owner.node.lineno, f"class {owner.node.name}", subject=node.attr))
+                findings.append(
+                    Finding(
+                        KIND,
+                        self.path,
+                        node.lineno,
+                        ast.unparse(node),
+                        f"{owner.node.name} (and its vLLM bases) has no attribute {node.attr}",
+                        owner.file,
+                        owner.node.lineno,
+                        f"class {owner.node.name}",
+                        subject=node.attr,
+                    )
+                )
         return findings
 
 
@@ -261,8 +277,13 @@ def _hasattr_tests(test: ast.AST, negated: bool = False) -> set:
             return _hasattr_tests(test.operand)
         return found
     for node in ast.walk(test):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
-                and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "hasattr"
+            and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
             found.add((ast.dump(node.args[0]), node.args[1].value))
     return found
 

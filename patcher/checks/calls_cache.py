@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from patcher import cache
 from patcher.checks import lifecycle, model_runner
-from patcher.digest import tool as tool_digest
 from patcher.checks.callsite import Checked, Finding
 from patcher.checks.import_path import ImportFinding, ImportPathCheck
+from patcher.digest import tool as tool_digest
 
 if TYPE_CHECKING:
     from patcher.engine import Snapshot
@@ -32,9 +32,16 @@ KIND = "verify-calls"
 # The vLLM files of the checks computed afresh on each run (they depend on more than these
 # files: the job's environment, the patches applied), kept with the findings.
 KEPT = (model_runner.WORKER, model_runner.CONFIG, *lifecycle.FILES)
+
+
 def _key(snap: Snapshot, request: dict) -> str:
-    return cache.key({"code": tool_digest(), "request": request,
-                      "target": [snap.label, snap.python, snap.site_packages, snap.speculators_root, snap.vllm_root]})
+    return cache.key(
+        {
+            "code": tool_digest(),
+            "request": request,
+            "target": [snap.label, snap.python, snap.site_packages, snap.speculators_root, snap.vllm_root],
+        }
+    )
 
 
 def _latest_key(request: dict) -> str:
@@ -60,19 +67,28 @@ def lookup(snap: Snapshot, request: dict) -> dict | None:
     return None
 
 
-def save(snap: Snapshot, request: dict, reads: dict | None, findings: list[Finding], checked: list[Checked],
-         imports: ImportPathCheck, vllm: dict[str, bytes | None]) -> None:
+def save(
+    snap: Snapshot,
+    request: dict,
+    reads: dict | None,
+    findings: list[Finding],
+    checked: list[Checked],
+    imports: ImportPathCheck,
+    vllm: dict[str, bytes | None],
+) -> None:
     """Store what was found, with the ``reads`` it was computed from (none: nothing stored)."""
     if not reads:
         return
-    runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode()
-                    for p in KEPT}
+    runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode() for p in KEPT}
     entry = {
         "reads": reads,
         "findings": [f.__dict__ for f in findings],
         "checked": [[c.file, c.line, c.label, list(c.target)] for c in checked],
-        "imports": {"findings": [f.__dict__ for f in imports.findings], "modules": imports.modules,
-                    "checked": imports.checked},
+        "imports": {
+            "findings": [f.__dict__ for f in imports.findings],
+            "modules": imports.modules,
+            "checked": imports.checked,
+        },
         "runner_files": runner_files,
     }
     cache.store(KIND, _key(snap, request), entry)
@@ -86,8 +102,11 @@ def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck,
     try:
         findings = [Finding(**f) for f in entry["findings"]]
         checked = [Checked(file, line, label, tuple(target), None) for file, line, label, target in entry["checked"]]
-        imports = ImportPathCheck([ImportFinding(**f) for f in entry["imports"]["findings"]],
-                                  list(entry["imports"]["modules"]), int(entry["imports"]["checked"]))
+        imports = ImportPathCheck(
+            [ImportFinding(**f) for f in entry["imports"]["findings"]],
+            list(entry["imports"]["modules"]),
+            int(entry["imports"]["checked"]),
+        )
         vllm = {p: None if d is None else base64.b64decode(d) for p, d in entry["runner_files"].items()}
         if set(vllm) != set(KEPT):
             return None

@@ -29,7 +29,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from patcher.agent.sources import _catches_import_error, bindings, module_paths, speculators_vllm_imports
+from patcher.agent.pysource import bindings, catches_import_error, module_paths, speculators_vllm_imports
 from patcher.connect.transport import Transport
 
 SPECULATORS_DIR = "speculators/data_generation"
@@ -73,9 +73,18 @@ class Finding:
         return f"{self.where}: {self.call}: {self.detail}{tail}"
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "severity": self.severity, "file": self.file, "line": self.line,
-                "call": self.call, "subject": self.subject, "detail": self.detail, "vllm_file": self.vllm_file,
-                "vllm_line": self.vllm_line, "vllm_found": self.vllm_found}
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "file": self.file,
+            "line": self.line,
+            "call": self.call,
+            "subject": self.subject,
+            "detail": self.detail,
+            "vllm_file": self.vllm_file,
+            "vllm_line": self.vllm_line,
+            "vllm_found": self.vllm_found,
+        }
 
 
 @dataclass(frozen=True)
@@ -226,7 +235,7 @@ class Index:
                 return
             order.append(s)
             for base in s.node.bases:
-                base_name = _dotted(base)
+                base_name = dotted_name(base)
                 found = self.resolve_dotted(s.module, base_name) if base_name else None
                 if isinstance(found, Symbol) and found.is_class:
                     visit(found)
@@ -247,7 +256,7 @@ class Index:
         """``stdlib`` | ``pydantic`` | ``pydantic-forbid`` | ``msgspec`` | None."""
         for deco in sym.node.decorator_list:
             call = deco if isinstance(deco, ast.Call) else None
-            found = self.resolve_dotted(sym.module, _dotted(call.func if call else deco) or "")
+            found = self.resolve_dotted(sym.module, dotted_name(call.func if call else deco) or "")
             if found in ("dataclasses.dataclass",):
                 return "stdlib"
             if found == "pydantic.dataclasses.dataclass":
@@ -257,7 +266,7 @@ class Index:
                 if kind:
                     return kind
         for base in sym.node.bases:
-            if self.resolve_dotted(sym.module, _dotted(base) or "") == "msgspec.Struct":
+            if self.resolve_dotted(sym.module, dotted_name(base) or "") == "msgspec.Struct":
                 return "msgspec"
         return None
 
@@ -266,7 +275,7 @@ class Index:
         makes = None
         for node in ast.walk(fn.node):
             if isinstance(node, ast.Call):
-                found = self.resolve_dotted(fn.module, _dotted(node.func) or "")
+                found = self.resolve_dotted(fn.module, dotted_name(node.func) or "")
                 if found == "pydantic.dataclasses.dataclass":
                     makes = "pydantic"
                 elif found == "dataclasses.dataclass":
@@ -299,14 +308,20 @@ class Index:
                         params[p.name] = p
             bases = ", ".join(ast.unparse(b) for b in cls.node.bases)
             text = f"class {cls.node.name}({bases})" if bases else f"class {cls.node.name}"
-            return Signature(cls.node.name, cls.file, cls.node.lineno, f"{kind} dataclass {text}",
-                             tuple(params.values()), extra="ignored" if kind == "pydantic" else "error")
+            return Signature(
+                cls.node.name,
+                cls.file,
+                cls.node.lineno,
+                f"{kind} dataclass {text}",
+                tuple(params.values()),
+                extra="ignored" if kind == "pydantic" else "error",
+            )
         if external:
             return None
         return Signature(sym.node.name, sym.file, sym.node.lineno, f"class {sym.node.name}")
 
 
-def _dotted(expr: ast.AST) -> str | None:
+def dotted_name(expr: ast.AST) -> str | None:
     parts = []
     while isinstance(expr, ast.Attribute):
         parts.insert(0, expr.attr)
@@ -324,8 +339,9 @@ def _forbids_extra(call: ast.Call) -> bool:
     return False
 
 
-def function_signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, file: str, name: str,
-                       method: bool = False) -> Signature:
+def function_signature(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef, file: str, name: str, method: bool = False
+) -> Signature:
     args = fn.args
     positional = [*args.posonlyargs, *args.args]
     first_default = len(positional) - len(args.defaults)
@@ -335,7 +351,7 @@ def function_signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, file: str, na
             continue
         kind = "positional" if i < len(args.posonlyargs) else "any"
         params.append(Param(a.arg, i < first_default, kind, line=a.lineno, text=ast.unparse(a)))
-    for a, d in zip(args.kwonlyargs, args.kw_defaults):
+    for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
         params.append(Param(a.arg, d is None, "keyword", line=a.lineno, text=ast.unparse(a)))
     text = f"{fn.name}({ast.unparse(args)})"
     return Signature(name, file, fn.lineno, text, tuple(params), args.vararg is not None, args.kwarg is not None)
@@ -355,16 +371,20 @@ def dataclass_fields(cls: ast.ClassDef) -> Iterator[Param]:
             continue
         required = node.value is None
         value = node.value
-        if isinstance(value, ast.Call) and _dotted(value.func) in FIELD_CALLS:
+        if isinstance(value, ast.Call) and dotted_name(value.func) in FIELD_CALLS:
             kws = {k.arg: k.value for k in value.keywords if k.arg}
             init = kws.get("init")
             if isinstance(init, ast.Constant) and init.value is False:
                 continue
-            has_default = "default" in kws or "default_factory" in kws or any(
-                not (isinstance(a, ast.Constant) and a.value is Ellipsis) for a in value.args[:1])
+            has_default = (
+                "default" in kws
+                or "default_factory" in kws
+                or any(not (isinstance(a, ast.Constant) and a.value is Ellipsis) for a in value.args[:1])
+            )
             required = not has_default
-        yield Param(node.target.id, required, "any", "InitVar" in annotation, node.lineno,
-                    f"{node.target.id}: {annotation}")
+        yield Param(
+            node.target.id, required, "any", "InitVar" in annotation, node.lineno, f"{node.target.id}: {annotation}"
+        )
 
 
 # -- the check ---------------------------------------------------------------------------
@@ -377,8 +397,12 @@ class _Module:
     imports: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # local -> (module, name, line)
 
 
-def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | None],
-          record: list[Checked] | None = None, index: Index | None = None) -> list[Finding]:
+def check(
+    speculators: Mapping[str, bytes | None],
+    vllm: Mapping[str, bytes | None],
+    record: list[Checked] | None = None,
+    index: Index | None = None,
+) -> list[Finding]:
     """Every call from ``speculators`` modules (path -> source) into vLLM (path -> source)
     that does not fit. Files that do not parse are skipped (the patch check reports them).
     ``record``, when given, receives every call evaluated (for ``patcher.checks.runtime``);
@@ -395,7 +419,7 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
         mod = _Module(path, tree, vllm_imports(tree, index))
         if mod.imports:
             modules.append(mod)
-    extensions = _extensions(speculators)
+    extensions = worker_extensions(speculators)
     findings: list[Finding] = []
     for mod in modules:
         findings += _check_module(index, mod, extensions, record if record is not None else [])
@@ -403,8 +427,11 @@ def check(speculators: Mapping[str, bytes | None], vllm: Mapping[str, bytes | No
 
 
 def _from_vllm(node: ast.AST) -> list[ast.ImportFrom]:
-    return [n for n in ast.walk(node)
-            if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "vllm"]
+    return [
+        n
+        for n in ast.walk(node)
+        if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "vllm"
+    ]
 
 
 def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, int]]:
@@ -421,7 +448,7 @@ def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, in
     for node in ast.walk(tree):
         if not isinstance(node, ast.Try):
             continue
-        caught = [n for h in node.handlers if _catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt)]
+        caught = [n for h in node.handlers if catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt)]
         body = [n for stmt in node.body for n in _from_vllm(stmt)]
         if caught and body:
             fails = any(index.resolve(n.module, a.name) is None for n in body for a in n.names)
@@ -435,7 +462,7 @@ def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, in
     return bound
 
 
-def _extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.ClassDef]]:
+def worker_extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.ClassDef]]:
     """Worker extension classes named by ``worker_extension_cls="pkg.mod.Class"``."""
     found = []
     for data in speculators.values():
@@ -446,21 +473,28 @@ def _extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str, ast.
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if (isinstance(node, ast.keyword) and node.arg == "worker_extension_cls"
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            if (
+                isinstance(node, ast.keyword)
+                and node.arg == "worker_extension_cls"
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 module, _, cls_name = node.value.value.rpartition(".")
                 path = module.replace(".", "/") + ".py"
                 source = speculators.get(path)
                 if source is None:
                     continue
-                cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+                cls = next(
+                    (n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None
+                )
                 if cls is not None:
                     found.append((path, cls))
     return found
 
 
-def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]],
-                  record: list[Checked]) -> list[Finding]:
+def _check_module(
+    index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]], record: list[Checked]
+) -> list[Finding]:
     findings = []
     symbols: dict[str, Symbol] = {}
     for local, (module, name, line) in mod.imports.items():
@@ -468,15 +502,32 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
         sym = index.resolve(module, name)
         if sym is None and index.unparsable:
             why = "; ".join(f"{p} ({e})" for p, e in sorted(index.unparsable.items()))
-            findings.append(Finding("unreadable", mod.path, line, f"from {module} import {name}",
-                                    f"not checked: this Python cannot parse {why}", severity="note", subject=name))
+            findings.append(
+                Finding(
+                    "unreadable",
+                    mod.path,
+                    line,
+                    f"from {module} import {name}",
+                    f"not checked: this Python cannot parse {why}",
+                    severity="note",
+                    subject=name,
+                )
+            )
         elif sym is None:
             mod_info = index.module(module)
-            findings.append(Finding(
-                "missing-import", mod.path, line, f"from {module} import {name}",
-                f"vLLM has no {name} in {module}" if mod_info else f"vLLM has no module {module}",
-                mod_info[2] if mod_info else module_paths(module)[1], None,
-                "name not defined" if mod_info else "file not found", subject=name))
+            findings.append(
+                Finding(
+                    "missing-import",
+                    mod.path,
+                    line,
+                    f"from {module} import {name}",
+                    f"vLLM has no {name} in {module}" if mod_info else f"vLLM has no module {module}",
+                    mod_info[2] if mod_info else module_paths(module)[1],
+                    None,
+                    "name not defined" if mod_info else "file not found",
+                    subject=name,
+                )
+            )
         else:
             symbols[local] = sym
     # self.<attr> = <vLLM class>(...) anywhere in the module: the attribute's class.
@@ -502,34 +553,59 @@ def _check_module(index: Index, mod: _Module, extensions: list[tuple[str, ast.Cl
             module, name, _ = mod.imports[func.id]
             record.append(Checked(mod.path, line, f"{func.id}(...)", (module, name, None), call, sig))
             if sig is not None:
-                findings += _check_call(mod.path, line, f"{func.id}(...)", call, sig)
-        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute)
-              and isinstance(func.value.value, ast.Name) and func.value.value.id == "self"
-              and func.value.attr in attrs):
+                findings += check_call(mod.path, line, f"{func.id}(...)", call, sig)
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Attribute)
+            and isinstance(func.value.value, ast.Name)
+            and func.value.value.id == "self"
+            and func.value.attr in attrs
+        ):
             owner, owner_local = attrs[func.value.attr]
             label = f"self.{func.value.attr}.{func.attr}(...)"
             found = index.method(owner, func.attr)
             module, name, _ = mod.imports[owner_local]
             guarded = (ast.dump(func.value), func.attr) in guards
             if not guarded or found is not None:
-                sig = None if found is None else function_signature(
-                    found[1], found[0].file, f"{found[0].node.name}.{found[1].name}", method=True)
+                sig = (
+                    None
+                    if found is None
+                    else function_signature(
+                        found[1], found[0].file, f"{found[0].node.name}.{found[1].name}", method=True
+                    )
+                )
                 record.append(Checked(mod.path, line, label, (module, name, func.attr), call, sig))
             if found is None:
                 if not guarded and not index.mro(owner)[1]:
-                    findings.append(Finding(
-                        "missing-method", mod.path, line, label,
-                        f"{owner.node.name} (and its bases) has no method {func.attr}",
-                        owner.file, owner.node.lineno, f"class {owner.node.name}", subject=func.attr))
+                    findings.append(
+                        Finding(
+                            "missing-method",
+                            mod.path,
+                            line,
+                            label,
+                            f"{owner.node.name} (and its bases) has no method {func.attr}",
+                            owner.file,
+                            owner.node.lineno,
+                            f"class {owner.node.name}",
+                            subject=func.attr,
+                        )
+                    )
                 continue
-            findings += _check_call(mod.path, line, label, call, sig)
+            findings += check_call(mod.path, line, label, call, sig)
             if func.attr == "collective_rpc" and call.args and isinstance(call.args[0], ast.Constant):
                 rpc = call.args[0].value
                 findings += _check_rpc(index, mod.path, line, rpc, extensions)
                 if isinstance(rpc, str):
                     by_extension = any(_defines(c, rpc) for _, c in extensions)
-                    record.append(Checked(mod.path, line, f'collective_rpc("{rpc}")',
-                                          ("<rpc>", rpc, "extension" if by_extension else None), call))
+                    record.append(
+                        Checked(
+                            mod.path,
+                            line,
+                            f'collective_rpc("{rpc}")',
+                            ("<rpc>", rpc, "extension" if by_extension else None),
+                            call,
+                        )
+                    )
     return findings
 
 
@@ -539,8 +615,13 @@ def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
     def guards_of(test: ast.AST) -> set:
         found = set()
         for node in ast.walk(test):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
-                    and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "hasattr"
+                and len(node.args) == 2
+                and isinstance(node.args[1], ast.Constant)
+            ):
                 found.add((ast.dump(node.args[0]), node.args[1].value))
         return found
 
@@ -563,7 +644,7 @@ def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
     yield from walk(tree, frozenset())
 
 
-def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
+def check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
     findings = []
 
     def finding(kind: str, detail: str, p: Param | None = None, severity: str = "error", subject: str = "") -> Finding:
@@ -574,15 +655,30 @@ def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature
             found = f"{sig.name}.{p.text or p.name}"
         else:
             found = f"{sig.name}(... {p.text or p.name} ...)"
-        return Finding(kind, path, line, label, detail, sig.file, vline, found, severity,
-                       subject or (p.name if p is not None else ""))
+        return Finding(
+            kind,
+            path,
+            line,
+            label,
+            detail,
+            sig.file,
+            vline,
+            found,
+            severity,
+            subject or (p.name if p is not None else ""),
+        )
 
     splat = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
     positional = [p for p in sig.params if p.kind != "keyword"]
     n_pos = sum(1 for a in call.args if not isinstance(a, ast.Starred))
     if n_pos > len(positional) and not sig.varargs and not splat:
-        findings.append(finding("too-many-positional",
-                                f"{n_pos} positional arguments, {sig.name} takes {len(positional)}", subject=str(n_pos)))
+        findings.append(
+            finding(
+                "too-many-positional",
+                f"{n_pos} positional arguments, {sig.name} takes {len(positional)}",
+                subject=str(n_pos),
+            )
+        )
     passed = {p.name for p in positional[:n_pos]}
     for kw in call.keywords:
         if kw.arg is None:
@@ -592,8 +688,14 @@ def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature
             passed.add(kw.arg)
         elif not sig.varkw:
             if sig.extra == "ignored":
-                findings.append(finding("ignored-keyword", f"{sig.name} has no field {kw.arg}; pydantic drops it",
-                                        severity="note", subject=kw.arg))
+                findings.append(
+                    finding(
+                        "ignored-keyword",
+                        f"{sig.name} has no field {kw.arg}; pydantic drops it",
+                        severity="note",
+                        subject=kw.arg,
+                    )
+                )
             else:
                 findings.append(finding("unknown-keyword", f"{sig.name} takes no keyword {kw.arg}", subject=kw.arg))
     if not splat:
@@ -604,7 +706,9 @@ def _check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature
     return findings
 
 
-def _check_rpc(index: Index, path: str, line: int, name: object, extensions: list[tuple[str, ast.ClassDef]]) -> list[Finding]:
+def _check_rpc(
+    index: Index, path: str, line: int, name: object, extensions: list[tuple[str, ast.ClassDef]]
+) -> list[Finding]:
     if not isinstance(name, str):
         return []
     worker = index.resolve(*WORKER)
@@ -615,19 +719,36 @@ def _check_rpc(index: Index, path: str, line: int, name: object, extensions: lis
     if any(_defines(cls, name) for _, cls in extensions):
         return []
     ext = " nor ".join(f"{c.name} ({p}:{c.lineno})" for p, c in extensions) or "no worker extension"
-    return [Finding("unknown-rpc", path, line, f'collective_rpc("{name}")',
-                    f"neither {worker.node.name} nor {ext} defines {name}",
-                    worker.file, worker.node.lineno, f"class {worker.node.name}", subject=name)]
+    return [
+        Finding(
+            "unknown-rpc",
+            path,
+            line,
+            f'collective_rpc("{name}")',
+            f"neither {worker.node.name} nor {ext} defines {name}",
+            worker.file,
+            worker.node.lineno,
+            f"class {worker.node.name}",
+            subject=name,
+        )
+    ]
 
 
 def _defines(cls: ast.ClassDef, name: str) -> bool:
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in cls.body)
 
 
-def fetch(transport: Transport, site_packages: str | None = None) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+def fetch(
+    transport: Transport, site_packages: str | None = None
+) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
     """One ``sources`` exchange: (speculators files, vLLM files) for ``check``."""
-    answer = transport.request("sources", site_packages=site_packages, speculators_dir=SPECULATORS_DIR,
-                               symbols=[list(WORKER)], follow_attributes=True)
+    answer = transport.request(
+        "sources",
+        site_packages=site_packages,
+        speculators_dir=SPECULATORS_DIR,
+        symbols=[list(WORKER)],
+        follow_attributes=True,
+    )
     return decode(answer)
 
 
@@ -644,7 +765,7 @@ def local_sources(speculators_root: str, vllm_root: str) -> tuple[dict[str, byte
     """What ``fetch`` returns, read directly from two directories (tests, benchmarks)."""
     import os
 
-    from patcher.agent.sources import attributes_read, collect_sources
+    from patcher.agent.pysource import attributes_read, collect_sources
 
     def read(root: str, path: str) -> bytes | None:
         try:

@@ -4,7 +4,7 @@
 that module: the package ``__init__``s, every speculators module they import, and the
 modules speculators' registry imports by itself (``auto_package = "speculators.models"``
 in speculators/config.py and speculators/model.py: every module of that package, e.g.
-speculators/models/eagle.py). The agent follows that path (``patcher.agent.sources.walk_import_path``,
+speculators/models/eagle.py). The agent follows that path (``patcher.agent.pysource.walk_import_path``,
 in the same ``sources`` exchange as the call-site check) and sends the files of
 transformers and vLLM those modules import; here each import is resolved against them:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
-from patcher.agent.sources import walk_import_path
+from patcher.agent.pysource import walk_import_path
 from patcher.checks.callsite import SPECULATORS_DIR, Index
 
 START = "speculators.data_generation.vllm_hidden_states_generator"
@@ -50,8 +50,14 @@ class ImportFinding:
         return f"{self.file}:{self.line}" if self.line else self.file
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "severity": self.severity, "file": self.file, "line": self.line,
-                "statement": self.statement, "detail": self.detail}
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "file": self.file,
+            "line": self.line,
+            "statement": self.statement,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -65,8 +71,12 @@ class ImportPathCheck:
         return not any(f.severity == "error" for f in self.findings)
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "modules": self.modules, "checked": self.checked,
-                "findings": [f.as_dict() for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "modules": self.modules,
+            "checked": self.checked,
+            "findings": [f.as_dict() for f in self.findings],
+        }
 
 
 def request() -> dict:
@@ -106,8 +116,16 @@ def check(answer: dict) -> ImportPathCheck:
         if finding is not None:
             findings.append(ImportFinding(finding[0], importer, line, statement, finding[1]))
     for package, (importer, line, statement) in absent.items():
-        findings.append(ImportFinding("not-installed", importer, line, statement,
-                                      f"{package} is not installed in the target: its imports were not checked", "note"))
+        findings.append(
+            ImportFinding(
+                "not-installed",
+                importer,
+                line,
+                statement,
+                f"{package} is not installed in the target: its imports were not checked",
+                "note",
+            )
+        )
     modules = sorted(p for p, d in spec.items() if d is not None)
     return ImportPathCheck(findings, modules, checked)
 
@@ -124,7 +142,8 @@ def _resolve(index: Index, module: str, name: str | None) -> tuple[str, str] | N
     if name in names:  # bound by an import from outside the package (e.g. typing.Unpack)
         return None
     lazy = b"_LazyModule" in (index.files.get(path) or b"") or any(
-        getattr(n, "name", None) == "__getattr__" for n in tree.body)
+        getattr(n, "name", None) == "__getattr__" for n in tree.body
+    )
     if lazy:
         return None  # names made at runtime (transformers' _LazyModule, module __getattr__): not checked
     return "missing-name", f"cannot import name '{name}' from '{module}' ({path})"

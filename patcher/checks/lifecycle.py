@@ -45,19 +45,19 @@ FILES = (CORE, EXECUTOR)  # the vLLM files this check reads (verify's sources re
 _CONNECTORS = "KV/EC connectors (kv_transfer_config, ec_transfer_config), which the generator never configures"
 NOT_NEEDED = {
     "register_failure_callback": "tells the engine's client that a worker died; the generator calls the "
-                                 "executor itself and gets its exceptions",
+    "executor itself and gets its exceptions",
     "rpc:initialize_cache": "copies the block counts into the workers' CacheConfig; their KV cache is "
-                            "built from the KVCacheConfig that initialize_from_config sends",
+    "built from the KVCacheConfig that initialize_from_config sends",
     "rpc:update_max_model_len": "only when vLLM's own KV cache planning shortened max_model_len to fit "
-                                "memory; the generator plans with get_kv_cache_config_from_groups, "
-                                "which keeps the max_model_len it was given",
+    "memory; the generator plans with get_kv_cache_config_from_groups, "
+    "which keeps the max_model_len it was given",
     "compile_or_warm_up_model": "torch.compile, CUDA graph capture and kernel warm-up; the generator runs "
-                                "eager (enforce_eager=True), so only its first step is slower",
+    "eager (enforce_eager=True), so only its first step is slower",
     "init_kv_output_aggregator": _CONNECTORS,
     "init_ec_output_aggregator": _CONNECTORS,
     "get_kv_connector_handshake_metadata": _CONNECTORS,
     "get_simple_cpu_offload_num_blocks": "the CPU offload connector (kv_transfer_config), which the "
-                                         "generator never configures",
+    "generator never configures",
     "take_draft_token_ids": "speculative decoding (speculative_config), which the generator never configures",
 }
 
@@ -93,8 +93,13 @@ class LifecycleCheck:
         return not self.findings
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "core": CORE, "steps": [asdict(s) for s in self.steps],
-                "generator_calls": self.generator_calls, "findings": [f.as_dict() for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "core": CORE,
+            "steps": [asdict(s) for s in self.steps],
+            "generator_calls": self.generator_calls,
+            "findings": [f.as_dict() for f in self.findings],
+        }
 
 
 def _executor_call(node: ast.Call, executors: set[str]) -> str | None:
@@ -154,8 +159,11 @@ class _Walker(ast.NodeVisitor):
         name = _executor_call(node, self._executors[-1])
         if name is not None:
             self.found.append((name, node.lineno, self._conditions[-1] if self._conditions else ""))
-        elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-              and node.func.value.id == "self"):
+        elif (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+        ):
             self.walk(node.func.attr)
 
 
@@ -211,8 +219,9 @@ def generator_calls(generator: bytes) -> tuple[dict[str, int], tuple[int, str] |
     return calls, end
 
 
-def check(vllm: Mapping[str, bytes | None], generator: bytes | None, patches: Iterable,
-          present: set[str]) -> LifecycleCheck | None:
+def check(
+    vllm: Mapping[str, bytes | None], generator: bytes | None, patches: Iterable, present: set[str]
+) -> LifecycleCheck | None:
     """Classify the engine core's steps for the installed generator. ``vllm``: the sources read
     for verify (``CORE`` and ``EXECUTOR`` among them); ``patches``: the patches written for the
     installed speculators (``Patch.engine_steps``); ``present``: ids of those applied to it or
@@ -227,22 +236,34 @@ def check(vllm: Mapping[str, bytes | None], generator: bytes | None, patches: It
     stored = cache.load("lifecycle", key)
     if isinstance(stored, dict) and "steps" in stored:
         try:
-            return LifecycleCheck([Step(**s) for s in stored["steps"]], dict(stored["generator_calls"]),
-                                  tuple(stored["setup_end"]) if stored["setup_end"] else None,
-                                  [Finding(**f) for f in stored["findings"]])
+            return LifecycleCheck(
+                [Step(**s) for s in stored["steps"]],
+                dict(stored["generator_calls"]),
+                tuple(stored["setup_end"]) if stored["setup_end"] else None,
+                [Finding(**f) for f in stored["findings"]],
+            )
         except (TypeError, KeyError):
             pass
     try:
         found = _check(core, vllm.get(EXECUTOR), generator_src, handlers, present)
     except (SyntaxError, ValueError):
         return None
-    cache.store("lifecycle", key, {"steps": [asdict(s) for s in found.steps], "generator_calls": found.generator_calls,
-                                   "setup_end": found.setup_end, "findings": [f.__dict__ for f in found.findings]})
+    cache.store(
+        "lifecycle",
+        key,
+        {
+            "steps": [asdict(s) for s in found.steps],
+            "generator_calls": found.generator_calls,
+            "setup_end": found.setup_end,
+            "findings": [f.__dict__ for f in found.findings],
+        },
+    )
     return found
 
 
-def _check(core: bytes, executor: bytes | None, generator: bytes, handlers: dict[str, str],
-           present: set[str]) -> LifecycleCheck:
+def _check(
+    core: bytes, executor: bytes | None, generator: bytes, handlers: dict[str, str], present: set[str]
+) -> LifecycleCheck:
     sent = forwards(executor)
     calls, end = generator_calls(generator)
     made = set(calls) | {rpc for call in calls for rpc in sent.get(call, ())}
@@ -259,10 +280,21 @@ def _check(core: bytes, executor: bytes | None, generator: bytes, handlers: dict
             fix = f"{patch} handles it: speculators-patch apply" if patch else "no patch covers it"
             steps.append(Step(name, line, when, "skipped", patch, fix))
             end_line, end_name = end if end is not None else (1, "none")
-            findings.append(Finding(
-                KIND, GENERATOR, end_line, name,
-                f"vLLM's engine core makes this step{f' (when {when})' if when else ''} and the generator, "
-                f"whose set-up ends with {end_name}, never does: {fix}",
-                CORE, line, f"self.model_executor.{name}(...)" if not name.startswith("rpc:")
-                else f'self.collective_rpc("{name[4:]}", ...)', "error", name))
+            findings.append(
+                Finding(
+                    KIND,
+                    GENERATOR,
+                    end_line,
+                    name,
+                    f"vLLM's engine core makes this step{f' (when {when})' if when else ''} and the generator, "
+                    f"whose set-up ends with {end_name}, never does: {fix}",
+                    CORE,
+                    line,
+                    f"self.model_executor.{name}(...)"
+                    if not name.startswith("rpc:")
+                    else f'self.collective_rpc("{name[4:]}", ...)',
+                    "error",
+                    name,
+                )
+            )
     return LifecycleCheck(steps, calls, end, findings)

@@ -43,7 +43,6 @@ CONFIG = "vllm/config/vllm.py"
 EXTENSION = "speculators/data_generation/custom_worker.py"
 
 
-
 def _fix(patch: str | None) -> str:
     """The way out when the worker extension cannot read V2's batch: ``patch`` makes it read
     it (SP022 for speculators 0.3.0), or none is written for the installed speculators."""
@@ -52,8 +51,10 @@ def _fix(patch: str | None) -> str:
     return f"set {VARIABLE}=0 in the job's environment (no patch here reads V2's batch for this speculators)"
 
 
-CANNOT = ("the installed worker extension does not split captures by Model Runner V2's batch, so under V2 "
-          "capture stops at setup or returns hidden states attributed to the wrong prompts")
+CANNOT = (
+    "the installed worker extension does not split captures by Model Runner V2's batch, so under V2 "
+    "capture stops at setup or returns hidden states attributed to the wrong prompts"
+)
 
 
 @dataclass(frozen=True)
@@ -77,25 +78,40 @@ class RunnerCheck:
         return f"{self.file}:{self.line}"
 
     def as_dict(self) -> dict:
-        return {"severity": self.severity, "message": self.message, "file": self.file, "line": self.line,
-                "found": self.found, "variable": VARIABLE, "runner": self.runner, "v2_for": list(self.v2_for),
-                "capture_v2": self.capture_v2}
+        return {
+            "severity": self.severity,
+            "message": self.message,
+            "file": self.file,
+            "line": self.line,
+            "found": self.found,
+            "variable": VARIABLE,
+            "runner": self.runner,
+            "v2_for": list(self.v2_for),
+            "capture_v2": self.capture_v2,
+        }
 
 
 def _switch(tree: ast.Module) -> ast.Assign | None:
     """``self.use_v2_model_runner = ...`` in the worker (the first one)."""
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-                and node.targets[0].attr == "use_v2_model_runner"):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Attribute)
+            and node.targets[0].attr == "use_v2_model_runner"
+        ):
             return node
     return None
 
 
 def _default_architectures(tree: ast.Module) -> list[str] | None:
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"
-                                                  for t in node.targets)):
-            return sorted(n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES" for t in node.targets
+        ):
+            return sorted(
+                n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            )
     return None
 
 
@@ -117,8 +133,11 @@ def _only_runner(tree: ast.Module) -> tuple[str, ast.ImportFrom] | None:
     found: dict[str, ast.ImportFrom] = {}
     for fn in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
         for node in ast.walk(fn):
-            if (isinstance(node, ast.ImportFrom) and node.module in (V1_MODULE, V2_MODULE)
-                    and any(a.name == "GPUModelRunner" for a in node.names)):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module in (V1_MODULE, V2_MODULE)
+                and any(a.name == "GPUModelRunner" for a in node.names)
+            ):
                 # the import inside the method that builds the runner is the evidence, if any
                 found["v1" if node.module == V1_MODULE else "v2"] = node
     return next(iter(found.items())) if len(found) == 1 else None
@@ -140,12 +159,16 @@ def reads_v2_batch(extension: bytes | None) -> bool:
         tree = ast.parse(extension)
     except SyntaxError:
         return False
-    return any((isinstance(n, ast.Attribute) and n.attr == "execute_model_state")
-               or (isinstance(n, ast.Constant) and n.value == "execute_model_state") for n in ast.walk(tree))
+    return any(
+        (isinstance(n, ast.Attribute) and n.attr == "execute_model_state")
+        or (isinstance(n, ast.Constant) and n.value == "execute_model_state")
+        for n in ast.walk(tree)
+    )
 
 
-def check(files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None,
-          fix: str | None = "SP022") -> RunnerCheck | None:
+def check(
+    files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None, fix: str | None = "SP022"
+) -> RunnerCheck | None:
     """None when this vLLM's worker has no V2 switch (0.11) or it cannot be read.
     ``files``: vLLM's ``WORKER`` and ``CONFIG`` sources; ``extension``: the installed
     ``EXTENSION`` source; ``fix``: the patch that makes it read V2's batch for the installed
@@ -182,15 +205,34 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
     if chosen is not None:
         runner = "v2" if chosen else "v1"
         if not chosen:
-            return RunnerCheck("note", f"{shown} here: a GPU job with this environment gets the V1 model runner; "
-                               "hidden-state capture works with it", WORKER, switch.lineno, found, runner,
-                               capture_v2=capture_v2)
+            return RunnerCheck(
+                "note",
+                f"{shown} here: a GPU job with this environment gets the V1 model runner; "
+                "hidden-state capture works with it",
+                WORKER,
+                switch.lineno,
+                found,
+                runner,
+                capture_v2=capture_v2,
+            )
         if capture_v2:
-            return RunnerCheck("note", f"{shown} here: a GPU job with this environment gets Model Runner V2; {works}",
-                               WORKER, switch.lineno, found, runner, capture_v2=True)
-        return RunnerCheck("error", f"{shown} here: a GPU job with this environment gets Model Runner V2, and "
-                           f"{CANNOT}. {fix}",
-                           WORKER, switch.lineno, found, runner)
+            return RunnerCheck(
+                "note",
+                f"{shown} here: a GPU job with this environment gets Model Runner V2; {works}",
+                WORKER,
+                switch.lineno,
+                found,
+                runner,
+                capture_v2=True,
+            )
+        return RunnerCheck(
+            "error",
+            f"{shown} here: a GPU job with this environment gets Model Runner V2, and {CANNOT}. {fix}",
+            WORKER,
+            switch.lineno,
+            found,
+            runner,
+        )
     prop, default = None, None
     config = files.get(CONFIG)
     if "vllm_config.use_v2_model_runner" in found and config is not None:
@@ -200,20 +242,47 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
         except SyntaxError:
             pass
     if prop is None:  # 0.12-0.21: V2 only when the variable says so
-        tail = ("either runner works with capture" if capture_v2 else
-                f"a job that sets {VARIABLE}=1 on GPU stops at capture setup")
-        return RunnerCheck("note", f"{shown} here: a GPU job gets the V1 model runner (Model Runner V2 only when "
-                           f"{VARIABLE}=1); {tail}", WORKER, switch.lineno, found, "v1", capture_v2=capture_v2)
-    which = (f"Model Runner V2 for {', '.join(default)} and V1 for other models" if default else
-             "Model Runner V2 for every model (V1 where a feature V2 lacks is used)")
+        tail = (
+            "either runner works with capture"
+            if capture_v2
+            else f"a job that sets {VARIABLE}=1 on GPU stops at capture setup"
+        )
+        return RunnerCheck(
+            "note",
+            f"{shown} here: a GPU job gets the V1 model runner (Model Runner V2 only when {VARIABLE}=1); {tail}",
+            WORKER,
+            switch.lineno,
+            found,
+            "v1",
+            capture_v2=capture_v2,
+        )
+    which = (
+        f"Model Runner V2 for {', '.join(default)} and V1 for other models"
+        if default
+        else "Model Runner V2 for every model (V1 where a feature V2 lacks is used)"
+    )
     evidence = f"VllmConfig.use_v2_model_runner, read at {WORKER}:{switch.lineno}"
     runner = "by-model" if default else "v2"
     if capture_v2:
-        return RunnerCheck("note", f"{shown} here: on GPU vLLM builds {which}; hidden-state capture works with "
-                           "both", CONFIG, prop.lineno, evidence, runner, tuple(default or ()), True)
-    return RunnerCheck("warning", f"{shown} here: on GPU vLLM builds {which}; {CANNOT}. {fix}",
-                       CONFIG, prop.lineno, evidence, runner,
-                       tuple(default or ()))
+        return RunnerCheck(
+            "note",
+            f"{shown} here: on GPU vLLM builds {which}; hidden-state capture works with both",
+            CONFIG,
+            prop.lineno,
+            evidence,
+            runner,
+            tuple(default or ()),
+            True,
+        )
+    return RunnerCheck(
+        "warning",
+        f"{shown} here: on GPU vLLM builds {which}; {CANNOT}. {fix}",
+        CONFIG,
+        prop.lineno,
+        evidence,
+        runner,
+        tuple(default or ()),
+    )
 
 
 def _one_runner(tree: ast.Module, env_value: str | None, capture_v2: bool, fix: str) -> RunnerCheck | None:
@@ -225,13 +294,32 @@ def _one_runner(tree: ast.Module, env_value: str | None, capture_v2: bool, fix: 
     kind, node = only
     found = " ".join(ast.unparse(node).split())
     if kind == "v1":
-        return RunnerCheck("note", "a GPU job gets the V1 model runner, the only one in this vLLM; hidden-state "
-                           "capture works with it", WORKER, node.lineno, found, "v1")
+        return RunnerCheck(
+            "note",
+            "a GPU job gets the V1 model runner, the only one in this vLLM; hidden-state capture works with it",
+            WORKER,
+            node.lineno,
+            found,
+            "v1",
+        )
     which = "a GPU job gets Model Runner V2, the only runner since vLLM 0.34"
-    refused = (f"; {VARIABLE}={env_value} here, which this vLLM refuses at start (any value but 1; "
-               "vllm/platforms/interface.py): unset it") if _env_says(env_value) is False else ""
+    refused = (
+        (
+            f"; {VARIABLE}={env_value} here, which this vLLM refuses at start (any value but 1; "
+            "vllm/platforms/interface.py): unset it"
+        )
+        if _env_says(env_value) is False
+        else ""
+    )
     if capture_v2:
-        return RunnerCheck("warning" if refused else "note", f"{which}; hidden-state capture works with it{refused}",
-                           WORKER, node.lineno, found, "v2", capture_v2=True)
+        return RunnerCheck(
+            "warning" if refused else "note",
+            f"{which}; hidden-state capture works with it{refused}",
+            WORKER,
+            node.lineno,
+            found,
+            "v2",
+            capture_v2=True,
+        )
     way_out = fix.split(", or ", 1)[1] if ", or " in fix else "no patch here reads V2's batch for this speculators"
     return RunnerCheck("error", f"{which}, and {CANNOT}: {way_out}{refused}", WORKER, node.lineno, found, "v2")

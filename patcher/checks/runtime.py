@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patcher.checks.callsite import Checked, Finding, Param, Signature, _check_call
-from patcher.errors import UserError
+from patcher.checks.callsite import Checked, Finding, Param, Signature, check_call
 from patcher.connect.transport import Transport
+from patcher.errors import UserError
 
 PROBE_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "runtime_probe.py").read_text(encoding="utf-8")
 MARKER = "@@speculators-patch-runtime@@"
@@ -39,31 +39,49 @@ class RuntimeReport:
     wall_seconds: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"vllm": self.vllm_version, "findings": [f.as_dict() for f in self.findings],
-                "disagreements": self.disagreements, "import_seconds": round(self.import_seconds, 3),
-                "wall_seconds": round(self.wall_seconds, 3)}
+        return {
+            "vllm": self.vllm_version,
+            "findings": [f.as_dict() for f in self.findings],
+            "disagreements": self.disagreements,
+            "import_seconds": round(self.import_seconds, 3),
+            "wall_seconds": round(self.wall_seconds, 3),
+        }
 
 
 def probe_request(record: list[Checked], worker: tuple[str, str]) -> dict:
     """The probe's input for the calls ``check`` recorded."""
     imports = sorted({c.target[:2] for c in record if c.call is None})
-    targets = sorted({c.target for c in record if c.call is not None and c.target[0] != "<rpc>"},
-                     key=lambda t: (t[0], t[1], t[2] or ""))
+    targets = sorted(
+        {c.target for c in record if c.call is not None and c.target[0] != "<rpc>"},
+        key=lambda t: (t[0], t[1], t[2] or ""),
+    )
     rpc = sorted({c.target[1] for c in record if c.target[0] == "<rpc>" and c.target[2] is None})
-    return {"imports": [list(i) for i in imports], "targets": [list(t) for t in targets],
-            "worker": list(worker), "rpc": rpc}
+    return {
+        "imports": [list(i) for i in imports],
+        "targets": [list(t) for t in targets],
+        "worker": list(worker),
+        "rpc": rpc,
+    }
 
 
 def run_probe(transport: Transport, request: dict, site_packages: str | None, timeout: float = 600) -> dict:
     """One ``run_python`` exchange. Raises ``UserError`` when the target cannot import vLLM."""
-    answer = transport.request("run_python", script=PROBE_SOURCE, input=json.dumps(request),
-                               site_packages=site_packages, timeout=timeout, env=ENV)
+    answer = transport.request(
+        "run_python",
+        script=PROBE_SOURCE,
+        input=json.dumps(request),
+        site_packages=site_packages,
+        timeout=timeout,
+        env=ENV,
+    )
     for line in reversed(answer["stdout"].splitlines()):
         if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
+            return json.loads(line[len(MARKER) :])
     err = answer["stderr"].strip().splitlines()
-    raise UserError(f"{transport.label}: the runtime reading failed (exit {answer['returncode']}): "
-                    f"{err[-1] if err else 'no output'}")
+    raise UserError(
+        f"{transport.label}: the runtime reading failed (exit {answer['returncode']}): "
+        f"{err[-1] if err else 'no output'}"
+    )
 
 
 def live_signature(static: Signature | None, label: str, live: dict) -> Signature | None:
@@ -81,8 +99,16 @@ def live_signature(static: Signature | None, label: str, live: dict) -> Signatur
             params.append(Param(name, required, kind, init_only))
     name = static.name if static else label.split("(")[0]
     text = static.text if static and "dataclass" in static.text else live["text"]
-    return Signature(name, live.get("file") or "", live.get("line") or 0, text, tuple(params), varargs, varkw,
-                     live.get("extra", "error"))
+    return Signature(
+        name,
+        live.get("file") or "",
+        live.get("line") or 0,
+        text,
+        tuple(params),
+        varargs,
+        varkw,
+        live.get("extra", "error"),
+    )
 
 
 def compare(record: list[Checked], static: list[Finding], live: dict) -> tuple[list[Finding], list[str]]:
@@ -98,19 +124,30 @@ def compare(record: list[Checked], static: list[Finding], live: dict) -> tuple[l
             continue
         if c.target[0] == "<rpc>":
             if c.target[2] is None and not live["rpc"].get(c.target[1], False):
-                findings.append(Finding("unknown-rpc", c.file, c.line, c.label,
-                                        f"the live worker has no method {c.target[1]}", subject=c.target[1]))
+                findings.append(
+                    Finding(
+                        "unknown-rpc",
+                        c.file,
+                        c.line,
+                        c.label,
+                        f"the live worker has no method {c.target[1]}",
+                        subject=c.target[1],
+                    )
+                )
             continue
         module, name, method = c.target
         desc = live["targets"].get(f"{module}:{name}:{method or ''}", {})
         if desc.get("missing") and method:
-            findings.append(Finding("missing-method", c.file, c.line, c.label,
-                                    f"the live {name} has no method {method}", subject=method))
+            findings.append(
+                Finding(
+                    "missing-method", c.file, c.line, c.label, f"the live {name} has no method {method}", subject=method
+                )
+            )
             continue
         sig = live_signature(c.signature, c.label, desc)
         if sig is None:
             continue
-        findings += _check_call(c.file, c.line, c.label, c.call, sig)
+        findings += check_call(c.file, c.line, c.label, c.call, sig)
         if c.signature is not None:
             notes += _signature_differences(c, c.signature, sig)
 
@@ -123,7 +160,9 @@ def compare(record: list[Checked], static: list[Finding], live: dict) -> tuple[l
             notes.append(f"{f.where}: {f.call}: static reading reports {f.kind} {f.subject}, the live objects do not")
     for f in findings:
         if key(f) not in static_keys:
-            notes.append(f"{f.where}: {f.call}: the live objects report {f.kind} {f.subject}, the static reading does not")
+            notes.append(
+                f"{f.where}: {f.call}: the live objects report {f.kind} {f.subject}, the static reading does not"
+            )
     return sorted(set(findings), key=lambda f: (f.file, f.line, f.kind)), sorted(set(notes))
 
 
@@ -134,25 +173,36 @@ def _signature_differences(c: Checked, static: Signature, live: Signature) -> li
     out = []
     for name in sorted(set(s) | set(r)):
         if name not in r and not live.varkw:
-            out.append(f"{c.file}:{c.line}: {c.label}: {name} is in the source ({static.file}:{static.line}), not in the live signature")
+            out.append(
+                f"{c.file}:{c.line}: {c.label}: {name} is in the source ({static.file}:{static.line}), not in the live signature"
+            )
         elif name not in s and not static.varkw:
-            out.append(f"{c.file}:{c.line}: {c.label}: the live signature has {name}, the source ({static.file}:{static.line}) does not")
+            out.append(
+                f"{c.file}:{c.line}: {c.label}: the live signature has {name}, the source ({static.file}:{static.line}) does not"
+            )
         elif name in s and name in r and s[name] != r[name]:
             state = {True: "required", False: "optional"}
             out.append(f"{c.file}:{c.line}: {c.label}: {name} is {state[s[name]]} in the source, {state[r[name]]} live")
     return out
 
 
-def runtime_verify(transport: Transport, site_packages: str | None, checked: list[Checked],
-                   static: list[Finding], worker: tuple[str, str]) -> RuntimeReport:
+def runtime_verify(
+    transport: Transport,
+    site_packages: str | None,
+    checked: list[Checked],
+    static: list[Finding],
+    worker: tuple[str, str],
+) -> RuntimeReport:
     """Re-check the calls the static check recorded against the live objects (one
     ``run_python`` exchange)."""
     start = time.perf_counter()
     live = run_probe(transport, probe_request(checked, worker), site_packages)
     wall = time.perf_counter() - start
     if live.get("vllm") is None:
-        raise UserError(f"{transport.label}: the target's interpreter cannot import vLLM "
-                        f"({live.get('vllm_error', 'unknown error')}); verify --runtime needs an importable "
-                        f"vLLM, the static verify does not")
+        raise UserError(
+            f"{transport.label}: the target's interpreter cannot import vLLM "
+            f"({live.get('vllm_error', 'unknown error')}); verify --runtime needs an importable "
+            f"vLLM, the static verify does not"
+        )
     findings, notes = compare(checked, static, live)
     return RuntimeReport(live.get("vllm"), findings, notes, live.get("seconds", 0.0), wall)

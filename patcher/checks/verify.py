@@ -18,7 +18,6 @@ from patcher.fixes.vllm_source import Evidence
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding
     from patcher.checks.import_path import ImportPathCheck
-    from patcher.checks.lifecycle import LifecycleCheck
     from patcher.checks.model_runner import RunnerCheck
     from patcher.connect.transport import Transport
 
@@ -59,8 +58,11 @@ def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
         for o in file_plan.outcomes:
             needed = o.state != "not-needed"
             if o.state == "fact-missing":
-                checks.append(PatchCheck(o.patch, None, "applied" if o.patch.id in recorded else "not applied",
-                                         "fact-missing", o.detail))
+                checks.append(
+                    PatchCheck(
+                        o.patch, None, "applied" if o.patch.id in recorded else "not applied", "fact-missing", o.detail
+                    )
+                )
             elif o.state == "pending":
                 checks.append(PatchCheck(o.patch, needed, o.state, "missing", "speculators-patch apply"))
             elif o.state == "refused":
@@ -129,10 +131,19 @@ def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict 
     whose ``reads`` it sends as ``expect`` (None: read in full)."""
     from patcher.checks import calls_cache, callsite, import_path, model_runner
 
-    request = dict(site_packages=snap.site_packages, speculators_dir=callsite.SPECULATORS_DIR,
-                   symbols=[list(callsite.WORKER), ["vllm.config.vllm", "VllmConfig"],
-                            ["vllm.v1.engine.core", "EngineCore"], ["vllm.v1.executor.abstract", "Executor"]],
-                   import_path=import_path.request(), env=[model_runner.VARIABLE], follow_attributes=True)
+    request = dict(
+        site_packages=snap.site_packages,
+        speculators_dir=callsite.SPECULATORS_DIR,
+        symbols=[
+            list(callsite.WORKER),
+            ["vllm.config.vllm", "VllmConfig"],
+            ["vllm.v1.engine.core", "EngineCore"],
+            ["vllm.v1.executor.abstract", "Executor"],
+        ],
+        import_path=import_path.request(),
+        env=[model_runner.VARIABLE],
+        follow_attributes=True,
+    )
     return request, None if runtime else calls_cache.lookup(snap, request)
 
 
@@ -167,8 +178,9 @@ def send_calls_ahead(transport: Transport, snap: Snapshot) -> tuple[dict, dict |
     return request, earlier
 
 
-def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False,
-                 sent_ahead: tuple[dict, dict | None] | None = None) -> CallsCheck:
+def verify_calls(
+    transport: Transport, snap: Snapshot, runtime: bool = False, sent_ahead: tuple[dict, dict | None] | None = None
+) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
     the imports the generator's import runs; the model runner switch. ``sent_ahead``: what
@@ -186,15 +198,18 @@ def verify_calls(transport: Transport, snap: Snapshot, runtime: bool = False,
             transport.held.pop().__exit__(None, None, None)
 
 
-def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None) -> CallsCheck:
+def _verify_calls(
+    transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None
+) -> CallsCheck:
     from patcher.checks import attribute_reads, calls_cache, callsite, import_path, model_runner
 
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     if stored is not None:
         findings, checked, imports, vllm = stored
-        runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION),
-                                    _v2_fix(snap))
+        runner = model_runner.check(
+            vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION), _v2_fix(snap)
+        )
         return CallsCheck(findings, checked, None, imports, runner, vllm)
     if answer.get("unchanged"):  # an entry that cannot be read back: read in full
         answer = transport.request("sources", **request)
@@ -203,8 +218,9 @@ def _verify_calls(transport: Transport, snap: Snapshot, runtime: bool, request: 
     index = callsite.Index(vllm)  # each vLLM module parsed once for both checks
     findings = callsite.check(speculators, vllm, checked, index) + attribute_reads.check(speculators, vllm, index)
     imports = import_path.check(answer["import_path"])
-    runner = model_runner.check(vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION),
-                                _v2_fix(snap))
+    runner = model_runner.check(
+        vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION), _v2_fix(snap)
+    )
     if not runtime:
         calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
         return CallsCheck(findings, checked, None, imports, runner, vllm)

@@ -1,5 +1,7 @@
-"""The command line: ``app`` (options, one target or a fan-out, exit codes), ``reports`` (each
-verb's data as printed), ``render`` (console, tables, advice), ``fanout`` (several hosts).
+"""The command line: ``app`` (the click entry points, one target or a fan-out, exit codes),
+``options`` (the run's ``Options`` and the advice worded with them), ``run`` (one verb on one
+target), ``reports`` (each verb's data as printed), ``render`` (console, tables), ``fanout``
+(several hosts); ``say_error`` here, the one writer of a refusal.
 
 ``console`` is the ``speculators-patch`` script; ``main`` (the click group) and ``Report`` are
 imported on first use, so that importing this package is instant and a Ctrl-C while the command
@@ -7,7 +9,7 @@ line is still loading is answered in one line, like one at any later moment."""
 
 import sys  # already loaded: importing this package runs nothing a Ctrl-C could interrupt mid-way
 
-__all__ = ["Report", "console", "main"]
+__all__ = ["Report", "console", "main", "say_error"]
 
 # The exit code after Ctrl-C (as ``render.INTERRUPTED_EXIT``, which this module may not import yet).
 _INTERRUPTED = 130
@@ -16,16 +18,23 @@ _INTERRUPTED = 130
 _LOADING = "interrupted (Ctrl-C) before anything was written: nothing changed"
 
 
-def _say_interrupted(message: str) -> None:
-    """The one line a Ctrl-C gets: ``error: ...`` on stderr, or a JSON object with ``--json``."""
-    if "--json" in sys.argv[1:]:
+def say_error(message: str, as_json: bool, code: int) -> None:
+    """The one writer of a refusal or an interruption, for every command and every moment:
+    ``error: MESSAGE`` on stderr, or with ``--json`` the object ``{"error", "exit_code"}``
+    on stdout. Standard library only: a Ctrl-C while click is still being imported uses it."""
+    if as_json:
         import json
 
-        sys.stdout.write(json.dumps({"error": message, "exit_code": _INTERRUPTED}) + "\n")
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
         sys.stdout.flush()
     else:
         sys.stderr.write(f"error: {message}\n")
         sys.stderr.flush()
+
+
+def _say_interrupted(message: str) -> None:
+    """The one line a Ctrl-C gets (``say_error``; as JSON with ``--json``)."""
+    say_error(message, "--json" in sys.argv[1:], _INTERRUPTED)
 
 
 def _interrupted_while_loading(signum, frame) -> None:

@@ -2,6 +2,10 @@
 list, new -- options, one target or a fan-out over several, exit codes. The verbs themselves
 are ``patcher.commands``; what they print, ``patcher.cli.reports`` and ``patcher.cli.render``.
 
+Each click function reads its options once into an ``Options`` (``patcher.cli.options``) and
+hands it down with a ``Verb`` (``patcher.cli.run``): named functions that run the
+``patcher.commands`` verb on a target and turn its answer into a ``Report``.
+
 Exit codes: 0 success; 1 ``diff`` found changes, ``verify`` found disagreements, ``apply``
 left an install that fails verify's checks, or ``repair`` found a file nothing kept restores;
 2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify`` (and
@@ -11,60 +15,169 @@ left an install that fails verify's checks, or ``repair`` found a file nothing k
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import Any, Callable, NoReturn
 
 import click
 
 import patcher
-from patcher.cli.render import INTERRUPTED_EXIT, Report, escape, interrupted_message, print_out, with_target
-from patcher.cli import reports
-from patcher.commands import session
-from patcher.commands.common import describe as describe_target, notes
+from patcher.cli import reports, say_error
+from patcher.cli.options import DEFAULT_JOBS, Options
+from patcher.cli.render import INTERRUPTED_EXIT, Report, interrupted_message, print_out
+from patcher.cli.run import (
+    APPLY,
+    DIFF,
+    REVERT,
+    STATUS,
+    VERIFY,
+    Verb,
+    all_hosts,
+    load_patch_files,
+    repair_on,
+    run_on_target,
+    selftest_on,
+)
+from patcher.commands.selftest import ARCHS as SELFTEST_ARCHS
 from patcher.errors import Interrupted, UserError
-from patcher.agent.selftest.tiny_models import ARCHS as _TINY_ARCHS
 
-# Imported where used, not here: ``--version`` imports none of these, read-only commands
-# on a patched install never import libcst, and rich is imported only to render
-# (docs/speed.md).
-if TYPE_CHECKING:
-    from rich.console import Console
+# The engine, libcst and rich are imported where used, not here: ``--version`` imports none of
+# them, read-only commands on a patched install never import libcst, and rich is imported only
+# to render (docs/speed.md).
 
-    from patcher.connect.transport import Transport
-    from patcher.engine import Snapshot
-
-T = TypeVar("T")
-SELFTEST_ARCHS = tuple(_TINY_ARCHS)  # what the target side can build (as patcher.commands.selftest.ARCHS)
+# --- Errors: one writer ------------------------------------------------------------------
 
 
-def select(only: tuple[str, ...], skip: tuple[str, ...], keep: str | None = None, applied: set[str] | None = None):
-    """``patcher.fixes.registry.select``, imported on first use."""
-    from patcher.fixes.registry import select as chosen
-
-    return chosen(only, skip, keep, applied)
-
-
-def connect(target: str | None, host: str | None = None, ssh_config: str | None = None) -> Transport:
-    """The transport to the target's agent (``patcher.connect.choose.transport_for``), with
-    this command's ``--connect-timeout``, ``--timeout`` and ``--ssh-persist``. ``host`` is
-    an SSH host, or an ``--exec`` command (``patcher.connect.exec.ExecTarget``)."""
-    from patcher.connect.choose import transport_for
-
-    ctx = click.get_current_context(silent=True)
-    waits = {}
-    for name, key, variable in (("connect_timeout", "speculators_patch.connect_timeout", "SPECULATORS_PATCH_CONNECT_TIMEOUT"),
-                                ("timeout", "speculators_patch.timeout", "SPECULATORS_PATCH_TIMEOUT")):
-        value = ctx.meta.get(key) if ctx else None
-        if value is None and os.environ.get(variable) and not (ctx and key in ctx.meta):
-            value = _seconds(os.environ[variable], variable)  # selftest: its --timeout is its own run's
-        waits[name] = value
-    persist = ctx.meta.get("speculators_patch.ssh_persist") if ctx else None
-    return transport_for(target, host, ssh_config, persist, **waits)
+def fail(message: str, as_json: bool, code: int = 2) -> NoReturn:
+    """End the run on a refusal: ``error: MESSAGE`` on stderr, or with ``--json`` the object
+    ``{"error", "exit_code"}`` on stdout (``patcher.cli.say_error``); exit ``code``."""
+    say_error(message, as_json, code)
+    sys.exit(code)
 
 
-def _seconds(text: str, variable: str) -> float:
+def one_line(text: str) -> str:
+    """A refusal's message as one line, whatever the input put in it."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+# --- Options -----------------------------------------------------------------------------
+
+
+def _one_target(ctx, param, values: tuple[str, ...]) -> str | None:
+    """``--target`` given once (or not): a second one is refused rather than silently winning."""
+    if len(values) > 1:
+        raise click.BadParameter(
+            f"given {len(values)} times ({', '.join(values)}): one target per run; several hosts take --host",
+            ctx=ctx,
+            param=param,
+        )
+    return values[0] if values else None
+
+
+def connection_options(f):
+    """Where the target is and how to reach it: ``--target``, ``--host``, ``--hosts-file``,
+    ``--exec``, ``--jobs``, the SSH options, ``--connect-timeout``, ``--json``."""
+    f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
+    f = click.option(
+        "--connect-timeout",
+        type=click.FloatRange(1, 3600),
+        metavar="SECONDS",
+        envvar="SPECULATORS_PATCH_CONNECT_TIMEOUT",
+        help="Give up when the target's agent has not started within this time: the SSH connection, "
+        "the --exec command, the interpreter (default 30).",
+    )(f)
+    f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
+    f = click.option(
+        "--ssh-persist",
+        type=click.IntRange(0, 86400),
+        metavar="SECONDS",
+        envvar="SPECULATORS_PATCH_SSH_PERSIST",
+        help="Keep each host's SSH connection open this long after a run, for the next run to "
+        "reuse (default 60; 0: a new connection every run). Off where your ssh_config "
+        "sets ControlPath or ControlMaster.",
+    )(f)
+    f = click.option(
+        "--jobs",
+        type=click.IntRange(1, 256),
+        default=DEFAULT_JOBS,
+        show_default=True,
+        help="With several hosts: how many to work on at once.",
+    )(f)
+    f = click.option(
+        "--exec",
+        "exec_commands",
+        multiple=True,
+        metavar="'CMD ...'",
+        help="Run on the Python this command starts, e.g. 'docker exec -i NAME python3' or "
+        "'kubectl exec -i POD -- python3' (argument vector, no shell); repeatable.",
+    )(f)
+    f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
+    f = click.option(
+        "--host",
+        "hosts",
+        multiple=True,
+        metavar="HOST",
+        help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.",
+    )(f)
+    f = click.option(
+        "--target",
+        metavar="PATH",
+        multiple=True,
+        callback=_one_target,
+        help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).",
+    )(f)
+    return f
+
+
+def patch_file_option(f):
+    """``--patch-file FILE`` (repeatable): a user patch, loaded by ``_main`` before anything else."""
+    return click.option(
+        "--patch-file",
+        "patch_files",
+        multiple=True,
+        metavar="FILE",
+        help="Also use the patch this Python file defines (PATCH = Patch(...)); repeatable.",
+    )(f)
+
+
+def timeout_option(f):
+    """``--timeout SECONDS``: the longest wait for each answer of the target's agent."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(1, 86400),
+        metavar="SECONDS",
+        envvar="SPECULATORS_PATCH_TIMEOUT",
+        help="Give up when the target's agent does not answer a request within this time "
+        "(default 600; a commit keeps going on the target and finishes or rolls back).",
+    )(f)
+
+
+def target_options(f):
+    """Every option of a verb that works on targets with the patch choice (``--only``, ``--skip``)."""
+    f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
+    f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
+    return timeout_option(patch_file_option(connection_options(f)))
+
+
+def read_options(ctx: click.Context, params: dict[str, Any], **more: Any) -> Options:
+    """This run's ``Options``, from the click function's parameters (``more``: values that
+    are not options of its own, such as selftest's wait for the agent)."""
+    known = {
+        k: tuple(v) if isinstance(v, (list, tuple)) else v
+        for k, v in params.items()
+        if k in Options.__dataclass_fields__
+    }
+    given = ctx.get_parameter_source("ssh_persist") == click.core.ParameterSource.COMMANDLINE
+    return Options(**known, ssh_persist_given=given, **more)
+
+
+def _seconds(variable: str) -> float | None:
+    """``$variable`` as seconds between 1 and 86400 (None when unset); ``UserError`` otherwise."""
+    text = os.environ.get(variable)
+    if not text:
+        return None
     try:
         value = float(text)
     except ValueError:
@@ -74,20 +187,28 @@ def _seconds(text: str, variable: str) -> float:
     return value
 
 
-def run_on_target(target, host, ssh_config, verb: Callable[[Transport, Snapshot], T],
-                  report: Callable[[Transport, Snapshot, T], Report], retry: bool = True) -> Report:
-    """Connect, and run ``verb`` (a ``patcher.commands`` verb: data) through
-    ``commands.session.run`` -- the first snapshot, and a fresh one when a file changed
-    between the read and the commit; then ``report`` turns its answer into what is printed."""
-    if ssh_config and host is None:
-        raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
-    transport = connect(target, host, ssh_config)
-    with transport:
-        snap, done = session.run(transport, lambda snap: verb(transport, snap), retry)
-        shown = report(transport, snap, done)
-        shown.notes = notes(snap)
-        shown.data["exchanges"] = transport.exchanges
-        return shown
+# --- One run: its target or hosts, its answer --------------------------------------------
+
+
+def _main(opts: Options, command: Callable[[str | None], Report]) -> NoReturn:
+    """Run ``command`` on the local target or one host; several hosts go to
+    ``patcher.cli.fanout``. Prints the report (or the refusal) and exits with its code."""
+    try:
+        load_patch_files(opts)
+        hosts = all_hosts(opts)
+        if len(hosts) > 1:
+            from patcher.cli.fanout import run_many
+
+            sys.exit(run_many(hosts, command, opts.as_json, opts.jobs))
+        report = command(hosts[0] if hosts else None)
+    except KeyboardInterrupt:
+        fail(interrupted_message(), opts.as_json, INTERRUPTED_EXIT)
+    except Interrupted as e:  # during a commit: what became of it
+        fail(str(e), opts.as_json, INTERRUPTED_EXIT)
+    except UserError as e:
+        fail(one_line(str(e)), opts.as_json)
+    _emit(report, opts.as_json)
+    sys.exit(report.exit_code)
 
 
 def _emit(report: Report, as_json: bool) -> None:
@@ -102,169 +223,12 @@ def _emit(report: Report, as_json: bool) -> None:
         print_out(report.render)
 
 
-def target_options(f):
-    f = click.option("--skip", multiple=True, metavar="ID", help="Leave out this patch (id or name); repeatable.")(f)
-    f = click.option("--only", multiple=True, metavar="ID", help="Only this patch (id or name); repeatable.")(f)
-    return timeout_option(patch_file_option(connection_options(f)))
+def run_verb(opts: Options, verb: Verb) -> NoReturn:
+    """``verb`` on this run's target or hosts (``run_on_target`` for each)."""
+    _main(opts, functools.partial(run_on_target, opts, verb))
 
 
-def _to_meta(key: str):
-    """A click callback keeping an option's value in ``ctx.meta[key]`` (read by ``_main``)."""
-    return lambda ctx, _param, value: ctx.meta.__setitem__(key, value)
-
-
-def patch_file_option(f):
-    """``--patch-file FILE`` (repeatable): a user patch, loaded by ``_main`` before anything else."""
-    return click.option("--patch-file", multiple=True, metavar="FILE", expose_value=False,
-                        callback=_to_meta("speculators_patch.patch_files"),
-                        help="Also use the patch this Python file defines (PATCH = Patch(...)); repeatable.")(f)
-
-
-def _load_patch_files() -> None:
-    """Load this command's ``--patch-file`` files into the registry (``UserError`` on a bad one)."""
-    ctx = click.get_current_context(silent=True)
-    paths = ctx.meta.get("speculators_patch.patch_files") if ctx else None
-    if paths:
-        from patcher.fixes.registry import use_patch_files
-
-        use_patch_files(paths)
-
-
-def _exec_targets() -> list[str]:
-    """This command's ``--exec`` commands, as "hosts" the fan-out can carry."""
-    ctx = click.get_current_context(silent=True)
-    commands = ctx.meta.get("speculators_patch.exec") if ctx else None
-    if not commands:
-        return []
-    from patcher.connect.exec import ExecTarget, split_command
-
-    for command in commands:
-        split_command(command)  # an unsplittable command is refused before any target is touched
-    return [ExecTarget(c) for c in commands]
-
-
-def timeout_option(f):
-    """``--timeout SECONDS``: the longest wait for each answer of the target's agent."""
-    return click.option("--timeout", type=click.FloatRange(1, 86400), metavar="SECONDS", expose_value=False,
-                        envvar="SPECULATORS_PATCH_TIMEOUT", callback=_to_meta("speculators_patch.timeout"),
-                        help="Give up when the target's agent does not answer a request within this time "
-                             "(default 600; a commit keeps going on the target and finishes or rolls back).")(f)
-
-
-def connection_options(f):
-    f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
-    f = click.option("--connect-timeout", type=click.FloatRange(1, 3600), metavar="SECONDS", expose_value=False,
-                     envvar="SPECULATORS_PATCH_CONNECT_TIMEOUT", callback=_to_meta("speculators_patch.connect_timeout"),
-                     help="Give up when the target's agent has not started within this time: the SSH connection, "
-                          "the --exec command, the interpreter (default 30).")(f)
-    f = click.option("--ssh-config", metavar="FILE", help="OpenSSH config file to use (like ssh -F).")(f)
-    f = click.option("--ssh-persist", type=click.IntRange(0, 86400), metavar="SECONDS", expose_value=False,
-                     envvar="SPECULATORS_PATCH_SSH_PERSIST", callback=_to_meta("speculators_patch.ssh_persist"),
-                     help="Keep each host's SSH connection open this long after a run, for the next run to "
-                          "reuse (default 60; 0: a new connection every run). Off where your ssh_config "
-                          "sets ControlPath or ControlMaster.")(f)
-    f = click.option("--jobs", type=click.IntRange(1, 256), default=8, show_default=True, expose_value=False,
-                     callback=lambda ctx, _p, v: ctx.meta.__setitem__("speculators_patch.jobs", v),
-                     help="With several hosts: how many to work on at once.")(f)
-    f = click.option("--exec", "exec_commands", multiple=True, metavar="'CMD ...'", expose_value=False,
-                     callback=_to_meta("speculators_patch.exec"),
-                     help="Run on the Python this command starts, e.g. 'docker exec -i NAME python3' or "
-                          "'kubectl exec -i POD -- python3' (argument vector, no shell); repeatable.")(f)
-    f = click.option("--hosts-file", type=click.Path(dir_okay=False), help="File with one host per line.")(f)
-    f = click.option("--host", "hosts", multiple=True, metavar="HOST",
-                     help="Remote machine: an ~/.ssh/config alias or [user@]host[:port]; repeatable.")(f)
-    f = click.option("--target", metavar="PATH", multiple=True, callback=_one_target,
-                     help="venv/conda prefix, site-packages directory or Python interpreter (default: active env).")(f)
-    return f
-
-
-def _one_target(ctx, param, values: tuple[str, ...]) -> str | None:
-    """``--target`` given once (or not): a second one is refused rather than silently winning."""
-    if len(values) > 1:
-        raise click.BadParameter(f"given {len(values)} times ({', '.join(values)}): one target per run; "
-                                 "several hosts take --host", ctx=ctx, param=param)
-    return values[0] if values else None
-
-
-def _read_hosts_file(path: str) -> list[str]:
-    """One host per line; blank lines and ``#`` comments (whole-line or trailing) ignored.
-    Raises ``UserError`` naming ``FILE:LINE`` for a line that is not text or not a host."""
-    from patcher.connect.ssh import parse_host
-
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise UserError(f"cannot read hosts file {path}: {e.strerror}") from None
-    hosts = []
-    for number, line in enumerate(raw.split(b"\n"), 1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"{path}:{number}: not UTF-8 text") from None
-        if "\0" in text:
-            raise UserError(f"{path}:{number}: not text (a NUL byte)")
-        host = text.split("#", 1)[0].strip()
-        if host:
-            try:
-                parse_host(host)
-            except UserError as e:
-                raise UserError(f"{path}:{number}: {e}") from None
-            hosts.append(host)
-    return hosts
-
-
-def _main(hosts: tuple[str, ...], hosts_file: str | None, command: Callable[[str | None], Report], as_json: bool) -> None:
-    """Run ``command`` on the local target or one host; several hosts go to ``patcher.cli.fanout``."""
-    try:
-        _load_patch_files()
-        all_hosts = list(hosts)
-        if hosts_file:
-            listed = _read_hosts_file(hosts_file)
-            if not listed:
-                raise UserError(f"no hosts in {hosts_file}")
-            all_hosts += listed
-        if all_hosts:
-            from patcher.connect.ssh import parse_host
-
-            for host in all_hosts:  # every host name checked before any host is contacted
-                parse_host(host)
-        execs = _exec_targets()
-        ctx = click.get_current_context(silent=True)
-        if ctx is not None and ctx.params.get("ssh_config") and execs and not all_hosts:
-            raise UserError("--ssh-config is only used with --host or --hosts-file; --exec targets do not use SSH")
-        if (ctx is not None and not all_hosts
-                and ctx.get_parameter_source("ssh_persist") == click.core.ParameterSource.COMMANDLINE):
-            raise UserError("--ssh-persist is only used with --host or --hosts-file; no host was given")
-        all_hosts += execs
-        if len(all_hosts) > 1:
-            from patcher.cli.fanout import run_many
-
-            sys.exit(run_many(all_hosts, command, as_json))
-        report = command(all_hosts[0] if all_hosts else None)
-    except KeyboardInterrupt:
-        _interrupted(as_json, None)
-    except Interrupted as e:  # during a commit: what became of it
-        _interrupted(as_json, str(e))
-    except UserError as e:
-        message = str(e).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever the input
-        if as_json:
-            click.echo(json.dumps({"error": message, "exit_code": 2}))
-        else:
-            click.echo(f"error: {message}", err=True)
-        sys.exit(2)
-    _emit(report, as_json)
-    sys.exit(report.exit_code)
-
-
-def _interrupted(as_json: bool, message: str | None) -> None:
-    """Ctrl-C: one line saying whether anything changed, exit 130."""
-    message = message or interrupted_message()
-    if as_json:
-        click.echo(json.dumps({"error": message, "exit_code": INTERRUPTED_EXIT}))
-    else:
-        click.echo(f"error: {message}", err=True)
-    sys.exit(INTERRUPTED_EXIT)
+# --- The click entry points ----------------------------------------------------------------
 
 
 class _Group(click.Group):
@@ -275,29 +239,17 @@ class _Group(click.Group):
         try:
             os.fstat(1)
         except OSError:
-            click.echo("error: standard output is closed; nothing was done", err=True)
-            sys.exit(2)
+            fail("standard output is closed; nothing was done", False)
         argv = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:
             hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
-            _usage_error(f"{e.format_message()}{hint}", "--json" in argv)
+            fail(f"{e.format_message()}{hint}".replace("\n", " "), "--json" in argv)
         except click.ClickException as e:
-            _usage_error(e.format_message(), "--json" in argv)
+            fail(e.format_message().replace("\n", " "), "--json" in argv)
         except click.Abort:  # Ctrl-C before a command ran (during ones, ``_main`` answers)
-            click.echo(f"error: {interrupted_message()}", err=True)
-            sys.exit(INTERRUPTED_EXIT)
-
-
-def _usage_error(message: str, as_json: bool) -> None:
-    """A refused command line: one ``error:`` line (as JSON on stdout with ``--json``), exit 2."""
-    message = message.replace("\n", " ")
-    if as_json:
-        click.echo(json.dumps({"error": message, "exit_code": 2}))
-    else:
-        click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+            fail(interrupted_message(), False, INTERRUPTED_EXIT)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -309,179 +261,160 @@ def main() -> None:
 @main.command()
 @target_options
 @click.option("--dry-run", is_flag=True, help="Show what would be applied; write nothing.")
-@click.option("--adopt", is_flag=True, help="A file changed since patching (updated upstream) becomes the new "
-              "pristine copy and is patched; revert then gives that newer file back.")
-@click.option("--allow-partial", is_flag=True,
-              help="With --only/--skip: accept an install that lacks patches the installed vLLM needs (exit as verify "
-                   "of the chosen patches). At risk: what each left-out patch fixes, named in the output; e.g. "
-                   "without SP010, SP012 and SP022 hidden states can be attributed to the wrong request.")
-def apply(target, hosts, hosts_file, ssh_config, only, skip, as_json, dry_run, adopt, allow_partial):
+@click.option(
+    "--adopt",
+    is_flag=True,
+    help="A file changed since patching (updated upstream) becomes the new "
+    "pristine copy and is patched; revert then gives that newer file back.",
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="With --only/--skip: accept an install that lacks patches the installed vLLM needs (exit as verify "
+    "of the chosen patches). At risk: what each left-out patch fixes, named in the output; e.g. "
+    "without SP010, SP012 and SP022 hidden states can be attributed to the wrong request.",
+)
+@click.pass_context
+def apply(ctx: click.Context, **params: Any) -> None:
     """Rewrite the installed speculators (all-or-nothing, idempotent)."""
-    from patcher.commands.apply import apply as verb
-
-    if allow_partial and not (only or skip):
-        _usage_error("--allow-partial is only used with --only or --skip: without them every needed patch is applied",
-                     as_json)
-    _main(hosts, hosts_file, lambda host: run_on_target(
-        target, host, ssh_config,
-        lambda t, s: verb(t, s, select(only, skip, "requires"), dry_run, adopt, advise=lambda hint: with_target(hint, t),
-                          allow_partial=allow_partial),
-        lambda t, s, done: reports.apply_report(t, s, done, dry_run)), as_json)
+    opts = read_options(ctx, params)
+    if opts.allow_partial and not (opts.only or opts.skip):
+        fail(
+            "--allow-partial is only used with --only or --skip: without them every needed patch is applied",
+            opts.as_json,
+        )
+    run_verb(opts, APPLY)
 
 
 @main.command()
 @connection_options
 @patch_file_option
 @timeout_option
-def repair(target, hosts, hosts_file, ssh_config, as_json):
+@click.pass_context
+def repair(ctx: click.Context, **params: Any) -> None:
     """Rebuild a damaged or lost record from the files and the verified pristine copies."""
-
-    def command(host):
-        from patcher import engine
-
-        if ssh_config and host is None:
-            raise UserError("--ssh-config is only used with --host or --hosts-file; no host was given")
-        transport = connect(target, host, ssh_config)
-        with transport:
-            result = engine.repair(transport)
-            snap, lines = result.snap, result.lines
-            data = {**describe_target(snap), "was": snap.state_problem, "files": lines, "unrestorable": result.unrestorable,
-                    "exchanges": transport.exchanges}
-
-        def render(console: Console) -> None:
-            if snap.state_problem:
-                console.print(f"was: {escape(snap.state_problem)}", soft_wrap=True)
-            for line in lines:
-                console.print(f"  {escape(line)}", soft_wrap=True)  # commands in them stay whole
-            if result.unrestorable:
-                console.print(f"repair: {len(result.unrestorable)} file(s) differ from what pip installed and nothing "
-                              f"kept here restores them (listed above); the record covers the rest")
-            else:
-                console.print("repaired: the record matches the files" if snap.state_problem or result.dropped
-                              else "nothing to repair: the record already matched the files; checked again")
-
-        return Report(data, 1 if result.unrestorable else 0, render)
-
-    _main(hosts, hosts_file, command, as_json)
+    opts = read_options(ctx, params)
+    _main(opts, functools.partial(repair_on, opts))
 
 
 @main.command()
 @target_options
-def diff(target, hosts, hosts_file, ssh_config, only, skip, as_json):
+@click.pass_context
+def diff(ctx: click.Context, **params: Any) -> None:
     """Print what apply would change as a unified diff; exit 1 when there are changes."""
-    from patcher.commands.apply import diff as verb
-
-    _main(hosts, hosts_file, lambda host: run_on_target(
-        target, host, ssh_config, lambda t, s: verb(t, s, select(only, skip, "requires")),
-        lambda t, s, done: reports.diff_report(t, done)), as_json)
+    run_verb(read_options(ctx, params), DIFF)
 
 
 @main.command()
 @target_options
-def status(target, hosts, hosts_file, ssh_config, only, skip, as_json):
+@click.pass_context
+def status(ctx: click.Context, **params: Any) -> None:
     """Show each file's state and each patch: applied / pending / not needed."""
-    from patcher.commands.status import status as verb
-
-    _main(hosts, hosts_file, lambda host: run_on_target(
-        target, host, ssh_config, lambda t, s: verb(s, select(only, skip)), reports.status_report), as_json)
+    run_verb(read_options(ctx, params), STATUS)
 
 
 @main.command(name="verify")
 @target_options
-@click.option("--runtime", is_flag=True,
-              help="Also import vLLM in the target's interpreter and confirm the call check on the live objects (slow).")
-def verify_command(target, hosts, hosts_file, ssh_config, only, skip, as_json, runtime):
+@click.option(
+    "--runtime",
+    is_flag=True,
+    help="Also import vLLM in the target's interpreter and confirm the call check on the live objects (slow).",
+)
+@click.pass_context
+def verify_command(ctx: click.Context, **params: Any) -> None:
     """Check vLLM's API (static read, with evidence) and the patched speculators agree."""
-    from patcher.commands.verify import verify as verb
-
-    _main(hosts, hosts_file, lambda host: run_on_target(
-        target, host, ssh_config,
-        lambda t, s: verb(t, s, select(only, skip), runtime, advise=lambda hint: with_target(hint, t)),
-        reports.verify_report), as_json)
+    run_verb(read_options(ctx, params), VERIFY)
 
 
 @main.command()
 @target_options
 @click.option("--force", is_flag=True, help="Also restore files modified after patching (their edits are lost).")
 @click.option("--dry-run", is_flag=True, help="Show what would be restored; write nothing.")
-def revert(target, hosts, hosts_file, ssh_config, only, skip, as_json, force, dry_run):
+@click.pass_context
+def revert(ctx: click.Context, **params: Any) -> None:
     """Restore the pristine files byte for byte (or drop only the selected patches)."""
-    partial = bool(only or skip)
-    from patcher.commands.status import revert as verb
-
-    _main(hosts, hosts_file, lambda host: run_on_target(
-        target, host, ssh_config,
-        lambda t, s: verb(t, s, select(only, skip, "dependents", s.applied_ids()), partial, force, dry_run,
-                          advise=lambda hint: with_target(hint, t)),
-        lambda t, s, done: reports.revert_report(s, done, dry_run)), as_json)
+    run_verb(read_options(ctx, params), REVERT)
 
 
 @main.command()
 @connection_options
-@click.option("--arch", "archs", multiple=True, type=click.Choice(SELFTEST_ARCHS),
-              help="Architecture to build and check; repeatable (default: llama, plus --model's).")
-@click.option("--model", metavar="PATH", help="A real model's directory or config.json on the target: "
-              "a tiny model of its architecture is checked too.")
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    type=click.Choice(SELFTEST_ARCHS),
+    help="Architecture to build and check; repeatable (default: llama, plus --model's).",
+)
+@click.option(
+    "--model",
+    metavar="PATH",
+    help="A real model's directory or config.json on the target: a tiny model of its architecture is checked too.",
+)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--runner", type=click.Choice(["auto", "v1", "v2", "both"]), default="auto", show_default=True,
-              help="GPU model runner: vLLM's own choice, V1, Model Runner V2, or one run with each.")
-@click.option("--timeout", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
-def selftest(target, hosts, hosts_file, ssh_config, as_json, archs, model, device, tp, runner, timeout):
+@click.option(
+    "--runner",
+    type=click.Choice(["auto", "v1", "v2", "both"]),
+    default="auto",
+    show_default=True,
+    help="GPU model runner: vLLM's own choice, V1, Model Runner V2, or one run with each.",
+)
+@click.option("--timeout", "limit", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
+@click.pass_context
+def selftest(
+    ctx: click.Context,
+    archs: tuple[str, ...],
+    model: str | None,
+    device: str,
+    tp: int,
+    runner: str,
+    limit: int,
+    **params: Any,
+) -> None:
     """Prove extraction on this box: speculators' generator vs transformers on tiny models."""
-    from patcher.commands.selftest import request, selftest as verb
+    from patcher.commands.selftest import request
 
-    def command(host):
-        def run(t, s):
-            reports.relay_progress(t, host)
-            return verb(t, s, request(archs, model, device, tp, runner), timeout)
-
-        return run_on_target(target, host, ssh_config, run, lambda t, s, report: reports.selftest_report(s, report))
-
-    _main(hosts, hosts_file, command, as_json)
+    as_json = params["as_json"]
+    try:  # its --timeout is its own run's; $SPECULATORS_PATCH_TIMEOUT still bounds each exchange
+        opts = read_options(ctx, params, timeout=_seconds("SPECULATORS_PATCH_TIMEOUT"))
+        asked = request(archs, model, device, tp, runner)
+    except UserError as e:
+        fail(one_line(str(e)), as_json)
+    _main(opts, functools.partial(selftest_on, opts, asked, limit))
 
 
 @main.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @patch_file_option
-def list_command(as_json):
+@click.pass_context
+def list_command(ctx: click.Context, **params: Any) -> None:
     """List every patch (shipped, installed packs, --patch-file) with the vLLM fact it depends on."""
-    from rich.table import Table
+    from patcher.commands.listing import listing
 
-    from patcher.fixes.registry import all_patches
-    from patcher.fixes.userpatches.loader import describe, origin_fields
-
+    opts = read_options(ctx, params)
     try:
-        _load_patch_files()
-        patches = all_patches()
+        load_patch_files(opts)
+        done = listing()
     except UserError as e:
-        _usage_error(str(e), as_json)
-    rows = [{"id": p.id, "name": p.name, "version": p.version, "file": p.file, "title": p.title,
-             **origin_fields(p),
-             "facts": [{"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary,
-                        "first_release": f.first_release} for f in p.facts], "depends_on": p.depends_on,
-             "requires": list(p.requires)}
-            for p in sorted(patches, key=lambda p: p.id)]
-    users = {p.id: describe(p) for p in patches if p.origin != "shipped"}
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    table = Table()
-    for col in ("id", "name", "v", "file", "depends on", "requires", *(("origin",) if users else ())):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        deps = "; ".join(f"{f['symbol']} ({', '.join(f['modules'])}, >= {f['first_release']})" for f in r["facts"])
-        origin = (escape(users.get(r["id"], "shipped")),) if users else ()
-        table.add_row(r["id"], r["name"], str(r["version"]), r["file"].rsplit("/", 1)[-1], deps or r["depends_on"] or "speculators' own logic",
-                      ", ".join(r["requires"]), *origin)
-    print_out(lambda console: console.print(table))
+        fail(str(e).replace("\n", " "), opts.as_json)
+    if opts.as_json:
+        click.echo(json.dumps(done.rows, indent=1))
+    else:
+        print_out(reports.list_report(done).render)
 
 
 @main.command()
 @click.argument("patch_id", metavar="ID")
-@click.option("--file", "file", required=True, metavar="speculators/....py",
-              help="The speculators file the patch rewrites, relative to site-packages.")
-@click.option("-o", "--output", required=True, metavar="FILE.py", help="Where to write the patch (its test goes next to it).")
+@click.option(
+    "--file",
+    "file",
+    required=True,
+    metavar="speculators/....py",
+    help="The speculators file the patch rewrites, relative to site-packages.",
+)
+@click.option(
+    "-o", "--output", required=True, metavar="FILE.py", help="Where to write the patch (its test goes next to it)."
+)
 @click.option("--speculators", default="0.3.0", show_default=True, help="The speculators release it is written for.")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 def new(patch_id, file, output, speculators, force):
@@ -491,8 +424,7 @@ def new(patch_id, file, output, speculators, force):
     try:
         patch_path, test_path = write(patch_id, file, output, speculators, force)
     except UserError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        fail(str(e), False)
     import importlib.util
     import shlex
 
@@ -503,8 +435,12 @@ def new(patch_id, file, output, speculators, force):
     except (ImportError, ValueError):  # a broken or blocked install counts as none
         has_pytest = False
     if not has_pytest:  # `pip install .` brings no pytest
-        run_tests = (f"`{python} -m pip install pytest` (the Python speculators-patch runs in has none), then "
-                     f"`{python} -m pytest {shlex.quote(str(test_path))}`")
-    click.echo(f"wrote {patch_path} and {test_path}\n"
-               f"next: edit both, {run_tests}, then "
-               f"`speculators-patch diff --patch-file {shlex.quote(str(patch_path))} --target ...`")
+        run_tests = (
+            f"`{python} -m pip install pytest` (the Python speculators-patch runs in has none), then "
+            f"`{python} -m pytest {shlex.quote(str(test_path))}`"
+        )
+    click.echo(
+        f"wrote {patch_path} and {test_path}\n"
+        f"next: edit both, {run_tests}, then "
+        f"`speculators-patch diff --patch-file {shlex.quote(str(patch_path))} --target ...`"
+    )

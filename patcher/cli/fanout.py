@@ -29,9 +29,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from patcher.cli.options import DEFAULT_JOBS
 from patcher.errors import Interrupted, Unsupported, UserError
-
-DEFAULT_JOBS = 8
 
 
 @dataclass
@@ -47,18 +46,28 @@ class HostResult:
     notes: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
-        return {"host": self.host, "outcome": self.outcome, "exit_code": self.exit_code,
-                "reason": self.reason or None, "seconds": round(self.seconds, 3),
-                "notes": list(self.notes), "report": self.data}
+        return {
+            "host": self.host,
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "reason": self.reason or None,
+            "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
+            "report": self.data,
+        }
 
 
 def classify(data: dict, exit_code: int) -> tuple[str, str]:
     """(outcome, reason) for one host's report data, whatever the subcommand."""
     if "written" in data:  # apply / revert
         if data.get("dry_run"):
-            pending = data.get("would_change") or sorted({p["file"] for p in data.get("patches", []) if p["state"] == "pending"})
+            pending = data.get("would_change") or sorted(
+                {p["file"] for p in data.get("patches", []) if p["state"] == "pending"}
+            )
             return ("would-change", f"{len(pending)} file(s)") if pending else ("unchanged", "")
-        outcome, reason = ("changed", f"{len(data['written'])} file(s) written") if data["written"] else ("unchanged", "")
+        outcome, reason = (
+            ("changed", f"{len(data['written'])} file(s) written") if data["written"] else ("unchanged", "")
+        )
         if data.get("adopted"):
             outcome, reason = "changed", "; ".join(filter(None, [reason, f"{len(data['adopted'])} file(s) adopted"]))
         checked = data.get("verify")
@@ -126,9 +135,20 @@ def _pool(workers: int) -> Executor:
     return ThreadPoolExecutor(workers, thread_name_prefix="host")
 
 
-_COLORS = {"changed": "green", "unchanged": "dim", "ok": "green", "would-change": "yellow",
-           "disagrees": "red", "failed": "red", "unproven": "yellow", "patched": "green", "pristine": "yellow",
-           "partial": "red", "modified": "red", "unsupported": "red"}
+_COLORS = {
+    "changed": "green",
+    "unchanged": "dim",
+    "ok": "green",
+    "would-change": "yellow",
+    "disagrees": "red",
+    "failed": "red",
+    "unproven": "yellow",
+    "patched": "green",
+    "pristine": "yellow",
+    "partial": "red",
+    "modified": "red",
+    "unsupported": "red",
+}
 
 
 def summary_table(results: list[HostResult]) -> Table:
@@ -136,13 +156,10 @@ def summary_table(results: list[HostResult]) -> Table:
     for col in ("host", "result", "time", "detail"):
         table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(escape(r.host), f"[{_COLORS.get(r.outcome, '')}]{r.outcome}[/]", f"{r.seconds:.1f}s", escape(r.reason))
+        table.add_row(
+            escape(r.host), f"[{_COLORS.get(r.outcome, '')}]{r.outcome}[/]", f"{r.seconds:.1f}s", escape(r.reason)
+        )
     return table
-
-
-def _jobs() -> int:
-    ctx = click.get_current_context(silent=True)
-    return int((ctx.meta.get("speculators_patch.jobs") if ctx else None) or DEFAULT_JOBS)
 
 
 def _warm() -> None:
@@ -152,7 +169,13 @@ def _warm() -> None:
     import importlib
 
     try:
-        for name in ("patcher.engine", "patcher.checks.verify", "patcher.checks.calls_cache", "patcher.checks.attribute_reads", "patcher.connect.ssh"):
+        for name in (
+            "patcher.engine",
+            "patcher.checks.verify",
+            "patcher.checks.calls_cache",
+            "patcher.checks.attribute_reads",
+            "patcher.connect.ssh",
+        ):
             importlib.import_module(name)
         from patcher.digest import tool
         from patcher.fixes.registry import all_patches
@@ -200,7 +223,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
 
     Returns the exit code for all hosts together (see the module docstring).
     """
-    jobs = max(1, jobs or _jobs())
+    jobs = max(1, jobs or DEFAULT_JOBS)
     hosts = list(dict.fromkeys(hosts))  # the same host twice would only race itself
     global _COMMAND
     err = Console(stderr=True, highlight=False)
@@ -213,8 +236,14 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     futures: dict = {}
     try:
         futures = {pool.submit(_run_inherited, h): h for h in hosts}  # workers start here, before any progress thread
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as progress:
             task = progress.add_task(f"{len(hosts)} hosts, {workers} at a time", total=len(hosts))
             for future in as_completed(futures):
                 host = futures[future]
@@ -223,8 +252,10 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
                 except Exception as e:  # the worker process itself died
                     r = HostResult(host, "failed", 2, f"internal error: worker died: {type(e).__name__}: {e}", 0.0)
                 results[host] = r
-                progress.console.print(f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {escape(r.host)}"
-                                       + (f": {escape(r.reason)}" if r.reason else ""))
+                progress.console.print(
+                    f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {escape(r.host)}"
+                    + (f": {escape(r.reason)}" if r.reason else "")
+                )
                 progress.advance(task)
     except KeyboardInterrupt:
         # Each worker got the Ctrl-C too and answers for its host (a commit in flight is

@@ -1,5 +1,5 @@
-"""What the command line prints: the console, the tables, the verdict lines and the advice
-with this run's own target options (``speculators-patch verify --host ...``)."""
+"""What the command line prints: the console, the tables and the verdict lines (the advice
+in them carries this run's own target options: ``patcher.cli.options.Advice``)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import click
-
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from patcher.commands.verify import InstallCheck
-    from patcher.connect.transport import Transport
-    from patcher.engine import Snapshot
     from patcher.checks.verify import CallsCheck
+    from patcher.cli.options import Advice
+    from patcher.commands.verify import InstallCheck
+    from patcher.engine import Snapshot
 
 
 def _console() -> Console:
@@ -80,83 +78,71 @@ def outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = N
     for col in ("patch", "state", "title", *(("origin",) if users else ())):
         # long origins (paths) fold rather than lose their middle, and never squeeze the ids
         table.add_column(col, no_wrap=col == "patch" and users, overflow="fold" if col == "origin" else "ellipsis")
-    colors = {"pending": "yellow", "applied-now": "green", "applied": "green", "satisfied": "green", "not-needed": "dim", "refused": "red",
-              "stale": "red", "fact-missing": "red", "source-changed": "red"}
+    colors = {
+        "pending": "yellow",
+        "applied-now": "green",
+        "applied": "green",
+        "satisfied": "green",
+        "not-needed": "dim",
+        "refused": "red",
+        "stale": "red",
+        "fact-missing": "red",
+        "source-changed": "red",
+    }
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])
         if r.get("file_modified"):
             word, r = f"{word} (file modified)", {**r, "state": "refused"}  # red: not vouched for
         origin = (escape(describe(by_id[r["id"]])) if by_id[r["id"]].origin != "shipped" else "",) if users else ()
-        table.add_row(f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", by_id[r["id"]].title, *origin)
+        table.add_row(
+            f"{r['id']} v{r['version']}", f"[{colors.get(r['state'], '')}]{word}[/]", by_id[r["id"]].title, *origin
+        )
     return table
 
 
 def verdict_line(check: InstallCheck) -> str:
-    """The one-line verdict ``verify`` ends with (``apply`` too, when it is not OK)."""
-    if check.ok:
-        return "[green]verify: OK[/]"
-    if check.only_unproven:  # what is missing and how to get it
-        return f"[yellow]verify: NOT PROVEN[/] (every static check passes): {escape(check.unproven)}"
-    return f"[red]verify: FAILED[/] ({', '.join(check.failing)})"
+    """``InstallCheck.verdict``, the verdict in its colour."""
+    verdict, rest = check.verdict
+    color = "green" if check.ok else "yellow" if check.only_unproven else "red"
+    return f"[{color}]{verdict}[/]{escape(rest)}"
 
 
-def render_findings(console: Console, check: InstallCheck, snap: Snapshot, transport: Transport) -> None:
+def render_findings(console: Console, check: InstallCheck, snap: Snapshot, advice: Advice) -> None:
     """What failed besides the tables: user patch sources, modified files; the proof."""
     from patcher.checks import proven
 
     for c in check.changed_sources:
-        console.print(f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
-                      f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
-                      f"fix: `revert --only {c['id']}`, then `apply` with the new file", soft_wrap=True)
+        console.print(
+            f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
+            f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
+            f"fix: `revert --only {c['id']}`, then `apply` with the new file",
+            soft_wrap=True,
+        )
     for path in check.modified:
-        console.print(f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
-                      f"file, so the patches recorded for it are not vouched for): "
-                      f"`{escape(again('apply', transport))} --adopt` keeps the edit (it joins the pristine copy, "
-                      f"which revert restores) and patches it; "
-                      f"`{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)",
-                      soft_wrap=True)
+        console.print(
+            f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
+            f"file, so the patches recorded for it are not vouched for): "
+            f"`{escape(advice.again('apply'))} --adopt` keeps the edit (it joins the pristine copy, "
+            f"which revert restores) and patches it; "
+            f"`{escape(advice.again('revert'))} --force` restores the kept copy (the edit is lost)",
+            soft_wrap=True,
+        )
     if check.unproven and not check.only_unproven:  # else the verdict line says it
         console.print(f"[red]{escape(check.unproven)}[/]")
     elif not check.unproven:
-        gpu = "" if any(d != proven.CPU for d in check.devices) else (
-            "; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
+        gpu = (
+            ""
+            if any(d != proven.CPU for d in check.devices)
+            else ("; no GPU proof for it: 'speculators-patch selftest --device cuda' on a GPU box gives one")
+        )
         console.print(f"engine proof for this vLLM release: {escape('; '.join(check.devices))}{gpu}")
 
 
-def again(subcommand: str, transport: Transport) -> str:
-    """``speculators-patch SUBCOMMAND`` as this run reached its target (``--host``/``--exec``,
-    ``--ssh-config``, ``--target``, ``--patch-file``): advice copied from the output acts on
-    the environment that was checked, not on the active one."""
-    import shlex
-
-    from patcher.connect.exec import ExecTransport
-    from patcher.connect.ssh import SshTransport
-
-    ctx = click.get_current_context(silent=True)
-    params = ctx.params if ctx else {}
-    words = ["speculators-patch", subcommand]
-    if isinstance(transport, ExecTransport):
-        words += ["--exec", transport.command]
-    elif isinstance(transport, SshTransport):
-        words += ["--host", transport.host] + (["--ssh-config", transport.ssh_config] if transport.ssh_config else [])
-    target = params.get("target")
-    if target:
-        words += ["--target", target]
-    for path in (ctx.meta.get("speculators_patch.patch_files") if ctx else None) or ():
-        words += ["--patch-file", path]
-    return " ".join(shlex.quote(w) for w in words)
-
-
-def with_target(hint: str, transport: Transport) -> str:
-    """A hint's ``speculators-patch apply``/``revert``/``repair`` with this run's target options."""
-    for sub in ("revert", "apply", "repair"):
-        hint = hint.replace(f"speculators-patch {sub}", again(sub, transport))
-    return hint
-
-
 # verify reads source; what it cannot see, selftest runs (printed under every verdict).
-SELFTEST_HINT = ("verify reads source only: this box's device, attention backend and parallel layout are "
-                 "not in it; 'speculators-patch selftest' runs the extraction here and compares it with transformers")
+SELFTEST_HINT = (
+    "verify reads source only: this box's device, attention backend and parallel layout are "
+    "not in it; 'speculators-patch selftest' runs the extraction here and compares it with transformers"
+)
 
 
 def render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
@@ -173,10 +159,15 @@ def render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
         console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
     if calls.runtime is not None:
         rt = calls.runtime
-        console.print(f"runtime reading (vLLM {rt.vllm_version} imported by the target, {rt.wall_seconds:.1f} s): "
-                      f"{len(rt.findings)} finding(s), "
-                      + ("[green]agrees with the static reading[/]" if not rt.disagreements
-                         else f"[red]{len(rt.disagreements)} disagreement(s) with the static reading[/]"))
+        console.print(
+            f"runtime reading (vLLM {rt.vllm_version} imported by the target, {rt.wall_seconds:.1f} s): "
+            f"{len(rt.findings)} finding(s), "
+            + (
+                "[green]agrees with the static reading[/]"
+                if not rt.disagreements
+                else f"[red]{len(rt.disagreements)} disagreement(s) with the static reading[/]"
+            )
+        )
         for line in rt.disagreements:
             console.print(f"  {escape(line)}")
 
@@ -188,9 +179,11 @@ def render_lifecycle(console: Console, check: InstallCheck) -> None:
     if life is None:
         return
     count = {how: sum(s.how == how for s in life.steps) for how in ("made", "handled", "not-needed")}
-    title = (f"engine life cycle ({len(life.steps)} steps vLLM's engine core makes on its executor, static): "
-             f"{count['made']} made by the generator, {count['handled']} handled by patches, "
-             f"{count['not-needed']} not needed for it")
+    title = (
+        f"engine life cycle ({len(life.steps)} steps vLLM's engine core makes on its executor, static): "
+        f"{count['made']} made by the generator, {count['handled']} handled by patches, "
+        f"{count['not-needed']} not needed for it"
+    )
     console.print(f"{title}" + (f", [red]{len(life.findings)} skipped[/]" if life.findings else ""))
     for f in life.findings:
         console.print(f"  [red]break[/] {escape(f'{f.where}: {f.call}: {f.detail}')}")
@@ -202,10 +195,18 @@ def render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
     imports = calls.imports
     if imports is not None:
         errors = sum(f.severity == "error" for f in imports.findings)
-        title = (f"imports on the generator's import path ({len(imports.modules)} speculators modules, "
-                 f"{imports.checked} imports resolved, static)")
-        console.print(f"{title}: " + ("every import resolves" if not imports.findings
-                                       else f"{errors} break(s), {len(imports.findings) - errors} note(s)"))
+        title = (
+            f"imports on the generator's import path ({len(imports.modules)} speculators modules, "
+            f"{imports.checked} imports resolved, static)"
+        )
+        console.print(
+            f"{title}: "
+            + (
+                "every import resolves"
+                if not imports.findings
+                else f"{errors} break(s), {len(imports.findings) - errors} note(s)"
+            )
+        )
         for f in imports.findings:
             mark = "[red]break[/]" if f.severity == "error" else "[dim]note[/]"
             console.print(f"  {mark} {escape(f'{f.where}: {f.statement}: {f.detail}')}")
@@ -228,4 +229,5 @@ def interrupted_message() -> str:
     if not done:
         return "interrupted (Ctrl-C) before anything was written: nothing changed"
     return "interrupted (Ctrl-C) after this run's commit: " + "; ".join(
-        f"{label}: {len(files)} file(s) written ({', '.join(files)})" for label, files in done)
+        f"{label}: {len(files)} file(s) written ({', '.join(files)})" for label, files in done
+    )

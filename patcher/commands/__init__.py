@@ -1,8 +1,11 @@
-"""The verbs -- apply, diff, status, verify, revert -- as functions that return data.
+"""The verbs -- apply, diff, status, verify, revert, repair, list, selftest -- as functions
+that return data.
 
-Each takes a transport and a snapshot (``patcher.engine.read_snapshot``) and holds every
-rule of its verb: what it refuses (an unsupported target, a user patch edited since it was
-applied), what it asks the engine for, and the rows and states it reports. The command line
-(``patcher.cli``) renders what they return; the Ansible collection's action plugins call
-the same functions, so a rule written here holds for both.
+Each takes what it works on (a transport and a snapshot from ``patcher.engine.read_snapshot``;
+``repair`` reads its own, ``list`` reads no target) and holds every rule of its verb: what it
+refuses (an unsupported target, a user patch edited since it was applied), what it asks the
+engine for, the rows and states it reports, and its one-line summary (``common.notes``: what
+to know about the install whatever the verb). The command line (``patcher.cli``) lays out
+what they return; the Ansible collection's action plugins call the same functions and say the
+same summaries and notes, so a rule or a sentence written here holds for both.
 """

@@ -37,9 +37,62 @@ class Applied:
         code = 0 if self.check is None else self.check.exit_code
         return 1 if self.result.unfinished and code in (0, 3) else code
 
+    @property
+    def summary(self) -> str:
+        """What was written (or would be), what was adopted, or why nothing was: the line
+        under the patch table (two lines when files were adopted)."""
+        result, dry_run = self.result, self.data.get("dry_run", False)
+        lines = []
+        if dry_run:
+            lines.append(f"dry run: {len(self.changed)} file(s) would change, nothing written")
+        elif result.written:
+            lines.append(
+                f"patched {len(result.written)} file(s) under {self.data['speculators_root']}: "
+                f"{', '.join(result.written)}"
+            )
+        if result.adopted:
+            lines.append(
+                f"adopted {len(result.adopted)} file(s): each one's change is now part of its pristine copy "
+                f"(stock speculators plus the change, what revert restores), with the patches on top: "
+                f"{', '.join(result.adopted)}"
+            )
+        elif dry_run or result.written:
+            pass
+        elif self.modified:
+            lines.append(f"nothing written: {', '.join(sorted(self.modified))} changed after patching (below)")
+        elif self.left_out:
+            lines.append(
+                f"nothing written: every chosen patch is applied, but "
+                f"{', '.join(r['id'] for r in self.left_out)} "
+                f"{'is' if len(self.left_out) == 1 else 'are'} needed and left out by --only/--skip"
+            )
+        else:
+            lines.append("nothing to do: every needed patch is already applied")
+        return "\n".join(lines)
 
-def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bool = False,
-          verify_after: bool = True, advise: Callable[[str], str] = str, allow_partial: bool = False) -> Applied:
+    @property
+    def dry_run_modified(self) -> str | None:
+        """In a dry run, the files changed after patching that apply would leave as they are
+        (and then fail verify's check on), in one line; None when there are none."""
+        if not (self.data.get("dry_run") and self.modified):
+            return None
+        return (
+            f"{', '.join(sorted(self.modified))} changed after patching: apply would not touch "
+            f"{'it' if len(self.modified) == 1 else 'them'} and would end with verify: FAILED "
+            f"(a file modified after patching)"
+        )
+
+
+def apply(
+    transport: Transport,
+    snap: Snapshot,
+    chosen,
+    dry_run: bool,
+    adopt: bool = False,
+    verify_after: bool = True,
+    advise: Callable[[str], str] = str,
+    allow_partial: bool = False,
+) -> Applied:
     """``apply``, then (unless ``dry_run``, or ``verify_after`` is False) every check
     ``verify`` makes on the result (its ``sources`` request rides on the commit, so it
     costs no round trip of its own): on the whole install, so a patch the installed vLLM
@@ -48,8 +101,8 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     Refuses an unsupported target, a vLLM change no patch covers, and a user patch whose
     file changed since it was applied."""
     from patcher import engine
-    from patcher.commands.verify import check_install
     from patcher.checks.verify import send_calls_ahead
+    from patcher.commands.verify import check_install
     from patcher.fixes.registry import all_patches
 
     engine.check_supported(snap)
@@ -57,8 +110,9 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
     check_after = verify_after and not dry_run
     sent_ahead = send_calls_ahead(transport, snap) if check_after else None
-    result = engine.apply(transport, snap, chosen, dry_run=dry_run, adopt=adopt,
-                          revert_command=advise("speculators-patch revert"))
+    result = engine.apply(
+        transport, snap, chosen, dry_run=dry_run, adopt=adopt, revert_command=advise("speculators-patch revert")
+    )
     rows = outcome_rows(result.plans)
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
@@ -66,18 +120,31 @@ def apply(transport: Transport, snap: Snapshot, chosen, dry_run: bool, adopt: bo
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
     chosen_ids = {p.id for p in chosen}
     counted = chosen_ids if allow_partial else {p.id for p in all_patches()}
-    check = check_install(transport, engine.after(snap, result), counted, advise=advise,
-                          sent_ahead=sent_ahead) if check_after else None
+    check = (
+        check_install(transport, engine.after(snap, result), counted, advise=advise, sent_ahead=sent_ahead)
+        if check_after
+        else None
+    )
     left_out = left_out_needed(check, chosen_ids) if check else []
     modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
     for row in rows:
         if row["file"] in modified:
             row["file_modified"] = True
-    data = {**describe(snap), "dry_run": dry_run, "written": result.written, "adopted": result.adopted, "patches": rows,
-            "modified_files": sorted(modified),
-            "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
-            "left_out": left_out, "allow_partial": allow_partial, "unfinished": result.unfinished}
-    return Applied(result, rows, changed, modified, check, data, left_out)
+    data = {
+        **describe(snap),
+        "dry_run": dry_run,
+        "written": result.written,
+        "adopted": result.adopted,
+        "patches": rows,
+        "modified_files": sorted(modified),
+        "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
+        "left_out": left_out,
+        "allow_partial": allow_partial,
+        "unfinished": result.unfinished,
+    }
+    done = Applied(result, rows, changed, modified, check, data, left_out)
+    data["summary"] = done.summary
+    return done
 
 
 def left_out_needed(check: InstallCheck, chosen_ids: set[str]) -> list[dict]:
@@ -86,21 +153,32 @@ def left_out_needed(check: InstallCheck, chosen_ids: set[str]) -> list[dict]:
     from patcher.fixes.registry import all_patches
 
     by_id = {p.id: p for p in all_patches()}
-    return [{"id": r["id"], "risk": by_id[r["id"]].risk or by_id[r["id"]].title}
-            for r in sorted(check.all_rows, key=lambda r: r["id"]) if r["id"] not in chosen_ids and r["verdict"] == "missing"]
+    return [
+        {"id": r["id"], "risk": by_id[r["id"]].risk or by_id[r["id"]].title}
+        for r in sorted(check.all_rows, key=lambda r: r["id"])
+        if r["id"] not in chosen_ids and r["verdict"] == "missing"
+    ]
 
 
 @dataclass
 class Diffed:
-    """What ``apply`` would write: the plans, their unified diff, and the data of ``diff --json``."""
+    """What ``apply`` would write: the plans, their unified diff, the data of ``diff --json``,
+    and (``summary``) why there is no diff when files changed after patching keep it empty."""
 
     plans: list[FilePlan]
     text: str
     data: dict
+    summary: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """1 when there is a diff, or files changed after patching keep it empty; else 0."""
+        return 1 if self.text or self.data["modified_files"] else 0
 
 
-def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
-    """The plans and their unified diff, refusing what ``apply`` would refuse."""
+def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], str] = str) -> Diffed:
+    """The plans and their unified diff, refusing what ``apply`` would refuse. ``advise``: a
+    way-out command as this caller words it (the CLI adds its target options)."""
     from patcher import engine
 
     engine.check_supported(snap)
@@ -113,8 +191,28 @@ def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = unified_diff(plans)
     modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
-    return Diffed(plans, text, {**describe(snap), "changed": bool(text), "diff": text, "patches": outcome_rows(plans),
-                                "modified_files": modified})
+    said = None
+    if modified and not text:  # apply leaves such a file as it is and fails verify's check
+        one = len(modified) == 1
+        said = (
+            f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
+            f"as {'it is' if one else 'they are'} and ends with verify: FAILED (a file modified after patching); "
+            f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
+            f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
+        )
+    return Diffed(
+        plans,
+        text,
+        {
+            **describe(snap),
+            "changed": bool(text),
+            "diff": text,
+            "patches": outcome_rows(plans),
+            "modified_files": modified,
+            "summary": said,
+        },
+        said,
+    )
 
 
 def _text(source: bytes) -> str:
@@ -135,7 +233,9 @@ def unified_diff(plans: list[FilePlan]) -> str:
     for p in plans:
         if p.changed:
             chunks += difflib.unified_diff(
-                _text(p.before).splitlines(True), _text(p.after).splitlines(True),
-                f"a/{p.path}", f"b/{p.path}",
+                _text(p.before).splitlines(True),
+                _text(p.after).splitlines(True),
+                f"a/{p.path}",
+                f"b/{p.path}",
             )
     return "".join(chunks)

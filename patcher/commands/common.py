@@ -36,13 +36,17 @@ def notes(snap: Snapshot) -> list[str]:
 
     written_by = state_written_by(snap)
     if written_by is not None and str(written_by) != patcher.__version__:
-        notes.append(f"{snap.state_dir}/manifest.json was written by speculators-patch {written_by}; read by this "
-                      f"speculators-patch {patcher.__version__}, which records its own version at its next write")
+        notes.append(
+            f"{snap.state_dir}/manifest.json was written by speculators-patch {written_by}; read by this "
+            f"speculators-patch {patcher.__version__}, which records its own version at its next write"
+        )
     if snap.unfinished:
         notes.append(snap.unfinished)
     elif snap.journal_pending:
-        notes.append(f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
-                     "(read-only?) and will be on the next writable run")
+        notes.append(
+            f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
+            "(read-only?) and will be on the next writable run"
+        )
     return notes
 
 
@@ -52,9 +56,17 @@ def outcome_rows(plans: list[FilePlan]) -> list[dict]:
     from patcher.fixes.userpatches.loader import origin_fields
 
     return [
-        {"id": o.patch.id, "name": o.patch.name, "version": o.patch.version, "file": p.path,
-         "state": o.state, "detail": o.detail, **origin_fields(o.patch)}
-        for p in plans for o in p.outcomes
+        {
+            "id": o.patch.id,
+            "name": o.patch.name,
+            "version": o.patch.version,
+            "file": p.path,
+            "state": o.state,
+            "detail": o.detail,
+            **origin_fields(o.patch),
+        }
+        for p in plans
+        for o in p.outcomes
     ]
 
 
@@ -73,10 +85,12 @@ def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None
     for change in source_changes(snap):
         pid = change["id"]
         if pid in ids:
-            raise UserError(f"{pid} was applied from {change['recorded_source'] or 'another file'} (sha256 "
-                            f"{change['recorded_sha256'][:12]}); {change['source']} now differs (sha256 "
-                            f"{change['sha256'][:12]}), and {what} would apply it over the old fix: "
-                            f"'revert --only {pid}' first (it needs no old file), then apply the new one")
+            raise UserError(
+                f"{pid} was applied from {change['recorded_source'] or 'another file'} (sha256 "
+                f"{change['recorded_sha256'][:12]}); {change['source']} now differs (sha256 "
+                f"{change['sha256'][:12]}), and {what} would apply it over the old fix: "
+                f"'revert --only {pid}' first (it needs no old file), then apply the new one"
+            )
 
 
 def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
@@ -89,4 +103,5 @@ def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
             row[key] = "source-changed"
             row["detail" if key == "state" else "hint"] = (
                 f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
-                f"'revert --only {row['id']}', then apply the new one")
+                f"'revert --only {row['id']}', then apply the new one"
+            )

@@ -13,18 +13,23 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from patcher.engine import Snapshot
-from patcher.errors import UserError
 from patcher.agent.selftest import tiny_models
-from patcher.connect.transport import Transport
+from patcher.agent.selftest.run import NOISE_LIMIT
+from patcher.errors import UserError
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
+
 
 REMOTE = Path(__file__).resolve().parent.parent / "agent" / "selftest"
 MARKER = "@@speculators-patch-selftest@@"
-ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build
+ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build (the CLI's --arch choices)
 # Per-token cosine similarity to transformers bf16, every (prompt, layer, token), must reach
 # min(COSINE_FLOOR, 1 - 4 x (1 - c)) where c is transformers' own bf16-vs-fp32 cosine for that
-# prompt and layer (remote/run.py bound_for). Correct captures of the default tiny models
+# prompt and layer (patcher/agent/selftest/run.py bound_for). Correct captures of the default tiny models
 # measure 0.9992-0.99999 on the CPU engine; every corruption seen measures below 0.4
 # (another prompt's rows, a dropped llama_4_scaling). See docs/selftest.md.
 COSINE_FLOOR = 0.999
@@ -60,8 +65,10 @@ def diagnose(error: dict, speculators: str | None = None) -> str | None:
     from patcher.fixes.registry import all_patches
 
     worker = error.get("worker") or {}
-    text = (f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"
-            f"{worker.get('type')}: {worker.get('message')}\n{worker.get('raised', '')}")
+    text = (
+        f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"
+        f"{worker.get('type')}: {worker.get('message')}\n{worker.get('raised', '')}"
+    )
     fits = {p.id for p in written_for(speculators, all_patches())} if speculators else None
     for pattern, patch_ids in SYMPTOMS:
         if re.search(pattern, text):
@@ -81,26 +88,41 @@ def request(archs: tuple[str, ...], model: str | None, device: str, tp: int, run
         raise UserError(f"--tp must be at least 1, got {tp}")
     if runner not in RUNNERS:
         raise UserError(f"unknown --runner {runner} (known: {', '.join(RUNNERS)})")
-    return {"archs": list(archs or ("llama",)), "model_path": model, "device": device, "tp": tp,
-            "bound": COSINE_FLOOR, "runner": runner}
+    return {
+        "archs": list(archs or ("llama",)),
+        "model_path": model,
+        "device": device,
+        "tp": tp,
+        "bound": COSINE_FLOOR,
+        "runner": runner,
+    }
 
 
 def run_remote(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
     """One ``run_python`` exchange running the check; returns its report.
     Raises ``UserError`` when the target refused (no device, memory) or gave no report."""
     payload = {"modules": modules(), "request": req}
-    answer = transport.request("run_python", script=(REMOTE / "launch.py").read_text(encoding="utf-8"),
-                               input=json.dumps(payload), site_packages=snap.site_packages, timeout=timeout,
-                               env=ENV, stream_stderr=True, what="selftest")
+    answer = transport.request(
+        "run_python",
+        script=(REMOTE / "launch.py").read_text(encoding="utf-8"),
+        input=json.dumps(payload),
+        site_packages=snap.site_packages,
+        timeout=timeout,
+        env=ENV,
+        stream_stderr=True,
+        what="selftest",
+    )
     for line in reversed(answer["stdout"].splitlines()):
         if line.startswith(MARKER):
-            report = json.loads(line[len(MARKER):])
+            report = json.loads(line[len(MARKER) :])
             if "refused" in report:
                 raise UserError(f"{transport.label}: selftest cannot run here: {report['refused']}")
             return report
     tail = [ln for ln in (answer["stdout"] + "\n" + transport.stderr_text()).splitlines() if ln.strip()]
-    raise UserError(f"{transport.label}: selftest ended without a report (exit {answer['returncode']}): "
-                    f"{tail[-1] if tail else 'no output'}")
+    raise UserError(
+        f"{transport.label}: selftest ended without a report (exit {answer['returncode']}): "
+        f"{tail[-1] if tail else 'no output'}"
+    )
 
 
 def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
@@ -126,3 +148,13 @@ def summarize(report: dict) -> dict:
             bad += len(case.get("bad", []))
     report["captures"], report["bad_captures"] = captures, bad
     return report
+
+
+def verdict(report: dict) -> str:
+    """The line a judged report (``summarize``) ends with: OK or FAILED, and the counts."""
+    said = "OK" if report["ok"] else "FAILED"
+    return (
+        f"selftest: {said}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
+        f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
+        f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})"
+    )

@@ -49,8 +49,10 @@ def first_snapshot(transport: Transport) -> Snapshot:
     except UserError as e:
         if getattr(transport, "tool_env", False) and str(e).startswith("no speculators installed"):
             prefix = os.path.dirname(os.path.dirname(sys.executable))
-            raise UserError(f"no speculators installed in {prefix}, the environment speculators-patch itself runs in "
-                            f"(no --target given, and neither $VIRTUAL_ENV nor $CONDA_PREFIX is set); pass "
-                            f"--target PATH: the venv or conda prefix, site-packages directory or Python interpreter "
-                            f"of the environment that has speculators") from None
+            raise UserError(
+                f"no speculators installed in {prefix}, the environment speculators-patch itself runs in "
+                f"(no --target given, and neither $VIRTUAL_ENV nor $CONDA_PREFIX is set); pass "
+                f"--target PATH: the venv or conda prefix, site-packages directory or Python interpreter "
+                f"of the environment that has speculators"
+            ) from None
         raise

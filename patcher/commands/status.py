@@ -22,6 +22,12 @@ class Status:
     files: dict[str, str]
     data: dict
 
+    @property
+    def summary(self) -> str:
+        """The install's state in one line: ``install is STATE (reason)``."""
+        install = self.data["install"]
+        return f"install is {install['state']}" + (f" ({install['reason']})" if install["reason"] else "")
+
 
 def status(snap: Snapshot, chosen) -> Status:
     """``status``: what ``apply`` would find, file by file and patch by patch."""
@@ -37,12 +43,17 @@ def status(snap: Snapshot, chosen) -> Status:
     mark_edited(source_changes(snap), rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
     state, reason = install_state(rows, files)
-    return Status(plans, rows, files, {**describe(snap), "files": files, "patches": rows,
-                                       "install": {"state": state, "reason": reason}})
+    found = Status(
+        plans,
+        rows,
+        files,
+        {**describe(snap), "files": files, "patches": rows, "install": {"state": state, "reason": reason}},
+    )
+    found.data["summary"] = found.summary
+    return found
 
 
-# The state of a whole install, as ``status`` names it (and the fan-out summary per host).
-INSTALL_STATES = ("patched", "pristine", "partial", "modified", "unsupported")
+# A patch's states that leave it out of the installed code (``install_state``).
 NOT_APPLIED = ("pending", "refused", "stale", "source-changed")
 
 
@@ -68,15 +79,38 @@ def install_state(rows: list[dict], files: dict[str, str]) -> tuple[str, str]:
 
 @dataclass
 class Reverted:
-    """What ``revert`` did (or, a dry run, would do): the engine's result, the files changed."""
+    """What ``revert`` did (or, a dry run, would do): the engine's result, the files changed,
+    the data of ``revert --json`` and the one-line ``summary``."""
 
     result: CommitResult
     changed: list[str]
     data: dict
+    summary: str = ""
 
 
-def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: bool, dry_run: bool,
-           advise: Callable[[str], str] = str) -> Reverted:
+def revert_summary(snap: Snapshot, result: CommitResult, changed: list[str], dry_run: bool) -> str:
+    """What ``revert`` restored (or would), or that nothing needed it, in one line."""
+    if dry_run:
+        return f"dry run: {len(changed)} file(s) would be restored, nothing written"
+    if result.written:
+        return f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}"
+    if result.committed:
+        return (
+            f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
+            f"nothing (left by an earlier run)"
+        )
+    return "nothing to revert: no file needed restoring"
+
+
+def revert(
+    transport: Transport,
+    snap: Snapshot,
+    chosen,
+    partial: bool,
+    force: bool,
+    dry_run: bool,
+    advise: Callable[[str], str] = str,
+) -> Reverted:
     """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
     patches. A partial revert replays the patches it keeps from the pristine copies, so it
     refuses when one of those is a user patch whose file changed since it was applied.
@@ -88,8 +122,27 @@ def revert(transport: Transport, snap: Snapshot, chosen, partial: bool, force: b
         entries = (snap.manifest or {}).get("files", {})
         replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
         refuse_edited_user_patches(snap, replayed - ids, "this revert")
-    result = engine.revert(transport, snap, chosen, partial=partial, force=force, dry_run=dry_run,
-                           repair_command=advise("speculators-patch repair"))
+    result = engine.revert(
+        transport,
+        snap,
+        chosen,
+        partial=partial,
+        force=force,
+        dry_run=dry_run,
+        repair_command=advise("speculators-patch repair"),
+    )
     changed = [p.path for p in result.plans if p.changed]
-    return Reverted(result, changed, {**describe(snap), "dry_run": dry_run, "written": result.written,
-                                      "would_change": changed, "unfinished": result.unfinished})
+    said = revert_summary(snap, result, changed, dry_run)
+    return Reverted(
+        result,
+        changed,
+        {
+            **describe(snap),
+            "dry_run": dry_run,
+            "written": result.written,
+            "would_change": changed,
+            "unfinished": result.unfinished,
+            "summary": said,
+        },
+        said,
+    )

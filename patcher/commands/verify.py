@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Callable
 from patcher.commands.common import describe, mark_edited, source_changes
 
 if TYPE_CHECKING:
-    from patcher.connect.transport import Transport
-    from patcher.engine import Snapshot
     from patcher.checks.lifecycle import LifecycleCheck
     from patcher.checks.verify import CallsCheck
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
 
 # verify's exit code when every static check passes but the installed vLLM's release has no
-# engine proof (patcher/proven.py): a script can tell "not proven" (3) from "broken" (1).
+# engine proof (patcher/checks/proven.py): a script can tell "not proven" (3) from "broken" (1).
 UNPROVEN = 3
 
 
@@ -54,12 +54,34 @@ class InstallCheck:
         """0 OK, ``UNPROVEN`` (3) when only the engine proof is missing, else 1."""
         return 0 if self.ok else UNPROVEN if self.only_unproven else 1
 
+    @property
+    def verdict(self) -> tuple[str, str]:
+        """The one-line verdict ``verify`` ends with (``apply`` too, when it is not OK), as
+        (the verdict, what follows it): ``verify: OK``, ``verify: NOT PROVEN`` with what
+        is missing, or ``verify: FAILED`` with the parts that failed."""
+        if self.ok:
+            return "verify: OK", ""
+        if self.only_unproven:  # what is missing and how to get it
+            return "verify: NOT PROVEN", f" (every static check passes): {self.unproven}"
+        return "verify: FAILED", f" ({', '.join(self.failing)})"
+
+    @property
+    def summary(self) -> str:
+        """``verdict`` as one line of text."""
+        return "".join(self.verdict)
+
 
 NO_PROOF = "no engine proof for this vLLM"
 
 
-def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: bool = False,
-                  advise: Callable[[str], str] = str, sent_ahead: tuple[dict, dict | None] | None = None) -> InstallCheck:
+def check_install(
+    transport: Transport,
+    snap: Snapshot,
+    ids: set[str],
+    runtime: bool = False,
+    advise: Callable[[str], str] = str,
+    sent_ahead: tuple[dict, dict | None] | None = None,
+) -> InstallCheck:
     """Every check ``verify`` makes on ``snap`` (one ``sources`` exchange, or none when it
     was sent ahead: ``sent_ahead`` is what ``verify.send_calls_ahead`` returned). ``ids``:
     the patches whose verdicts count; ``advise``: a fix hint as this caller words it (the
@@ -73,21 +95,35 @@ def check_install(transport: Transport, snap: Snapshot, ids: set[str], runtime: 
     present = {c.patch.id for c in every if c.state in ("applied", "satisfied")}  # in the installed code
     facts, checks = [f for f in facts if f.patch.id in ids], [c for c in every if c.patch.id in ids]
     calls = verify_calls(transport, snap, runtime, sent_ahead)
-    life = lifecycle.check(calls.vllm or {}, snap.files.get(lifecycle.GENERATOR),
-                           written_for(snap.speculators_version, all_patches()), present)
+    life = lifecycle.check(
+        calls.vllm or {},
+        snap.files.get(lifecycle.GENERATOR),
+        written_for(snap.speculators_version, all_patches()),
+        present,
+    )
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)
     proof_devices = proven.devices(snap.vllm.version.split(", "), snap.speculators_version)
     changed_sources = [c for c in source_changes(snap) if c["id"] in ids]
-    rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict,
-             "hint": advise(c.hint)} for c in checks]
+    rows = [
+        {"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": advise(c.hint)}
+        for c in checks
+    ]
     mark_edited(changed_sources, rows, "verdict")
     modified = sorted(p for p in (snap.manifest or {}).get("files", {}) if snap.file_state(p) == "modified")
-    failing = [what for what, bad in (
-        ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
-        ("the calls", not calls.ok), ("the engine's life cycle", life is not None and not life.ok),
-        ("the imports", not calls.imports_ok), ("the model runner", not calls.runner_ok),
-        ("a user patch's source", bool(changed_sources)), ("a file modified after patching", bool(modified)),
-        (NO_PROOF, bool(unproven))) if bad]
+    failing = [
+        what
+        for what, bad in (
+            ("the patch verdicts (fix column)", any(r["verdict"] not in ("ok", "source-changed") for r in rows)),
+            ("the calls", not calls.ok),
+            ("the engine's life cycle", life is not None and not life.ok),
+            ("the imports", not calls.imports_ok),
+            ("the model runner", not calls.runner_ok),
+            ("a user patch's source", bool(changed_sources)),
+            ("a file modified after patching", bool(modified)),
+            (NO_PROOF, bool(unproven)),
+        )
+        if bad
+    ]
     all_rows = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict} for c in every]
     return InstallCheck(facts, rows, calls, unproven, changed_sources, modified, failing, proof_devices, life, all_rows)
 
@@ -96,8 +132,9 @@ def _release(minor: tuple[int, int] | None) -> str | None:
     return None if minor is None else ".".join(map(str, minor))
 
 
-def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
-           advise: Callable[[str], str] = str) -> tuple[InstallCheck, dict]:
+def verify(
+    transport: Transport, snap: Snapshot, chosen, runtime: bool = False, advise: Callable[[str], str] = str
+) -> tuple[InstallCheck, dict]:
     """``verify``: every check of ``check_install``, and its evidence as data (``verify
     --json``); ``--only``/``--skip`` (``chosen``) narrow the patch checks, not the call check."""
     from patcher import engine
@@ -106,28 +143,61 @@ def verify(transport: Transport, snap: Snapshot, chosen, runtime: bool = False,
     engine.check_supported(snap)
     ids = {p.id for p in chosen}
     check = check_install(transport, snap, ids, runtime, advise)
-    facts, rows, calls, unproven, changed_sources = check.facts, check.rows, check.calls, check.unproven, check.changed_sources
+    facts, rows, calls, unproven, changed_sources = (
+        check.facts,
+        check.rows,
+        check.calls,
+        check.unproven,
+        check.changed_sources,
+    )
     ok = check.ok
     data = {
         **describe(snap),
         "ok": ok,
-        "facts": [{"patch": f.patch.id, "symbol": f.fact.symbol, "summary": f.fact.summary, "holds": f.evidence.holds,
-                   "missing": f.evidence.missing, "file": f.evidence.file, "line": f.evidence.line,
-                   "found": f.evidence.found, "first_release": f.fact.first_release} for f in facts],
+        "facts": [
+            {
+                "patch": f.patch.id,
+                "symbol": f.fact.symbol,
+                "summary": f.fact.summary,
+                "holds": f.evidence.holds,
+                "missing": f.evidence.missing,
+                "file": f.evidence.file,
+                "line": f.evidence.line,
+                "found": f.evidence.found,
+                "first_release": f.fact.first_release,
+            }
+            for f in facts
+        ],
         "patches": rows,
-        "calls": {"ok": calls.ok, "checked": len(calls.checked), "findings": [f.as_dict() for f in calls.findings],
-                  "runtime": calls.runtime.as_dict() if calls.runtime else None},
+        "calls": {
+            "ok": calls.ok,
+            "checked": len(calls.checked),
+            "findings": [f.as_dict() for f in calls.findings],
+            "runtime": calls.runtime.as_dict() if calls.runtime else None,
+        },
         "lifecycle": check.lifecycle.as_dict() if check.lifecycle else None,
         "imports": calls.imports.as_dict() if calls.imports else None,
         "model_runner": calls.runner.as_dict() if calls.runner else None,
         "user_patch_sources_changed": changed_sources,
         "modified_files": check.modified,
         "failing": check.failing,
-        "proven": {"oldest": _release(proven.oldest(snap.speculators_version)),
-                   "newest": _release(proven.newest(snap.speculators_version)),
-                   "unproven": unproven,
-                   "devices": check.devices,
-                   "releases": [{"release": p.release, "archs": list(p.archs), "date": p.date, "by": p.by,
-                                 "where": p.where, "speculators": p.speculators} for p in proven.PROVEN]},
+        "summary": check.summary,
+        "proven": {
+            "oldest": _release(proven.oldest(snap.speculators_version)),
+            "newest": _release(proven.newest(snap.speculators_version)),
+            "unproven": unproven,
+            "devices": check.devices,
+            "releases": [
+                {
+                    "release": p.release,
+                    "archs": list(p.archs),
+                    "date": p.date,
+                    "by": p.by,
+                    "where": p.where,
+                    "speculators": p.speculators,
+                }
+                for p in proven.PROVEN
+            ],
+        },
     }
     return check, data

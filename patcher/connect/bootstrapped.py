@@ -29,14 +29,18 @@ class BootstrapTransport(Transport):
     def __init__(self, target: str | None) -> None:
         super().__init__()
         self.target = target
-        self.connections = 0
         self._where = self._header_where = self.label
 
     def __enter__(self) -> "BootstrapTransport":
         super().__enter__()
-        self.connections += 1
-        header = json.dumps({"target": self.target, "agent": AGENT_PROGRAM, "where": self._header_where,
-                             "marker": self._marker.decode()}).encode()
+        header = json.dumps(
+            {
+                "target": self.target,
+                "agent": AGENT_PROGRAM,
+                "where": self._header_where,
+                "marker": self._marker.decode(),
+            }
+        ).encode()
         # Written with the first request, back to back: starting the agent costs no round trip.
         self._preamble = b"%d\n" % len(header) + header
         self._header_size = b"%d" % len(header)
@@ -53,7 +57,7 @@ class BootstrapTransport(Transport):
         """The bootstrap's ``MARKER exec PYTHON`` line: the far side started and chose PYTHON."""
         prefix = self._marker + b" exec "
         if line.startswith(prefix):
-            self.resolved = line[len(prefix):].rstrip(b"\r\n").decode(errors="replace")
+            self.resolved = line[len(prefix) :].rstrip(b"\r\n").decode(errors="replace")
             return True
         return False
 
@@ -61,8 +65,10 @@ class BootstrapTransport(Transport):
         if not self._synced and self.resolved is not None:  # the target's interpreter, not the connection
             code = self._exit_code()
             said = last_line(self.stderr_text()) or last_line(b"".join(self._noise).decode(errors="replace"))
-            return (f"{self._where}: {self.resolved} (the target's interpreter there) ended (status {code}) without "
-                    f"starting the agent: {said[:200] or 'no output'}; is it a Python 3.8+ interpreter?")
+            return (
+                f"{self._where}: {self.resolved} (the target's interpreter there) ended (status {code}) without "
+                f"starting the agent: {said[:200] or 'no output'}; is it a Python 3.8+ interpreter?"
+            )
         return self._failure(op)
 
     def _not_json(self, line: bytes) -> str:

@@ -8,9 +8,14 @@ if TYPE_CHECKING:
     from patcher.connect.transport import Transport
 
 
-def transport_for(target: str | None, host: str | None = None, ssh_config: str | None = None,
-                  persist: int | None = None, connect_timeout: float | None = None,
-                  timeout: float | None = None) -> Transport:
+def transport_for(
+    target: str | None,
+    host: str | None = None,
+    ssh_config: str | None = None,
+    persist: int | None = None,
+    connect_timeout: float | None = None,
+    timeout: float | None = None,
+) -> Transport:
     """The transport to the agent for ``target`` (resolved where the agent runs).
 
     Args:

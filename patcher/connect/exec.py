@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import shlex
 
-from patcher.errors import UserError
 from patcher.connect.bootstrapped import BootstrapTransport, last_line
 from patcher.connect.program import bootstrap_program
+from patcher.errors import UserError
 
 
 class ExecTarget(str):
@@ -69,8 +69,16 @@ class ExecTransport(BootstrapTransport):
         last = last_line(self.stderr_text())
         during = "while committing" if op == "commit" else "while reading"
         if code < 0:
-            return (f"{self._where}: the agent was killed (signal {-code}) {during}; a commit it had started is "
-                    f"rolled back by the next speculators-patch command on that target")
-        hint = "" if self._synced else ("; the command must start a Python 3.8+ that runs the program given "
-                                        "after it as -c PROGRAM (e.g. 'docker exec -i NAME python3')")
+            return (
+                f"{self._where}: the agent was killed (signal {-code}) {during}; a commit it had started is "
+                f"rolled back by the next speculators-patch command on that target"
+            )
+        hint = (
+            ""
+            if self._synced
+            else (
+                "; the command must start a Python 3.8+ that runs the program given "
+                "after it as -c PROGRAM (e.g. 'docker exec -i NAME python3')"
+            )
+        )
         return f"{self._where}: the command ended (status {code}) {during}: {last or 'no output'}{hint}"

@@ -23,9 +23,9 @@ import shlex
 import subprocess
 
 from patcher import cache
-from patcher.errors import UserError
 from patcher.connect.bootstrapped import BootstrapTransport, last_line
 from patcher.connect.program import bootstrap_program
+from patcher.errors import UserError
 
 # Seconds an idle shared connection stays open after a run (``--ssh-persist``); the
 # default of Ansible's ssh connection plugin, for the same reason (docs/ssh.md).
@@ -90,7 +90,9 @@ def _resolved(base: list[str], host: str) -> Resolved:
     try:
         proc = subprocess.run([*base, "-G", "--", host], capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
-        raise UserError("no `ssh` client on this machine: install OpenSSH (e.g. apt-get install openssh-client)") from None
+        raise UserError(
+            "no `ssh` client on this machine: install OpenSSH (e.g. apt-get install openssh-client)"
+        ) from None
     if proc.returncode != 0:
         raise UserError(f"ssh cannot use host {host}: {last_line(proc.stderr) or 'ssh -G failed'}")
     return Resolved([(k, v) for k, _, v in (line.partition(" ") for line in proc.stdout.splitlines())])
@@ -105,9 +107,18 @@ def _expand(path: str, options: dict[str, str]) -> str:
 
     home = os.path.expanduser("~")
     local = socket.gethostname()
-    tokens = {"d": home, "u": getpass.getuser(), "h": options.get("hostname", ""), "p": options.get("port", ""),
-              "r": options.get("user", ""), "n": options.get("host", ""), "l": local, "L": local.split(".")[0],
-              "i": str(os.getuid()), "%": "%"}
+    tokens = {
+        "d": home,
+        "u": getpass.getuser(),
+        "h": options.get("hostname", ""),
+        "p": options.get("port", ""),
+        "r": options.get("user", ""),
+        "n": options.get("host", ""),
+        "l": local,
+        "L": local.split(".")[0],
+        "i": str(os.getuid()),
+        "%": "%",
+    }
     path = re.sub(r"%(.)", lambda m: tokens.get(m[1], m[0]), path)
     path = re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m[1], ""), path)
     return os.path.expanduser(path)
@@ -137,7 +148,9 @@ def trust_material(resolved: dict[str, str]) -> list | None:
     if resolved.get("knownhostscommand", "none").lower() != "none":
         return None
     lines = resolved.lines if isinstance(resolved, Resolved) else sorted(resolved.items())
-    values = resolved.values_of if isinstance(resolved, Resolved) else (lambda k: [resolved[k]] if k in resolved else [])
+    values = (
+        resolved.values_of if isinstance(resolved, Resolved) else (lambda k: [resolved[k]] if k in resolved else [])
+    )
     material: list = [lines]
     for key in ("userknownhostsfile", "globalknownhostsfile", "revokedhostkeys"):
         for value in values(key):
@@ -148,8 +161,15 @@ def trust_material(resolved: dict[str, str]) -> list | None:
     for key in ("identityfile", "certificatefile"):
         for value in values(key):
             path = _expand(value, resolved)
-            material.append([key, path, _file_fingerprint(path, content=False),
-                             _file_fingerprint(path + ".pub", content=True), _file_fingerprint(path + "-cert.pub", content=True)])
+            material.append(
+                [
+                    key,
+                    path,
+                    _file_fingerprint(path, content=False),
+                    _file_fingerprint(path + ".pub", content=True),
+                    _file_fingerprint(path + "-cert.pub", content=True),
+                ]
+            )
     material.append(["agent", _agent_keys(resolved)])
     return material
 
@@ -183,27 +203,43 @@ def explain_ssh_failure(stderr: str, where: str, during: str, master_gone: bool 
     that no longer exists; such a session's ssh prints nothing when the link drops."""
     text = stderr
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
-        return (f"{where}: the host key CHANGED since it was recorded in known_hosts; refusing to connect. "
-                f"If the machine was reinstalled, check the new fingerprint, then `ssh-keygen -R` the old key")
+        return (
+            f"{where}: the host key CHANGED since it was recorded in known_hosts; refusing to connect. "
+            f"If the machine was reinstalled, check the new fingerprint, then `ssh-keygen -R` the old key"
+        )
     if "Host key verification failed" in text or "No ED25519 host key is known" in text or "host key is known" in text:
-        return (f"{where}: unknown host key (not in known_hosts); host key checking stays on. "
-                f"Check the fingerprint and add it, e.g. by running `ssh` to it once")
+        return (
+            f"{where}: unknown host key (not in known_hosts); host key checking stays on. "
+            f"Check the fingerprint and add it, e.g. by running `ssh` to it once"
+        )
     if "Permission denied" in text:
         methods = re.search(r"Permission denied \(([^)]*)\)", text)
-        return (f"{where}: authentication failed ({methods[1] if methods else 'permission denied'}); "
-                f"speculators-patch never prompts: load the key into ssh-agent or set IdentityFile")
+        return (
+            f"{where}: authentication failed ({methods[1] if methods else 'permission denied'}); "
+            f"speculators-patch never prompts: load the key into ssh-agent or set IdentityFile"
+        )
     if "Connection refused" in text:
         return f"{where}: connection refused (is sshd running, and is the port right?)"
     if "timed out" in text or "Connection timed out" in text:
         return f"{where}: connection timed out ({last_line(text)})"
     if "Could not resolve hostname" in text:
         return f"{where}: cannot resolve host name ({last_line(text)})"
-    if master_gone or "Timeout, server" in text or "Broken pipe" in text or "closed by" in text or "Connection reset" in text:
-        return (f"{where}: connection dropped {during}. A commit that had started finishes or rolls back "
-                f"on the remote side by itself; run `speculators-patch status` on it to see which")
+    if (
+        master_gone
+        or "Timeout, server" in text
+        or "Broken pipe" in text
+        or "closed by" in text
+        or "Connection reset" in text
+    ):
+        return (
+            f"{where}: connection dropped {during}. A commit that had started finishes or rolls back "
+            f"on the remote side by itself; run `speculators-patch status` on it to see which"
+        )
     if not text.strip():  # ssh says nothing when the remote command dies of a signal
-        return (f"{where}: the remote agent was killed {during}; a commit it had started is rolled back "
-                f"by the next speculators-patch command on that host")
+        return (
+            f"{where}: the remote agent was killed {during}; a commit it had started is rolled back "
+            f"by the next speculators-patch command on that host"
+        )
     return f"{where}: ssh failed {during}: {last_line(text)}"
 
 
@@ -266,8 +302,9 @@ def _retire(folder, name: str) -> None:
     for sock in others:
         try:
             if sock.is_socket():
-                subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "stop", "retired"],
-                               capture_output=True, timeout=10)
+                subprocess.run(
+                    ["ssh", "-o", f"ControlPath={sock}", "-O", "stop", "retired"], capture_output=True, timeout=10
+                )
         except (OSError, subprocess.TimeoutExpired):
             pass
 
@@ -290,8 +327,9 @@ def user_multiplexing(base: list[str], config: str | None, host: str) -> bool:
         f.write(wrapper)
         f.flush()
         try:
-            probe = subprocess.run([base[0], "-F", f.name, *base[1:], "-G", "--", host],
-                                   capture_output=True, text=True, timeout=30)
+            probe = subprocess.run(
+                [base[0], "-F", f.name, *base[1:], "-G", "--", host], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             return True  # cannot tell: leave the user's setup alone
     if probe.returncode != 0:
@@ -313,8 +351,9 @@ class SshTransport(BootstrapTransport):
     tcp_connect_timeout = 15  # ssh's own ConnectTimeout (whole seconds); the handshake's is connect_timeout
     keepalive = (5, 3)  # ServerAliveInterval, ServerAliveCountMax: a dead peer is noticed in ~15 s
 
-    def __init__(self, host: str, target: str | None, ssh_config: str | None = None,
-                 persist: int = DEFAULT_PERSIST) -> None:
+    def __init__(
+        self, host: str, target: str | None, ssh_config: str | None = None, persist: int = DEFAULT_PERSIST
+    ) -> None:
         self.user, self.hostname, self.port = parse_host(host)
         self.label = f"{host}:{target}" if target else host
         super().__init__(target)
@@ -336,7 +375,9 @@ class SshTransport(BootstrapTransport):
 
     def _argv(self) -> list[str]:
         opts = _resolved(self._base(), self.hostname)
-        self._where = f"{self.host} ({opts.get('user', '?')}@{opts.get('hostname', self.hostname)} port {opts.get('port', '?')})"
+        self._where = (
+            f"{self.host} ({opts.get('user', '?')}@{opts.get('hostname', self.hostname)} port {opts.get('port', '?')})"
+        )
         # -T: no tty (a clean byte pipe); BatchMode: never prompt (a password or host key
         # question would hang parallel runs; unknown keys fail with a message instead);
         # no forwarding or RemoteCommand from the config: this connection only runs the agent.
@@ -362,12 +403,12 @@ class SshTransport(BootstrapTransport):
             return explain_ssh_failure(stderr, self._where, during, master_gone=self._master_gone())
         return f"{self._where}: remote agent ended (status {code}) {during}: {last_line(stderr) or 'no output'}"
 
-
     def _master_gone(self) -> bool:
         """True when this run's session went through a shared connection that has since
         closed (``ssh -O check``: a local question to the master, no network)."""
         if self._control_path is None:
             return False
-        check = subprocess.run(["ssh", "-o", f"ControlPath={self._control_path}", "-O", "check", "master"],
-                               capture_output=True, timeout=10)
+        check = subprocess.run(
+            ["ssh", "-o", f"ControlPath={self._control_path}", "-O", "check", "master"], capture_output=True, timeout=10
+        )
         return check.returncode != 0

@@ -103,7 +103,7 @@ class Transport:
         assert self._proc is not None and self._proc.stderr is not None
         for line in iter(self._proc.stderr.readline, b""):
             if self.on_progress is not None and line.startswith(self.PROGRESS_PREFIX):
-                self.on_progress(line[len(self.PROGRESS_PREFIX):].decode(errors="replace").rstrip())
+                self.on_progress(line[len(self.PROGRESS_PREFIX) :].decode(errors="replace").rstrip())
             else:
                 self._stderr.append(line)
 
@@ -149,7 +149,7 @@ class Transport:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except (BrokenPipeError, ValueError, OSError) as e:
                 failure.append(e)
 
@@ -213,7 +213,7 @@ class Transport:
             raise UserError(self._not_json(line)) from None
         if "error" in answer:
             raise UserError(answer["error"])
-        for sent, got in zip(ahead, answer.get("then") or []):
+        for sent, got in zip(ahead, answer.get("then") or [], strict=False):  # an answer may carry fewer
             self._answers[self._key(sent)] = got
         if op == "commit":
             COMMITTED.append((self.label, list(answer["ok"].get("written") or [])))
@@ -262,8 +262,10 @@ class Transport:
         return (self._marker in line and stripped != self._marker) or stripped.startswith(b'{"op": ')
 
     def _echoed(self) -> str:
-        return (f"{self._where_text()}: it sent our own input back instead of running the agent (a command that "
-                f"echoes, such as cat or a shell reading stdin); nothing reached a Python, nothing changed")
+        return (
+            f"{self._where_text()}: it sent our own input back instead of running the agent (a command that "
+            f"echoes, such as cat or a shell reading stdin); nothing reached a Python, nothing changed"
+        )
 
     def _where_text(self) -> str:
         return f"{self.label}: {self._argv()[0]}"
@@ -278,18 +280,27 @@ class Transport:
             if self.resolved is not None:
                 what = f"{self.resolved} (the target's interpreter there) started, but not the agent"
             elif not self._noise and not self.stderr_text().strip():
-                what = ("it printed nothing and was still running (silent: not a Python that runs the program given "
-                        "to it? if it is only slow to start, raise --connect-timeout)")
+                what = (
+                    "it printed nothing and was still running (silent: not a Python that runs the program given "
+                    "to it? if it is only slow to start, raise --connect-timeout)"
+                )
             else:
-                last = (b"".join(self._noise).decode(errors="replace").strip().splitlines() or
-                        self.stderr_text().strip().splitlines() or [""])[-1]
+                last = (
+                    b"".join(self._noise).decode(errors="replace").strip().splitlines()
+                    or self.stderr_text().strip().splitlines()
+                    or [""]
+                )[-1]
                 what = f"it printed output but never started the agent (last: {last[:120]!r})"
-            return (f"{where}: no answer within {seconds:g} s (--connect-timeout) while starting the agent: {what}; "
-                    f"nothing was sent to the target, nothing changed")
+            return (
+                f"{where}: no answer within {seconds:g} s (--connect-timeout) while starting the agent: {what}; "
+                f"nothing was sent to the target, nothing changed"
+            )
         if op == "commit":
             self._abandoned = True
-            return (f"{where}: no answer to the commit within {wait:g} s (--timeout); a commit that had started "
-                    f"finishes or rolls back on the target by itself: run `speculators-patch status` to see which")
+            return (
+                f"{where}: no answer to the commit within {wait:g} s (--timeout); a commit that had started "
+                f"finishes or rolls back on the target by itself: run `speculators-patch status` to see which"
+            )
         self._proc.kill()
         return f"{where}: no answer to {op} within {wait:g} s (--timeout); nothing was written by this run"
 
@@ -311,14 +322,20 @@ class Transport:
         if isinstance(answer, dict) and "ok" in answer:
             written = answer["ok"].get("written") or []
             COMMITTED.append((self.label, list(written)))
-            return (f"interrupted (Ctrl-C) while {where} was committing; the commit was finished first: "
-                    f"{len(written)} file(s) written ({', '.join(written)})")
+            return (
+                f"interrupted (Ctrl-C) while {where} was committing; the commit was finished first: "
+                f"{len(written)} file(s) written ({', '.join(written)})"
+            )
         if isinstance(answer, dict) and "error" in answer:
-            return (f"interrupted (Ctrl-C) while {where} was committing; the commit did not happen "
-                    f"({answer['error']}); nothing changed")
-        return (f"interrupted (Ctrl-C) while {where} was committing; its outcome is not known here: a commit "
-                f"that reached the target finishes or rolls back there by itself; run `speculators-patch status` "
-                f"to see which")
+            return (
+                f"interrupted (Ctrl-C) while {where} was committing; the commit did not happen "
+                f"({answer['error']}); nothing changed"
+            )
+        return (
+            f"interrupted (Ctrl-C) while {where} was committing; its outcome is not known here: a commit "
+            f"that reached the target finishes or rolls back there by itself; run `speculators-patch status` "
+            f"to see which"
+        )
 
     def _no_answer(self, op: str) -> str:
         """The one-line message when the agent ended without answering ``op``."""
@@ -334,9 +351,13 @@ class Transport:
         # The interpreter hint only where the failure looks like one (no output, or Python
         # 2 / a shell choking on the agent's source), not after e.g. a full disk.
         hint = not err or any(w in err[-1] for w in ("SyntaxError", "not found", "command", "invalid syntax"))
-        return (f"{self._where_text()} ended without answering the agent's request "
-                f"({err[-1] if err else 'no output'})" + ("; is it a Python 3.8+ interpreter?" if hint else ""))
+        return (
+            f"{self._where_text()} ended without answering the agent's request "
+            f"({err[-1] if err else 'no output'})" + ("; is it a Python 3.8+ interpreter?" if hint else "")
+        )
 
     def _not_json(self, line: bytes) -> str:
-        return (f"{self._where_text()} did not answer as a Python interpreter running the agent "
-                f"(it printed {line[:60].decode(errors='replace').strip()!r})")
+        return (
+            f"{self._where_text()} did not answer as a Python interpreter running the agent "
+            f"(it printed {line[:60].decode(errors='replace').strip()!r})"
+        )

@@ -9,14 +9,57 @@ all of them read a ``snapshot``.
 """
 
 from patcher.engine.commit import CommitResult, after, apply, revert
-from patcher.engine.file_plan import (NOT_NEEDED, FilePlan, Outcome, fact_missing, need_state, needed, parse,
-                                      plan_file, run_codemod, transform)
+from patcher.engine.file_plan import (
+    NOT_NEEDED,
+    FilePlan,
+    Outcome,
+    fact_missing,
+    need_state,
+    needed,
+    parse,
+    plan_file,
+    run_codemod,
+    transform,
+)
 from patcher.engine.plan import guard_modified, plan, refusals
 from patcher.engine.repair import RepairResult, repair
-from patcher.engine.snapshot import (UNCOVERED, Snapshot, Uncovered, check_covered, check_supported, read_snapshot,
-                                     sha256, written_for)
+from patcher.engine.snapshot import (
+    UNCOVERED,
+    Snapshot,
+    Uncovered,
+    check_covered,
+    check_supported,
+    read_snapshot,
+    sha256,
+    written_for,
+)
 
-__all__ = ["NOT_NEEDED", "UNCOVERED", "CommitResult", "FilePlan", "Outcome", "RepairResult", "Snapshot", "Uncovered",
-           "after", "apply", "check_covered", "check_supported", "fact_missing", "guard_modified", "need_state",
-           "needed", "parse", "plan", "plan_file", "read_snapshot", "refusals", "repair", "revert", "run_codemod",
-           "sha256", "transform", "written_for"]
+__all__ = [
+    "NOT_NEEDED",
+    "UNCOVERED",
+    "CommitResult",
+    "FilePlan",
+    "Outcome",
+    "RepairResult",
+    "Snapshot",
+    "Uncovered",
+    "after",
+    "apply",
+    "check_covered",
+    "check_supported",
+    "fact_missing",
+    "guard_modified",
+    "need_state",
+    "needed",
+    "parse",
+    "plan",
+    "plan_file",
+    "read_snapshot",
+    "refusals",
+    "repair",
+    "revert",
+    "run_codemod",
+    "sha256",
+    "transform",
+    "written_for",
+]

@@ -38,7 +38,7 @@ def rebase(stock: bytes, patched: bytes, current: bytes) -> bytes | None:
         if block is None:
             return None
         start = block.a + (i1 - block.b)
-        result[start:start + (i2 - i1)] = theirs[j1:j2]
+        result[start : start + (i2 - i1)] = theirs[j1:j2]
     return b"".join(result)
 
 
@@ -50,8 +50,10 @@ def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
     entry = snap.manifest["files"][path]
     current, stock = snap.files[path], snap.pristine.get(path)
     if stock is None:
-        raise UserError(f"{snap.state_dir}: the pristine copy of {path} is missing; nothing was changed; "
-                        f"run `speculators-patch repair`")
+        raise UserError(
+            f"{snap.state_dir}: the pristine copy of {path} is missing; nothing was changed; "
+            f"run `speculators-patch repair`"
+        )
     recorded = tuple(p for p in all_patches() if p.id in entry["patches"])
     on_stock = plan_file(snap, path, stock, recorded, {}, only_needed=False)
     if refusals([on_stock]):
@@ -68,7 +70,9 @@ def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
     if refusals([on_current]):
         raise UserError(refusals([on_current])[0])
     ids = ", ".join(sorted(entry["patches"]))
-    raise UserError(f"cannot adopt {path}: it holds this tool's patches ({ids}) and an edit that changes lines they "
-                    f"rewrote, so no pristine copy with the edit can be made, and adopting the file as it is would "
-                    f"keep patched code as the pristine copy; nothing was changed. To keep the edit: save the file, "
-                    f"`{way_out} --force` (stock speculators back), make the edit again, then apply")
+    raise UserError(
+        f"cannot adopt {path}: it holds this tool's patches ({ids}) and an edit that changes lines they "
+        f"rewrote, so no pristine copy with the edit can be made, and adopting the file as it is would "
+        f"keep patched code as the pristine copy; nothing was changed. To keep the edit: save the file, "
+        f"`{way_out} --force` (stock speculators back), make the edit again, then apply"
+    )

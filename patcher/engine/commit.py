@@ -11,6 +11,7 @@ import base64
 from dataclasses import dataclass, field
 
 import patcher
+from patcher.connect.transport import Transport
 from patcher.engine import fast_path
 from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import guard_modified, plan, refusals
@@ -18,7 +19,6 @@ from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import all_patches
-from patcher.connect.transport import Transport
 from patcher.fixes.userpatches import record as user_records
 
 
@@ -48,9 +48,15 @@ def after(snap: Snapshot, result: CommitResult) -> Snapshot:
     return dataclasses.replace(snap, files=files, manifest=result.manifest, manifest_sha256=None)
 
 
-def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_run: bool = False,
-          plans: list[FilePlan] | None = None, adopt: bool = False,
-          revert_command: str = "speculators-patch revert") -> CommitResult:
+def apply(
+    transport: Transport,
+    snap: Snapshot,
+    chosen: tuple[Patch, ...],
+    dry_run: bool = False,
+    plans: list[FilePlan] | None = None,
+    adopt: bool = False,
+    revert_command: str = "speculators-patch revert",
+) -> CommitResult:
     """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
 
     ``plans``: ``plan(snap, chosen)`` computed earlier (the Ansible collection's plan cache).
@@ -66,9 +72,11 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
         if adopt:  # each file modified after patching: its new pristine copy, never patched bytes
             from patcher.engine.adopt import new_pristine
 
-            bases = {path: new_pristine(snap, path, revert_command)
-                     for path in sorted((snap.manifest or {}).get("files", {}))
-                     if snap.file_state(path) == "modified" and path in {p.file for p in chosen}}
+            bases = {
+                path: new_pristine(snap, path, revert_command)
+                for path in sorted((snap.manifest or {}).get("files", {}))
+                if snap.file_state(path) == "modified" and path in {p.file for p in chosen}
+            }
         plans = plan(snap, chosen, adopting=adopt, bases=bases)
     refused = refusals(plans)
     if refused:
@@ -94,8 +102,9 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
             raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
         pristine[p.path] = base64.b64encode(original).decode()
         files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
-        checked = fast_path.record(p.path, p.after, written_for(snap.speculators_version, all_patches()),
-                                   snap.python_version)
+        checked = fast_path.record(
+            p.path, p.after, written_for(snap.speculators_version, all_patches()), snap.python_version
+        )
         if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
             files[p.path]["checked"] = checked
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
@@ -104,23 +113,37 @@ def apply(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], dry_r
     return result
 
 
-def _commit(transport: Transport, snap: Snapshot, changed: list[FilePlan], pristine: dict[str, str],
-            manifest: dict | None, plans: list[FilePlan], **extra: object) -> CommitResult:
+def _commit(
+    transport: Transport,
+    snap: Snapshot,
+    changed: list[FilePlan],
+    pristine: dict[str, str],
+    manifest: dict | None,
+    plans: list[FilePlan],
+    **extra: object,
+) -> CommitResult:
     """One ``commit`` exchange: the agent checks that each file and the manifest are still
     what ``snap`` read (else ``changed-since-read``), so concurrent runs never lose an update."""
     answer = transport.request(
         "commit",
         state_dir=snap.state_dir,
         root=snap.speculators_root,
-        writes={p.path: {"expect_sha256": sha256(p.before), "sha256": sha256(p.after),
-                         "data": base64.b64encode(p.after).decode()} for p in changed},
+        writes={
+            p.path: {
+                "expect_sha256": sha256(p.before),
+                "sha256": sha256(p.after),
+                "data": base64.b64encode(p.after).decode(),
+            }
+            for p in changed
+        },
         pristine=pristine,
         manifest=manifest,
         manifest_expect_sha256=snap.manifest_sha256,
         **extra,
     )
-    return CommitResult(answer["written"], plans, answer["recovered"], manifest, committed=True,
-                        unfinished=answer.get("unfinished"))
+    return CommitResult(
+        answer["written"], plans, answer["recovered"], manifest, committed=True, unfinished=answer.get("unfinished")
+    )
 
 
 def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
@@ -140,8 +163,15 @@ def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = N
     return manifest
 
 
-def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], partial: bool,
-           force: bool = False, dry_run: bool = False, repair_command: str = "speculators-patch repair") -> CommitResult:
+def revert(
+    transport: Transport,
+    snap: Snapshot,
+    chosen: tuple[Patch, ...],
+    partial: bool,
+    force: bool = False,
+    dry_run: bool = False,
+    repair_command: str = "speculators-patch repair",
+) -> CommitResult:
     """Restore pristine bytes, or with ``partial`` re-derive each file from its pristine copy
     with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
     after patching unless ``force``, and on a record of another speculators release (naming
@@ -164,13 +194,17 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
             files[path] = entries[path]  # none of the chosen patches is on it: left as it is, edited or not
             continue
         if state == "modified" and not force:
-            raise UserError(f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
-                            f"file); `revert --force` restores the copy kept before patching and discards that edit; "
-                            f"`apply --adopt` keeps the edit instead (it joins the pristine copy revert restores)")
+            raise UserError(
+                f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
+                f"file); `revert --force` restores the copy kept before patching and discards that edit; "
+                f"`apply --adopt` keeps the edit instead (it joins the pristine copy revert restores)"
+            )
         original = snap.pristine.get(path)
         if original is None or sha256(original) != entries[path]["pristine_sha256"]:
-            raise UserError(f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
-                            f"recorded sha256; nothing was restored; run `speculators-patch repair`")
+            raise UserError(
+                f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
+                f"recorded sha256; nothing was restored; run `speculators-patch repair`"
+            )
         keep = {pid: v for pid, v in entries[path]["patches"].items()} if partial else {}
         for patch in chosen:
             keep.pop(patch.id, None)
@@ -188,7 +222,8 @@ def revert(transport: Transport, snap: Snapshot, chosen: tuple[Patch, ...], part
     changed = [p for p in plans if p.changed]
     manifest = new_manifest(snap, files, fresh)
     same_record = {k: v["patches"] for k, v in files.items()} == {
-        k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")}
+        k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")
+    }
     litter = not partial and snap.manifest is None and snap.state_exists and not snap.backups
     if dry_run or (not changed and same_record and not litter):
         return CommitResult([], plans)

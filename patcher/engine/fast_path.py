@@ -39,8 +39,15 @@ def record(path: str, after: bytes, patches: tuple[Patch, ...], python_version: 
     if digest is None:
         return None
     mine = [p for p in patches if p.file == path]
-    key = cache.key({"tool": digest, "python": python_version, "path": path,
-                     "after": hashlib.sha256(after).hexdigest(), "patches": [[p.id, p.version] for p in mine]})
+    key = cache.key(
+        {
+            "tool": digest,
+            "python": python_version,
+            "path": path,
+            "after": hashlib.sha256(after).hexdigest(),
+            "patches": [[p.id, p.version] for p in mine],
+        }
+    )
     with cache.locked(CHECKED, key):
         stored = cache.load(CHECKED, key)
         if isinstance(stored, dict) and stored.get("tool") == digest:
@@ -61,8 +68,9 @@ def _run_alone(path: str, after: bytes, patches: list[Patch], python_version: st
     return satisfied
 
 
-def outcomes(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
-             recorded: dict[str, int]) -> list[Outcome] | None:
+def outcomes(
+    snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...], recorded: dict[str, int]
+) -> list[Outcome] | None:
     """The outcomes ``file_plan.plan_file`` would give, from the manifest's record, or None
     when the record does not answer for these bytes, patches, tool and grammar."""
     if not cache.enabled():

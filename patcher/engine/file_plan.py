@@ -69,7 +69,9 @@ def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
     try:
         return cst.parse_module(source, config=_parser_config(python_version))
     except (UnicodeError, LookupError, ValueError, SyntaxError) as e:  # undecodable bytes, a bad coding cookie, NUL
-        raise UserError(f"{path}: cannot be read as Python source ({type(e).__name__}: {e}); reinstall speculators") from None
+        raise UserError(
+            f"{path}: cannot be read as Python source ({type(e).__name__}: {e}); reinstall speculators"
+        ) from None
     except cst.ParserSyntaxError as e:
         line = e.raw_line
         try:  # CPython names the offending line more precisely than libcst's parser
@@ -103,8 +105,10 @@ def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
     except Exception as e:
         if patch.origin == "shipped":  # our bug: the traceback is the report
             raise
-        raise UserError(f"{patch.id} ({patch.origin} {patch.source}): its codemod raised {type(e).__name__}: {e} "
-                        f"on {patch.file}; nothing was changed") from None
+        raise UserError(
+            f"{patch.id} ({patch.origin} {patch.source}): its codemod raised {type(e).__name__}: {e} "
+            f"on {patch.file}; nothing was changed"
+        ) from None
     if new.code == module.code:
         return "satisfied", module, "already satisfied: no change"
     return "changed", new, ""
@@ -127,9 +131,11 @@ def fact_missing(snap: Snapshot, patch: Patch) -> str:
     for f in patch.facts:
         e = snap.evidence[(patch.id, f.symbol)]
         if e.missing:
-            return (f"vLLM {snap.vllm.version if snap.vllm else ''} has no {f.symbol} ({e.where}: {e.found}): "
-                    f"the code {patch.id} rewrites uses it, so it breaks with or without {patch.id}; "
-                    f"no patch here handles this vLLM yet (verify's call check names the calls)")
+            return (
+                f"vLLM {snap.vllm.version if snap.vllm else ''} has no {f.symbol} ({e.where}: {e.found}): "
+                f"the code {patch.id} rewrites uses it, so it breaks with or without {patch.id}; "
+                f"no patch here handles this vLLM yet (verify's call check names the calls)"
+            )
     return ""
 
 
@@ -143,8 +149,15 @@ def need_state(snap: Snapshot, patch: Patch) -> str:
 NOT_NEEDED = "the installed vLLM does not need it"
 
 
-def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
-              recorded: dict[str, int], only_needed: bool = True, adopting: bool = False) -> FilePlan:
+def plan_file(
+    snap: Snapshot,
+    path: str,
+    source: bytes,
+    chosen: tuple[Patch, ...],
+    recorded: dict[str, int],
+    only_needed: bool = True,
+    adopting: bool = False,
+) -> FilePlan:
     """Run the chosen patches for ``path`` in order on ``source`` (deterministic).
 
     With ``only_needed`` (the default) a patch the installed vLLM does not need is skipped
@@ -166,8 +179,13 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
         if patch.origin == "recorded" and patch.id in recorded:  # a user patch whose source is not at hand
             plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded"))
             continue
-        if (patch.origin == "recorded" and only_needed and not adopting and snap.file_state(path) == "modified"
-                and patch.id in ((snap.manifest or {}).get("files", {}).get(path) or {}).get("patches", {})):
+        if (
+            patch.origin == "recorded"
+            and only_needed
+            and not adopting
+            and snap.file_state(path) == "modified"
+            and patch.id in ((snap.manifest or {}).get("files", {}).get(path) or {}).get("patches", {})
+        ):
             # edited since: the record is all there is to show; apply/verify say the file is modified
             plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded; the file was modified since"))
             continue
@@ -178,6 +196,8 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
             state = "applied" if patch.id in recorded else "satisfied"
             plan.outcomes.append(Outcome(patch, state, detail))
         else:
-            plan.outcomes.append(Outcome(patch, "refused", f"{detail} ({patch.id} {patch.name}; --skip {patch.id} leaves it out)"))
+            plan.outcomes.append(
+                Outcome(patch, "refused", f"{detail} ({patch.id} {patch.name}; --skip {patch.id} leaves it out)")
+            )
     plan.after = module.bytes
     return plan

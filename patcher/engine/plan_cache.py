@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
-from patcher.engine.file_plan import FilePlan, Outcome, need_state, plan_file as make_plan
+from patcher.engine.file_plan import FilePlan, Outcome, need_state
+from patcher.engine.file_plan import plan_file as make_plan
 
 if TYPE_CHECKING:
     from patcher.engine.snapshot import Snapshot
@@ -29,8 +30,9 @@ KIND = "plans"
 TURNS = "plan-turns"
 
 
-def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...],
-              recorded: dict[str, int]) -> FilePlan:
+def plan_file(
+    snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...], recorded: dict[str, int]
+) -> FilePlan:
     """``make_plan(snap, path, source, chosen, recorded)``, from the cache when this
     exact plan was made before (here or by another host). Raises what ``plan_file`` raises."""
     tool = tool_digest()
@@ -39,17 +41,32 @@ def plan_file(snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...
         # A stand-in (a recorded user patch whose source is not loaded) never runs, not even
         # by way of a plan its source made earlier: it shares that source's digest.
         return make_plan(snap, path, source, chosen, recorded)
-    key = cache.key({"tool": tool, "python": snap.python_version, "path": path,
-                     "source": hashlib.sha256(source).hexdigest(), "recorded": recorded,
-                     "patches": [[p.id, p.version, need_state(snap, p), *([p.origin, p.source_sha256] if p.source_sha256 else [])]
-                                 for p in mine]})  # a user patch is its source: same id and version, other code
+    key = cache.key(
+        {
+            "tool": tool,
+            "python": snap.python_version,
+            "path": path,
+            "source": hashlib.sha256(source).hexdigest(),
+            "recorded": recorded,
+            "patches": [
+                [p.id, p.version, need_state(snap, p), *([p.origin, p.source_sha256] if p.source_sha256 else [])]
+                for p in mine
+            ],
+        }
+    )  # a user patch is its source: same id and version, other code
     with cache.locked(KIND, key):
         stored = _load(cache.load(KIND, key), path, source, mine)
         if stored is not None:
             return stored
         made = make_plan(snap, path, source, chosen, recorded)
-        cache.store(KIND, key, {"after": base64.b64encode(made.after).decode("ascii"),
-                                "outcomes": [[o.patch.id, o.state, o.detail] for o in made.outcomes]})
+        cache.store(
+            KIND,
+            key,
+            {
+                "after": base64.b64encode(made.after).decode("ascii"),
+                "outcomes": [[o.patch.id, o.state, o.detail] for o in made.outcomes],
+            },
+        )
         return made
 
 
@@ -71,8 +88,14 @@ def turn(snap: Snapshot, chosen: tuple[Patch, ...]) -> Iterator[None]:
     if tool is None or not cache.enabled():
         yield
         return
-    key = cache.key({"turn": tool, "python": snap.python_version, "manifest": snap.manifest_sha256,
-                     "files": {p: None if d is None else hashlib.sha256(d).hexdigest() for p, d in sorted(snap.files.items())},
-                     "patches": [[p.id, p.version, p.source_sha256] for p in chosen]})
+    key = cache.key(
+        {
+            "turn": tool,
+            "python": snap.python_version,
+            "manifest": snap.manifest_sha256,
+            "files": {p: None if d is None else hashlib.sha256(d).hexdigest() for p, d in sorted(snap.files.items())},
+            "patches": [[p.id, p.version, p.source_sha256] for p in chosen],
+        }
+    )
     with cache.locked(TURNS, key):  # its own lock files: a turn is held while plan entries are locked
         yield

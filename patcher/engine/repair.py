@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
+from patcher.connect.transport import Transport
 from patcher.engine.commit import new_manifest
 from patcher.engine.file_plan import plan_file
 from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
 from patcher.errors import UserError
 from patcher.fixes.registry import all_patches
-from patcher.connect.transport import Transport
 from patcher.fixes.userpatches import record as user_records
 
 
@@ -25,6 +25,7 @@ class RepairResult:
     lines: list[str]
     unrestorable: list[str]
     dropped: str | None = None  # the speculators release whose record was dropped (another one is installed)
+    after: Snapshot | None = None  # the install as read after the agent's repair, before the new record
 
 
 def repair(transport: Transport) -> RepairResult:
@@ -37,14 +38,16 @@ def repair(transport: Transport) -> RepairResult:
     to a verified copy with a set of patches replayed -> that record; otherwise, with a
     verified copy, a record under which ``status`` says ``modified``. Copies nothing
     references are deleted. Every other speculators file is compared with pip's RECORD.
-    Returns the snapshot read before, one line per file, and the unrestorable files.
+    Returns the snapshots read before and after, one line per file, and the unrestorable files.
     Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
     reinstall speculators, then ``repair`` again), or when the state cannot be written.
     """
     first = read_snapshot(transport, tolerate_damage=True)
     transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
     snap = read_snapshot(transport, tolerate_damage=True, record_check=True)
-    entries = (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
+    entries = (
+        (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
+    )
     files, lines = {}, []
     paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))
     kept_for = (snap.manifest or {}).get("speculators_version") if isinstance(snap.manifest, dict) else None
@@ -65,8 +68,12 @@ def repair(transport: Transport) -> RepairResult:
             continue
         entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
         patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
-        if (entry.get("patched_sha256") == digest and patches and all(isinstance(v, int) for v in patches.values())
-                and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))):
+        if (
+            entry.get("patched_sha256") == digest
+            and patches
+            and all(isinstance(v, int) for v in patches.values())
+            and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))
+        ):
             files[path] = dict(entry)  # the record it has still describes the file and its copy
             lines.append(f"{path}: patched ({', '.join(sorted(patches))}), as recorded")
             continue
@@ -74,8 +81,11 @@ def repair(transport: Transport) -> RepairResult:
         for copy in copies:
             for only_needed in (True, False):
                 try:
-                    replay = plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed) \
-                        if snap.vllm is not None or not only_needed else None
+                    replay = (
+                        plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed)
+                        if snap.vllm is not None or not only_needed
+                        else None
+                    )
                 except UserError:
                     replay = None
                 if replay is not None and replay.after == current:
@@ -89,28 +99,45 @@ def repair(transport: Transport) -> RepairResult:
         elif copies:
             entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
             kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
-            files[path] = {"pristine_sha256": sha256(kept), "patched_sha256": entry.get("patched_sha256") or sha256(kept),
-                           "patches": dict(entry.get("patches") or {})}
+            files[path] = {
+                "pristine_sha256": sha256(kept),
+                "patched_sha256": entry.get("patched_sha256") or sha256(kept),
+                "patches": dict(entry.get("patches") or {}),
+            }
             if not all(isinstance(v, int) for v in files[path]["patches"].values()):
                 files[path]["patches"] = {}
             if files[path]["patched_sha256"] == digest:
                 files[path]["patched_sha256"] = sha256(kept)
             lines.append(f"{path}: modified after patching (revert --force restores the kept pristine copy)")
         elif path in entries:
-            raise UserError(f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
-                            f"reinstall speculators (pip install --force-reinstall --no-deps "
-                            f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again")
-    pristine = {p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
-                for p, e in files.items()}
+            raise UserError(
+                f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
+                f"reinstall speculators (pip install --force-reinstall --no-deps "
+                f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again"
+            )
+    pristine = {
+        p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
+        for p, e in files.items()
+    }
     recorded_before = user_records.records(snap.manifest)
     loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
     manifest = new_manifest(snap, files, loaded)
-    transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine=pristine,
-                      manifest=manifest, manifest_expect_sha256=snap.manifest_sha256, repair=True)
+    transport.request(
+        "commit",
+        state_dir=snap.state_dir,
+        root=snap.speculators_root,
+        writes={},
+        pristine=pristine,
+        manifest=manifest,
+        manifest_expect_sha256=snap.manifest_sha256,
+        repair=True,
+    )
     unrestorable = [p for p in (snap.record_differs or []) if p not in files]
     for path in unrestorable:
-        lines.append(f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
-                     f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
-                     f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does")
+        lines.append(
+            f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
+            f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
+            f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
+        )
     dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
-    return RepairResult(first, lines, unrestorable, dropped)
+    return RepairResult(first, lines, unrestorable, dropped, snap)

@@ -19,11 +19,11 @@ from packaging.version import InvalidVersion, Version
 
 import patcher
 from patcher import cache
+from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import add_recorded, all_patches, shipped_patches
-from patcher.connect.transport import Transport
 from patcher.fixes.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"
@@ -135,8 +135,9 @@ class Snapshot:
         of evidence for these very vLLM files: ``cached_evidence``)."""
         assert self.vllm is not None
         vllm = self.vllm
-        return cached_evidence(vllm.files, lambda: {(p.id, f.symbol): f.probe(vllm)
-                                                    for p in all_patches() for f in p.facts})
+        return cached_evidence(
+            vllm.files, lambda: {(p.id, f.symbol): f.probe(vllm) for p in all_patches() for f in p.facts}
+        )
 
     def file_state(self, path: str) -> str:
         """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``
@@ -240,12 +241,16 @@ def check_state_version(snap: Snapshot) -> None:
         return
     ours, theirs = Version(patcher.__version__), state_written_by(snap)
     where = f"{snap.state_dir}/manifest.json"
-    upgrade = (f"nothing was changed; run speculators-patch {theirs} or newer on this target "
-               f"(pip install 'speculators-patch>={theirs}')" if theirs else
-               "nothing was changed; run the speculators-patch that applied it")
+    upgrade = (
+        f"nothing was changed; run speculators-patch {theirs} or newer on this target "
+        f"(pip install 'speculators-patch>={theirs}')"
+        if theirs
+        else "nothing was changed; run the speculators-patch that applied it"
+    )
     if theirs is not None and theirs > ours:
-        raise UserError(f"{where} was written by speculators-patch {theirs}, newer than this speculators-patch {ours}; "
-                        f"{upgrade}")
+        raise UserError(
+            f"{where} was written by speculators-patch {theirs}, newer than this speculators-patch {ours}; {upgrade}"
+        )
     shipped = {p.id: p for p in shipped_patches()}
     for path in sorted(files):
         patches = files[path].get("patches") if isinstance(files[path], dict) else None
@@ -255,8 +260,10 @@ def check_state_version(snap: Snapshot) -> None:
             mine = shipped.get(pid)
             if mine is None or version > mine.version:
                 has = f"has {pid} v{mine.version}" if mine else f"has no {pid}"
-                raise UserError(f"{where} records {pid} v{version} on {path}, applied by speculators-patch "
-                                f"{theirs or '(unknown version)'}; this speculators-patch {ours} {has}; {upgrade}")
+                raise UserError(
+                    f"{where} records {pid} v{version} on {path}, applied by speculators-patch "
+                    f"{theirs or '(unknown version)'}; this speculators-patch {ours} {has}; {upgrade}"
+                )
 
 
 def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
@@ -274,8 +281,10 @@ def check_supported(snap: Snapshot) -> None:
     version = snap.speculators_version
     if version is None:
         where = f"{snap.dist_info}/METADATA" if snap.dist_info else f"{snap.speculators_root} (no dist-info found)"
-        raise UserError(f"cannot tell which speculators is installed: {where} has no version; "
-                        f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)")
+        raise UserError(
+            f"cannot tell which speculators is installed: {where} has no version; "
+            f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)"
+        )
     if not written_for(version, shipped_patches()):
         specifiers = sorted({p.speculators for p in shipped_patches()})
         raise Unsupported(
@@ -302,10 +311,13 @@ UNCOVERED = (
     # speculators 0.4.x's generator imports the three KV cache helpers as 0.3.0's does (plus
     # two that stayed in kv_cache_utils), but it also lacks SP020's layout resolution and
     # passes its fixed block size to the Scheduler: a port SP015-SP018 do not make.
-    Uncovered("~=0.4.0", ("SP023", "kv_cache_planning.get_kv_cache_config_from_groups"),
-              "its generator imports _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups and "
-              "unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which this vLLM moved to "
-              "kv_cache_planning"),
+    Uncovered(
+        "~=0.4.0",
+        ("SP023", "kv_cache_planning.get_kv_cache_config_from_groups"),
+        "its generator imports _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups and "
+        "unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which this vLLM moved to "
+        "kv_cache_planning",
+    ),
 )
 
 
@@ -319,9 +331,11 @@ def check_covered(snap: Snapshot) -> None:
         evidence = snap.evidence[uncovered.fact]
         if version in SpecifierSet(uncovered.speculators) and evidence.holds:
             pid = uncovered.fact[0]
-            raise Unsupported(f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
-                            f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
-                            f"({pid} is written for speculators {by_id[pid].speculators}); nothing was changed")
+            raise Unsupported(
+                f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
+                f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
+                f"({pid} is written for speculators {by_id[pid].speculators}); nothing was changed"
+            )
 
 
 def cached_evidence(files: dict[str, bytes | None], compute) -> dict:
@@ -330,8 +344,12 @@ def cached_evidence(files: dict[str, bytes | None], compute) -> dict:
     digest = tool_digest()
     if digest is None or not cache.enabled():
         return compute()
-    key = cache.key({"tool": digest, "files": {p: None if d is None else hashlib.sha256(d).hexdigest()
-                                               for p, d in sorted(files.items())}})
+    key = cache.key(
+        {
+            "tool": digest,
+            "files": {p: None if d is None else hashlib.sha256(d).hexdigest() for p, d in sorted(files.items())},
+        }
+    )
     with cache.locked(EVIDENCE, key):
         stored = cache.load(EVIDENCE, key)
         if isinstance(stored, list):
@@ -340,6 +358,9 @@ def cached_evidence(files: dict[str, bytes | None], compute) -> dict:
             except TypeError:
                 pass
         found = compute()
-        cache.store(EVIDENCE, key, [[pid, symbol, [e.holds, e.file, e.line, e.found, e.missing]]
-                                    for (pid, symbol), e in found.items()])
+        cache.store(
+            EVIDENCE,
+            key,
+            [[pid, symbol, [e.holds, e.file, e.line, e.found, e.missing]] for (pid, symbol), e in found.items()],
+        )
         return found

@@ -30,10 +30,14 @@ class PatchCodemod(VisitorBasedCodemodCommand):
         # libcst caches inherited dependencies in a class attribute; a subclass would
         # inherit the parent's cached (empty) set, so set the cache explicitly.
         deps = (PositionProvider,)
-        return type(cls.__name__, (cls,), {
-            "METADATA_DEPENDENCIES": deps,
-            "_INHERITED_METADATA_DEPENDENCIES_CACHE": frozenset(deps),
-        })
+        return type(
+            cls.__name__,
+            (cls,),
+            {
+                "METADATA_DEPENDENCIES": deps,
+                "_INHERITED_METADATA_DEPENDENCIES_CACHE": frozenset(deps),
+            },
+        )
 
     def already_satisfied(self, why: str) -> None:
         """Stop: the code already has the fix. Raises ``libcst.codemod.SkipFile``."""

@@ -46,8 +46,10 @@ class _KeywordCodemod(PatchCodemod):
         can see, so the codemod can tell neither that it is needed nor that it is not."""
         splat = next((a for a in call.args if a.star == "**"), None)
         if splat is not None:
-            self.refuse(splat, f"{self._shape()} without **kwargs, or with {self.KEYWORD}= itself "
-                               f"(they may carry {self.KEYWORD}=)")
+            self.refuse(
+                splat,
+                f"{self._shape()} without **kwargs, or with {self.KEYWORD}= itself (they may carry {self.KEYWORD}=)",
+            )
 
     def change(self, call: cst.Call) -> cst.Call:
         raise NotImplementedError

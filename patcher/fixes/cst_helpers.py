@@ -92,8 +92,14 @@ def _shape(node: object) -> object:
     """Python's ``ast`` of a node as nested tuples, without what does not change behaviour
     across Python releases (empty fields, contexts, type comments, string kinds)."""
     if isinstance(node, ast.AST):
-        return (type(node).__name__, tuple((name, _shape(value)) for name, value in ast.iter_fields(node)
-                                           if value not in (None, []) and name not in ("ctx", "type_comment", "kind")))
+        return (
+            type(node).__name__,
+            tuple(
+                (name, _shape(value))
+                for name, value in ast.iter_fields(node)
+                if value not in (None, []) and name not in ("ctx", "type_comment", "kind")
+            ),
+        )
     if isinstance(node, list):
         return tuple(_shape(v) for v in node)
     return node

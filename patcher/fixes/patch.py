@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from patcher.errors import PatchRefused  # noqa: F401 (public: ``patcher.PatchRefused``)
+from patcher.errors import PatchRefused
+
+# What a patch module imports from here (``PatchCodemod`` on first use: ``__getattr__`` below).
+__all__ = ["Patch", "PatchCodemod", "PatchRefused", "VllmFact"]
 
 if TYPE_CHECKING:
     from patcher.fixes.codemod_base import PatchCodemod
@@ -23,19 +26,32 @@ class VllmFact:
     Attributes:
         summary: what changed in vLLM, one line (e.g. "SchedulerConfig requires the
             init-only field is_encoder_decoder").
-        modules: vLLM source files the probe reads, relative to site-packages
-            (e.g. ``("vllm/config/scheduler.py",)``). The probe may read no other file:
-            the engine fetches exactly these, in one batch, locally or over SSH.
         symbol: the vLLM symbol, e.g. ``SchedulerConfig.is_encoder_decoder``.
         first_release: first vLLM release where the fact holds (so the patch is needed).
         probe: reads the static source and returns ``Evidence`` (holds, file, line, found).
+        modules: vLLM source files the probe reads, relative to site-packages
+            (e.g. ``("vllm/config/scheduler.py",)``). The probe may read no other file:
+            the engine fetches exactly these, in one batch, locally or over SSH. Taken from
+            the probe when it was built by ``patcher.fixes.probes`` (which knows the files
+            it reads); a probe of your own names them here.
     """
 
     summary: str
-    modules: tuple[str, ...]
     symbol: str
     first_release: str
     probe: Callable[[VllmSource], Evidence]
+    modules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        read = tuple(getattr(self.probe, "modules", ()))
+        if not self.modules:
+            if not read:
+                raise ValueError(f"{self.symbol}: its probe names no vLLM file; pass modules=(...) it reads")
+            object.__setattr__(self, "modules", read)
+        elif read and tuple(self.modules) != read:
+            raise ValueError(
+                f"{self.symbol}: modules {tuple(self.modules)} differ from the files its probe reads {read}"
+            )
 
 
 @dataclass(frozen=True)

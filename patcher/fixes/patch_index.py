@@ -18,6 +18,8 @@ from patcher.fixes import probes
 from patcher.fixes.patch import Patch, VllmFact
 
 KIND = "patch-index"
+
+
 class LazyCodemod:
     """Stands for a patch's codemod class until it is used: calling it or reading any of its
     attributes (``__module__``, ``__name__``, ``__qualname__`` and ``__doc__`` included)
@@ -56,12 +58,25 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
             recipe = getattr(f.probe, "recipe", None)
             if recipe is None:
                 return None
-            facts.append({"summary": f.summary, "modules": list(f.modules), "symbol": f.symbol,
-                          "first_release": f.first_release, "probe": recipe})
-        rows.append({"id": p.id, "name": p.name, "version": p.version, "title": p.title, "file": p.file,
-                     "module": modules[p.id], "facts": facts, "speculators": p.speculators, "order": p.order,
-                     "portable": p.portable, "requires": list(p.requires), "depends_on": p.depends_on,
-                     "engine_steps": list(p.engine_steps), "risk": p.risk})
+            facts.append({"summary": f.summary, "symbol": f.symbol, "first_release": f.first_release, "probe": recipe})
+        rows.append(
+            {
+                "id": p.id,
+                "name": p.name,
+                "version": p.version,
+                "title": p.title,
+                "file": p.file,
+                "module": modules[p.id],
+                "facts": facts,
+                "speculators": p.speculators,
+                "order": p.order,
+                "portable": p.portable,
+                "requires": list(p.requires),
+                "depends_on": p.depends_on,
+                "engine_steps": list(p.engine_steps),
+                "risk": p.risk,
+            }
+        )
     return rows
 
 
@@ -70,11 +85,33 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
     AttributeError on rows of another shape."""
     patches = []
     for r in rows:
-        facts = tuple(VllmFact(f["summary"], tuple(f["modules"]), f["symbol"], f["first_release"],
-                               getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2])) for f in r["facts"])
-        patches.append(Patch(r["id"], r["name"], r["version"], r["title"], r["file"], LazyCodemod(r["module"]),
-                             facts, r["speculators"], r["order"], r["portable"], tuple(r["requires"]),
-                             depends_on=r["depends_on"], engine_steps=tuple(r["engine_steps"]), risk=r["risk"]))
+        facts = tuple(
+            VllmFact(
+                f["summary"],
+                f["symbol"],
+                f["first_release"],
+                getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2]),
+            )
+            for f in r["facts"]
+        )
+        patches.append(
+            Patch(
+                r["id"],
+                r["name"],
+                r["version"],
+                r["title"],
+                r["file"],
+                LazyCodemod(r["module"]),
+                facts,
+                r["speculators"],
+                r["order"],
+                r["portable"],
+                tuple(r["requires"]),
+                depends_on=r["depends_on"],
+                engine_steps=tuple(r["engine_steps"]),
+                risk=r["risk"],
+            )
+        )
     return tuple(patches)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 from typing import Callable
 
 from patcher.fixes.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
@@ -15,15 +16,24 @@ from patcher.fixes.vllm_source import Evidence, VllmSource, parameter_names, req
 Probe = Callable[[VllmSource], Evidence]
 
 
+# The parameters of a probe builder that name a vLLM file the probe reads.
+PATH_PARAMETERS = ("path", "moved_to", "old_path", "new_path")
+
+
 def _recorded(builder: Callable[..., Probe]) -> Callable[..., Probe]:
     """Each probe remembers how it was built (``probe.recipe = (builder name, args,
     kwargs)``), so the patch list can be kept as data and its probes rebuilt without
-    importing the codemods (``patcher.fixes.patch_index``)."""
+    importing the codemods (``patcher.fixes.patch_index``), and which vLLM files it reads
+    (``probe.modules``, from the builder's ``PATH_PARAMETERS``): a ``VllmFact`` takes its
+    ``modules`` from there, so a fact names each file once."""
+    parameters = inspect.signature(builder)
 
     @functools.wraps(builder)
     def build(*args, **kwargs) -> Probe:
         probe = builder(*args, **kwargs)
         probe.recipe = (builder.__name__, list(args), dict(kwargs))
+        bound = parameters.bind(*args, **kwargs).arguments
+        probe.modules = tuple(bound[n] for n in parameters.parameters if n in PATH_PARAMETERS and bound.get(n))
         return probe
 
     return build
@@ -151,20 +161,6 @@ def returns_not_list(path: str, qualname: str) -> Probe:
 
 
 @_recorded
-def class_lacks_base(path: str, cls: str, base: str) -> Probe:
-    """Holds when class ``cls`` exists and does not list ``base`` among its bases."""
-
-    def probe(src: VllmSource) -> Evidence:
-        node = src.find_class(path, cls)
-        if node is None:
-            return _gone(path, cls)
-        bases = [ast.unparse(b) for b in node.bases]
-        return Evidence(base not in bases, path, node.lineno, f"class {cls}({', '.join(bases)})")
-
-    return probe
-
-
-@_recorded
 def imports_at_top(path: str, module: str) -> Probe:
     """Holds when module ``path`` imports from ``module`` at its top level (not inside a
     function or a branch: whatever loads ``path`` loads ``module``)."""
@@ -192,8 +188,12 @@ def attribute_stores(path: str, qualname: str, attr: str, holding: str) -> Probe
             return _missing(path, qualname)
         for node in ast.walk(fn):
             if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
-                    and t.value.id == "self" for t in node.targets):
+                isinstance(t, ast.Attribute)
+                and t.attr == attr
+                and isinstance(t.value, ast.Name)
+                and t.value.id == "self"
+                for t in node.targets
+            ):
                 if any(isinstance(n, ast.Name) and n.id == holding for n in ast.walk(node.value)):
                     shown = " ".join(ast.unparse(node).split())
                     return Evidence(True, path, node.lineno, shown if len(shown) <= 90 else shown[:87] + "...")

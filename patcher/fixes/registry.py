@@ -21,9 +21,9 @@ from functools import lru_cache
 from packaging.specifiers import SpecifierSet
 
 from patcher import cache
-from patcher.fixes import patch_index
 from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
+from patcher.fixes import patch_index
 from patcher.fixes.patch import Patch
 
 PACKAGE = "speculators_patch_codemods"
@@ -102,8 +102,10 @@ def _checked(new: list[Patch]) -> list[Patch]:
             from patcher.fixes.userpatches.loader import describe
 
             key = "id" if patch.id in taken else "name"
-            raise UserError(f"{describe(patch)}: patch {key} {getattr(patch, key)} is already taken by "
-                            f"{other.id} ({describe(other)})")
+            raise UserError(
+                f"{describe(patch)}: patch {key} {getattr(patch, key)} is already taken by "
+                f"{other.id} ({describe(other)})"
+            )
         taken[patch.id] = names[patch.name] = patch
     return new
 
@@ -119,8 +121,10 @@ def all_patches() -> tuple[Patch, ...]:
         known = {p.id for p in found}
         for patch in found:
             if set(patch.requires) - known:
-                raise UserError(f"{patch.id} ({patch.source or patch.origin}) requires unknown patches "
-                                f"{', '.join(sorted(set(patch.requires) - known))}")
+                raise UserError(
+                    f"{patch.id} ({patch.source or patch.origin}) requires unknown patches "
+                    f"{', '.join(sorted(set(patch.requires) - known))}"
+                )
         _all = tuple(sorted(found, key=lambda p: (p.file, p.order, p.id)))
     return _all
 
@@ -150,8 +154,8 @@ def add_recorded(manifest: dict | None) -> None:
     recs = record.records(manifest)
     files = (manifest or {}).get("files") if isinstance(manifest, dict) else None
     known = {p.id for p in all_patches()}
-    for path, e in (files.items() if isinstance(files, dict) else ()):
-        for pid, version in ((e.get("patches") or {}).items() if isinstance(e, dict) else ()):
+    for path, e in files.items() if isinstance(files, dict) else ():
+        for pid, version in (e.get("patches") or {}).items() if isinstance(e, dict) else ():
             if pid not in known and not _ID.match(pid):
                 _user[pid] = record.stand_in(pid, recs.get(pid), path, version if isinstance(version, int) else 1)
                 known.add(pid)
@@ -168,8 +172,9 @@ def _canonical(x: str, patches: tuple[Patch, ...]) -> str:
     return x.upper() if x.upper() in {p.id for p in patches} else x
 
 
-def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | None = None,
-           applied: set[str] | None = None) -> tuple[Patch, ...]:
+def select(
+    only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | None = None, applied: set[str] | None = None
+) -> tuple[Patch, ...]:
     """Patches chosen by ``--only``/``--skip`` (ids or names), in registry order.
 
     ``keep`` says which ``requires`` links the choice must keep whole: ``"requires"`` (apply,
@@ -186,8 +191,12 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | N
     unknown = [x for x in (*only, *skip) if x not in known]
     if unknown:
         users = [x for x in unknown if re.fullmatch(r"[A-Z]+[0-9]+", x) and not _ID.match(x)]
-        why = (f": no --patch-file or installed pack defines {', '.join(users)}, and this target's record names "
-               f"no such patch (never applied here, or already reverted)" if users else "")
+        why = (
+            f": no --patch-file or installed pack defines {', '.join(users)}, and this target's record names "
+            f"no such patch (never applied here, or already reverted)"
+            if users
+            else ""
+        )
         raise UserError(
             f"unknown patch id {', '.join(u or repr(u) for u in unknown)}{why} (known: {', '.join(sorted(p.id for p in patches))}; "
             f"or a name from 'speculators-patch list')"
@@ -205,11 +214,13 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | N
         missing = [r for r in patch.requires if r not in ids]
         if keep == "requires" and missing:
             broken.append(f"{patch.id} requires {', '.join(missing)}")
-        dependents = sorted(p.id for p in patches if patch.id in p.requires and p.id not in ids
-                            and (applied is None or p.id in applied))
+        dependents = sorted(
+            p.id for p in patches if patch.id in p.requires and p.id not in ids and (applied is None or p.id in applied)
+        )
         if keep == "dependents" and dependents:
-            broken.append(f"{', '.join(dependents)} require(s) {patch.id}, so reverting {patch.id} alone would "
-                          f"leave them broken")
+            broken.append(
+                f"{', '.join(dependents)} require(s) {patch.id}, so reverting {patch.id} alone would leave them broken"
+            )
     if broken:
         raise UserError(f"{'; '.join(broken)}: select them together")
     return tuple(chosen)

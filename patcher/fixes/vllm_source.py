@@ -72,8 +72,10 @@ class VllmSource:
                 self._trees[path] = None if data is None else ast.parse(data, filename=path)
             except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
                 line = getattr(e, "lineno", None)
-                raise UserError(f"vLLM's {path}{f':{line}' if line else ''} cannot be read as Python "
-                                f"({getattr(e, 'msg', None) or e}); reinstall vLLM") from None
+                raise UserError(
+                    f"vLLM's {path}{f':{line}' if line else ''} cannot be read as Python "
+                    f"({getattr(e, 'msg', None) or e}); reinstall vLLM"
+                ) from None
         return self._trees[path]
 
     def find_class(self, path: str, name: str) -> ast.ClassDef | None:
@@ -108,11 +110,7 @@ class VllmSource:
         cls = self.find_class(path, name)
         if cls is None:
             return {}
-        return {
-            n.target.id: n
-            for n in cls.body
-            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-        }
+        return {n.target.id: n for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
 def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, focus: str | None = None, most: int = 4) -> str:
@@ -146,5 +144,5 @@ def required_parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]
     positional = args.posonlyargs + args.args
     n_required = len(positional) - len(args.defaults)
     names = [a.arg for a in positional[:n_required]]
-    names += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
+    names += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
     return [n for n in names if n not in ("self", "cls")]

@@ -3,16 +3,10 @@ the loopback fleet of ``tests/ssh`` (eight sshd servers, each its own ``$HOME``)
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ssh"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fleetplay import install_collection  # noqa: E402
-from sshfixtures import *  # noqa: E402,F401,F403  (keys, fleet, fleet_envs, ...)
+from fleetplay import install_collection
 
 
 @pytest.fixture(scope="session")

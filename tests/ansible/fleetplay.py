@@ -29,11 +29,19 @@ def install_collection(workdir: Path) -> Path:
     dist, collections = workdir / "dist", workdir / "collections"
     dist.mkdir(parents=True, exist_ok=True)
     galaxy = str(BIN / "ansible-galaxy")
-    subprocess.run([galaxy, "collection", "build", "--force", "--output-path", str(dist), str(COLLECTION_SRC)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [galaxy, "collection", "build", "--force", "--output-path", str(dist), str(COLLECTION_SRC)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     tarball = next(dist.glob("speculators-patch-*.tar.gz"))
-    subprocess.run([galaxy, "collection", "install", "--force", "-p", str(collections), str(tarball)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [galaxy, "collection", "install", "--force", "-p", str(collections), str(tarball)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return collections
 
 
@@ -48,8 +56,15 @@ class Fleet:
         host_vars: extra variables per host, e.g. ``{"node3": {"target": "~/broken"}}``.
     """
 
-    def __init__(self, workdir: Path, collections: Path, ssh_config: Path, hosts: list[str],
-                 host_vars: dict[str, dict] | None = None, forks: int = 8) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        collections: Path,
+        ssh_config: Path,
+        hosts: list[str],
+        host_vars: dict[str, dict] | None = None,
+        forks: int = 8,
+    ) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.plan_cache = self.dir / "plan-cache"
@@ -58,8 +73,13 @@ class Fleet:
         for h in hosts:
             extra = " ".join(f"{k}={v}" for k, v in (host_vars or {}).get(h, {}).items())
             lines.append(f"{h} ansible_host={h} {extra}".rstrip())
-        lines += ["", "[fleet:vars]", "ansible_python_interpreter=/usr/bin/python3",
-                  f"ansible_ssh_common_args=-F {ssh_config}", "target=~/ml-env"]
+        lines += [
+            "",
+            "[fleet:vars]",
+            "ansible_python_interpreter=/usr/bin/python3",
+            f"ansible_ssh_common_args=-F {ssh_config}",
+            "target=~/ml-env",
+        ]
         self.inventory = self.dir / "inventory.ini"
         self.inventory.write_text("\n".join(lines) + "\n")
         self.cfg = self.dir / "ansible.cfg"
@@ -78,15 +98,29 @@ class Fleet:
         )
 
     def env(self, **extra: str) -> dict:
-        return {**os.environ, "ANSIBLE_CONFIG": str(self.cfg), "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_FORCE_COLOR": "0", "SPECULATORS_PATCH_PLAN_CACHE": str(self.plan_cache),
-                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
+        return {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(self.cfg),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FORCE_COLOR": "0",
+            "SPECULATORS_PATCH_PLAN_CACHE": str(self.plan_cache),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            **extra,
+        }
 
-    def run(self, playbook: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    def run(
+        self, playbook: Path, *args: str, env: dict | None = None, timeout: int = 600
+    ) -> subprocess.CompletedProcess:
         """``ansible-playbook playbook args...`` with this fleet's config."""
         start = time.monotonic()
-        done = subprocess.run([str(BIN / "ansible-playbook"), str(playbook), *args], capture_output=True,
-                              text=True, env={**self.env(), **(env or {})}, cwd=self.dir, timeout=timeout)
+        done = subprocess.run(
+            [str(BIN / "ansible-playbook"), str(playbook), *args],
+            capture_output=True,
+            text=True,
+            env={**self.env(), **(env or {})},
+            cwd=self.dir,
+            timeout=timeout,
+        )
         self.seconds.append(time.monotonic() - start)
         return done
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from fleetplay import BIN, COLLECTION_SRC, ROOT
 
-MODULES = ("speculators.patch.speculators_patch", "speculators.patch.speculators_patch_info")
+MODULES = (
+    "speculators.patch.speculators_patch",
+    "speculators.patch.speculators_patch_info",
+    "speculators.patch.speculators_patch_list",
+    "speculators.patch.speculators_patch_repair",
+)
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -22,7 +25,7 @@ def test_ansible_doc_reads_the_documentation(collections, module):
     import json
 
     doc = json.loads(r.stdout)[module]
-    assert doc["doc"]["options"]["target"]["type"] == "str"
+    assert doc["doc"]["options"]["patch_files"]["type"] == "list"
     assert doc["examples"].strip() and doc["return"]["msg"]
 
 
@@ -31,8 +34,14 @@ def test_ansible_lint_passes_on_the_collection_and_the_example(collections):
     if not lint.exists():
         pytest.skip("ansible-lint not installed (pip install -e '.[test]')")
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections), "NO_COLOR": "1"}
-    r = subprocess.run([str(lint), "--offline", "ansible/", "tests/ansible/playbooks"], capture_output=True,
-                       text=True, env=env, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [str(lint), "--offline", "ansible/", "tests/ansible/playbooks"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -45,8 +54,13 @@ class _Module:
 
     def __init__(self, op: str, check_mode: bool) -> None:
         self.check_mode = check_mode
-        self.params = {"target": None, "_agent": "agent", "_bootstrap": "bootstrap", "_where": "h",
-                       "_request": {"op": op}}
+        self.params = {
+            "target": None,
+            "_agent": "agent",
+            "_bootstrap": "bootstrap",
+            "_where": "h",
+            "_request": {"op": op},
+        }
         self.ran = False
 
     def fail_json(self, msg):
@@ -67,7 +81,9 @@ def _relay():
     return mod.relay
 
 
-@pytest.mark.parametrize("check_mode, writes_allowed", [(True, True), (False, False)], ids=["check-mode", "info-module"])
+@pytest.mark.parametrize(
+    "check_mode, writes_allowed", [(True, True), (False, False)], ids=["check-mode", "info-module"]
+)
 def test_the_module_refuses_a_commit_in_check_mode_and_in_the_info_module(check_mode, writes_allowed):
     module = _Module("commit", check_mode)
     with pytest.raises(_Failed, match="refusing agent request 'commit'"):

@@ -1,7 +1,8 @@
 """The CLI and the playbook answer the same on the same states, a user's patch file included:
-what changes, each patch's state, the refusals word for word, and "source changed" once the
-user edits a patch file after applying it. Both sides run the same verbs
-(``patcher.commands``); this holds them to it.
+what changes, each patch's state, each verb's summary and notes word for word (the task's
+``msg`` and ``warnings``), the refusals word for word, and "source changed" once the user
+edits a patch file after applying it; ``list`` and ``repair`` too. Both sides run the same
+verbs (``patcher.commands``); this holds them to it.
 
 Two hosts of the loopback fleet start as the same fresh sandbox: the playbook works on
 ``node1`` over SSH, the CLI on ``node2``'s environment directly, one step after the other."""
@@ -13,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from fleetplay import Fleet, recap
 from sandbox import site_packages
 from support import run_cli, tree_digest
@@ -60,6 +60,15 @@ def _states(rows: list[dict]) -> dict[str, str]:
     return {r["id"]: r["state"] for r in rows}
 
 
+def _said(task: dict, data: dict) -> None:
+    """The task says what the CLI says: ``msg`` is the verb's summary and ``warnings`` its
+    notes, word for word (each side's own install path read as ROOT)."""
+    assert task["msg"].replace(task["speculators"]["root"], "ROOT") == data["summary"].replace(
+        data["speculators_root"], "ROOT"
+    )
+    assert task.get("warnings", []) == data["notes"]
+
+
 def test_cli_and_playbook_answer_the_same(tmp_path, collections, fleet, fleet_envs):
     fix = write_fix001(tmp_path / "mine")
     twins = Twins(tmp_path, collections, fleet, fleet_envs[1], fix)
@@ -72,10 +81,14 @@ def test_cli_and_playbook_answer_the_same(tmp_path, collections, fleet, fleet_en
     assert not failed and _states(info["status"]["patches"]) == _states(status["patches"])
     assert info["status"]["files"] == status["files"]
     assert _states(status["patches"])["FIX001"] == "pending"
+    _said(info, status)
+    assert info["msg"].startswith("install is pristine (needed, not applied: ")
     failed, check = twins.play("patch.yml", "--check")
     _, dry = twins.cli("apply", "--dry-run")
     assert not failed and _states(check["patches"]) == _states(dry["patches"])
     assert check["changed"] and "pending" in _states(dry["patches"]).values()
+    _said(check, dry)
+    assert check["msg"].startswith("dry run: ") and check["msg"].endswith(" file(s) would change, nothing written")
 
     # Apply, then apply again: the same states, the same bytes.
     failed, applied = twins.play("patch.yml")
@@ -83,10 +96,14 @@ def test_cli_and_playbook_answer_the_same(tmp_path, collections, fleet, fleet_en
     assert not failed and _states(applied["patches"]) == _states(done["patches"])
     assert applied["changed"] and sorted(applied["written"]) == sorted(done["written"])
     assert tree_digest(node1) == tree_digest(node2)
+    _said(applied, done)
+    assert applied["msg"].startswith(f"patched {len(done['written'])} file(s) under ")
     failed, again = twins.play("patch.yml")
     _, done = twins.cli("apply")
     assert not failed and not again["changed"] and done["written"] == []
     assert _states(again["patches"]) == _states(done["patches"])
+    _said(again, done)
+    assert again["msg"] == "nothing to do: every needed patch is already applied"
 
     # The user edits the patch file after applying it: both say "source changed" ...
     fix.write_text(FIX001.replace('NEW = "0.5"', 'NEW = "0.6"'), encoding="utf-8")
@@ -94,6 +111,7 @@ def test_cli_and_playbook_answer_the_same(tmp_path, collections, fleet, fleet_en
     _, status = twins.cli("status")
     assert not failed and _states(info["status"]["patches"]) == _states(status["patches"])
     assert _states(status["patches"])["FIX001"] == "source-changed"
+    _said(info, status)
 
     # ... and both refuse, in the same words, to apply it, or to replay it in a partial revert.
     failed, refused = twins.play("patch.yml")
@@ -110,7 +128,34 @@ def test_cli_and_playbook_answer_the_same(tmp_path, collections, fleet, fleet_en
     _, done = twins.cli("revert", "--only", "FIX001")
     assert not failed and reverted["changed"] and sorted(reverted["written"]) == sorted(done["written"])
     assert tree_digest(node1) == tree_digest(node2)
+    _said(reverted, done)
+    assert reverted["msg"].startswith(f"restored {len(done['written'])} file(s) under ")
     failed, info = twins.play("info.yml", verify=False)
     _, status = twins.cli("status")
     assert not failed and _states(info["status"]["patches"]) == _states(status["patches"])
     assert _states(status["patches"])["FIX001"] == "pending"
+
+
+def test_list_and_repair_answer_as_the_cli(tmp_path, collections, fleet, fleet_envs):
+    """``list`` and ``repair`` through Ansible: the same rows and files, and the CLI's words."""
+    fix = write_fix001(tmp_path / "mine")
+    twins = Twins(tmp_path, collections, fleet, fleet_envs[1], fix)
+    failed, listed = twins.play("list.yml")
+    text = run_cli("list", "--patch-file", str(fix))
+    rows = run_cli("list", "--patch-file", str(fix), "--json")
+    assert not failed and not listed["changed"] and listed["patches"] == json.loads(rows.stdout)
+    assert listed["msg"] == text.stdout.strip().splitlines()[-1] == "30 patch(es): 29 shipped, 1 of your own"
+
+    # Both apply, then lose their record: repair rebuilds it from the files and the kept copies.
+    assert not twins.play("patch.yml")[0] and not twins.cli("apply")[0]
+    for env in fleet_envs[:2]:
+        (site_packages(env) / ".speculators-patch" / "manifest.json").unlink()
+    failed, repaired = twins.play("repair.yml")
+    _, done = twins.cli("repair")
+    assert not failed and repaired["changed"] and repaired["files"] == done["files"]
+    _said(repaired, done)
+    assert repaired["msg"] == "repaired: the record matches the files"
+    failed, again = twins.play("repair.yml")
+    _, done = twins.cli("repair")
+    assert not failed and not again["changed"] and again["msg"] == done["summary"]
+    assert again["msg"] == "nothing to repair: the record already matched the files; checked again"

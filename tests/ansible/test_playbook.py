@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from fleetplay import Fleet, recap
 from sandbox import make_sandbox, site_packages
 from sshfixtures import FLEET
@@ -71,7 +70,9 @@ def test_check_apply_again_revert_on_eight_hosts(tmp_path, collections, fleet, f
     applied = _results(tmp_path / "apply")["node1"]
     assert applied["vllm"] == "0.16.0" and applied["speculators"]["version"] == "0.3.0"
     assert sorted(applied["written"]) == sorted(f["path"] for f in applied["files"] if f["changed"])
-    assert {f["path"]: f["after_sha256"] for f in applied["files"]}[GENERATOR] == digest(site_packages(here) / GENERATOR)
+    assert {f["path"]: f["after_sha256"] for f in applied["files"]}[GENERATOR] == digest(
+        site_packages(here) / GENERATOR
+    )
     assert "applied-now" in {p["state"] for p in applied["patches"]}
 
     # Second run: nothing to do anywhere.
@@ -86,28 +87,34 @@ def test_check_apply_again_revert_on_eight_hosts(tmp_path, collections, fleet, f
     assert {h: c["changed"] for h, c in recap(r.stdout).items()} == dict.fromkeys(NODES, 1)
     assert r.stdout.count(f"--- before: a/{GENERATOR}") == FLEET
     assert [_without_state(tree_digest(s)) for s in sites] == [_without_state(p) for p in pristine]
-    for site, before in zip(sites, pristine):
+    for site, before in zip(sites, pristine, strict=False):
         assert digest(site / GENERATOR) == before[GENERATOR] and digest(site / WORKER) == before[WORKER]
 
 
 def test_a_broken_host_fails_alone(tmp_path, collections, fleet, fleet_envs):
     broken = site_packages(fleet_envs[2]) / GENERATOR  # node3
-    broken.write_bytes(broken.read_bytes().replace(b"class VllmHiddenStatesGenerator", b"class VllmHiddenStatesGenerator(((", 1))
+    broken.write_bytes(
+        broken.read_bytes().replace(b"class VllmHiddenStatesGenerator", b"class VllmHiddenStatesGenerator(((", 1)
+    )
     node3 = tree_digest(site_packages(fleet_envs[2]))
     play = _fleet(tmp_path, collections, fleet)
     r = play.run(PLAYBOOKS / "patch.yml")
     assert r.returncode == 2, r.stdout + r.stderr
     counts = recap(r.stdout)
     assert counts["node3"]["failed"] == 1 and counts["node3"]["changed"] == 0
-    assert {h: (c["changed"], c["failed"]) for h, c in counts.items() if h != "node3"} == \
-        {h: (1, 0) for h in NODES if h != "node3"}
+    assert {h: (c["changed"], c["failed"]) for h, c in counts.items() if h != "node3"} == {
+        h: (1, 0) for h in NODES if h != "node3"
+    }
     # The task failure is our one line: file, line, what is wrong.
     m = re.search(r'fatal: \[node3\]: FAILED! => .*?"msg": "([^"]*)"', r.stdout, re.S)
     assert m, r.stdout
     assert re.fullmatch(rf"{GENERATOR}:\d+: syntax error, cannot patch: .+", m[1]), m[1]
     assert tree_digest(site_packages(fleet_envs[2])) == node3  # untouched
-    assert all((site_packages(env) / ".speculators-patch" / "manifest.json").exists()
-               for i, env in enumerate(fleet_envs) if i != 2)
+    assert all(
+        (site_packages(env) / ".speculators-patch" / "manifest.json").exists()
+        for i, env in enumerate(fleet_envs)
+        if i != 2
+    )
 
 
 def test_bad_input_is_a_task_failure_with_one_line(tmp_path, collections, fleet):
@@ -131,11 +138,20 @@ def test_a_users_patch_file_through_the_playbook(tmp_path, collections, fleet, f
     play = _fleet(tmp_path, collections, fleet)
     sites = [site_packages(env) for env in fleet_envs[:2]]
     pristine = [tree_digest(s) for s in sites]
-    r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1,node2", "-e", _results_dir(tmp_path / "apply"),
-                 "-e", json.dumps({"patch_files": [str(fix)]}))
+    r = play.run(
+        PLAYBOOKS / "patch.yml",
+        "--limit",
+        "node1,node2",
+        "-e",
+        _results_dir(tmp_path / "apply"),
+        "-e",
+        json.dumps({"patch_files": [str(fix)]}),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     for host, result in _results(tmp_path / "apply").items():
-        assert {(p["id"], p["state"]) for p in result["patches"] if p["id"] == "FIX001"} == {("FIX001", "applied-now")}, host
+        assert {(p["id"], p["state"]) for p in result["patches"] if p["id"] == "FIX001"} == {
+            ("FIX001", "applied-now")
+        }, host
     here = make_sandbox(tmp_path / "here")
     assert run_cli("apply", "--target", str(here), "--patch-file", str(fix)).returncode == 0
     for site in sites:
@@ -144,10 +160,22 @@ def test_a_users_patch_file_through_the_playbook(tmp_path, collections, fleet, f
         manifest = json.loads((site / ".speculators-patch" / "manifest.json").read_text())
         assert manifest["user_patches"]["FIX001"]["source"] == str(fix)
     broken = write_fix001(tmp_path / "broken", source="x = (\n")
-    r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1", "-e", json.dumps({"state": "reverted", "patch_files": [str(broken)]}))
+    r = play.run(
+        PLAYBOOKS / "patch.yml",
+        "--limit",
+        "node1",
+        "-e",
+        json.dumps({"state": "reverted", "patch_files": [str(broken)]}),
+    )
     assert r.returncode == 2 and recap(r.stdout)["node1"]["failed"] == 1
     assert "syntax error" in r.stdout and FIX001_LINE in (sites[0] / GENERATOR).read_text()
-    r = play.run(PLAYBOOKS / "patch.yml", "--limit", "node1,node2", "-e", json.dumps({"state": "reverted", "patch_files": [str(fix)]}))
+    r = play.run(
+        PLAYBOOKS / "patch.yml",
+        "--limit",
+        "node1,node2",
+        "-e",
+        json.dumps({"state": "reverted", "patch_files": [str(fix)]}),
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert [_without_state(tree_digest(s)) for s in sites] == [_without_state(p) for p in pristine]
 
@@ -167,8 +195,11 @@ def test_info_returns_status_verify_and_evidence(tmp_path, collections, fleet, f
     # The evidence: where in vLLM each fact was found.
     facts = {f["symbol"]: f for f in patched["verify"]["facts"]}
     assert facts["Scheduler.__init__"]["holds"] is True
-    assert facts["Scheduler.__init__"]["file"] == "vllm/v1/core/sched/scheduler.py" and facts["Scheduler.__init__"]["line"]
+    assert (
+        facts["Scheduler.__init__"]["file"] == "vllm/v1/core/sched/scheduler.py" and facts["Scheduler.__init__"]["line"]
+    )
     # Same data as the CLI's --json on the same host.
     cli = json.loads(run_cli("verify", "--target", str(fleet_envs[0]), "--json").stdout)
-    assert [(f["symbol"], f["holds"], f["line"]) for f in cli["facts"]] == \
-        [(f["symbol"], f["holds"], f["line"]) for f in patched["verify"]["facts"]]
+    assert [(f["symbol"], f["holds"], f["line"]) for f in cli["facts"]] == [
+        (f["symbol"], f["holds"], f["line"]) for f in patched["verify"]["facts"]
+    ]

@@ -12,12 +12,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from patcher.agent.sources import attributes_read, collect_sources, speculators_vllm_imports
-from patcher.checks.attribute_reads import check
-from patcher.checks.callsite import WORKER, local_sources
 from sandbox import make_sandbox, site_packages
 from support import run_cli
+
+from patcher.agent.pysource import attributes_read, collect_sources, speculators_vllm_imports
+from patcher.checks.attribute_reads import check
+from patcher.checks.callsite import WORKER, local_sources
 
 EXT = "speculators/data_generation/custom_worker.py"
 GEN = "speculators/data_generation/gen.py"
@@ -100,29 +100,45 @@ def run(ext_src: str, gen_src: str, vllm_files: dict[str, str] = VLLM) -> list[s
 
 
 def test_reads_that_exist_pass():
-    assert run(WORKER_EXT.format(attr="req_id_to_index", worker_attr="model_runner"),
-               GENERATOR.format(attr="total_num_scheduled_tokens")) == []
+    assert (
+        run(
+            WORKER_EXT.format(attr="req_id_to_index", worker_attr="model_runner"),
+            GENERATOR.format(attr="total_num_scheduled_tokens"),
+        )
+        == []
+    )
 
 
 def test_a_renamed_input_batch_field_is_named_with_both_locations():
-    found = run(WORKER_EXT.format(attr="req_id_to_idx", worker_attr="model_runner"),
-                GENERATOR.format(attr="total_num_scheduled_tokens"))
-    assert found == ["custom_worker.py:7 runner.input_batch.req_id_to_idx: InputBatch (and its vLLM bases) has no "
-                     "attribute req_id_to_idx (vllm/v1/worker/gpu_input_batch.py:1)"]
+    found = run(
+        WORKER_EXT.format(attr="req_id_to_idx", worker_attr="model_runner"),
+        GENERATOR.format(attr="total_num_scheduled_tokens"),
+    )
+    assert found == [
+        "custom_worker.py:7 runner.input_batch.req_id_to_idx: InputBatch (and its vLLM bases) has no "
+        "attribute req_id_to_idx (vllm/v1/worker/gpu_input_batch.py:1)"
+    ]
 
 
 def test_a_worker_attribute_the_extension_reads_through_self():
-    found = run(WORKER_EXT.format(attr="req_id_to_index", worker_attr="runner"),
-                GENERATOR.format(attr="total_num_scheduled_tokens"))
-    assert found == ["custom_worker.py:7 self.runner: Worker (and its vLLM bases) has no attribute runner "
-                     "(vllm/v1/worker/gpu_worker.py:3)"]
+    found = run(
+        WORKER_EXT.format(attr="req_id_to_index", worker_attr="runner"),
+        GENERATOR.format(attr="total_num_scheduled_tokens"),
+    )
+    assert found == [
+        "custom_worker.py:7 self.runner: Worker (and its vLLM bases) has no attribute runner "
+        "(vllm/v1/worker/gpu_worker.py:3)"
+    ]
 
 
 def test_a_dataclass_field_read_through_a_walrus_and_a_return_annotation():
-    found = run(WORKER_EXT.format(attr="req_id_to_index", worker_attr="model_runner"),
-                GENERATOR.format(attr="total_tokens"))
-    assert found == ["gen.py:9 (out := self.scheduler.schedule()).total_tokens: SchedulerOutput (and its vLLM "
-                     "bases) has no attribute total_tokens (vllm/v1/core/sched/output.py:4)"]
+    found = run(
+        WORKER_EXT.format(attr="req_id_to_index", worker_attr="model_runner"), GENERATOR.format(attr="total_tokens")
+    )
+    assert found == [
+        "gen.py:9 (out := self.scheduler.schedule()).total_tokens: SchedulerOutput (and its vLLM "
+        "bases) has no attribute total_tokens (vllm/v1/core/sched/output.py:4)"
+    ]
 
 
 GUARDED = {
@@ -151,17 +167,26 @@ def test_guarded_reads_are_not_findings(ext):
 
 def test_the_same_read_unguarded_is_a_finding():
     ext = GUARDED["hasattr"].replace('if hasattr(runner.input_batch, "gone"):', "if runner:")
-    assert [f.split(":")[0] for f in run(ext, GENERATOR.format(attr="total_num_scheduled_tokens"))] == ["custom_worker.py"]
+    assert [f.split(":")[0] for f in run(ext, GENERATOR.format(attr="total_num_scheduled_tokens"))] == [
+        "custom_worker.py"
+    ]
 
 
 def test_classes_with_a_base_outside_vllm_are_not_judged():
     files = dict(VLLM)
     files["vllm/v1/worker/gpu_input_batch.py"] = "import torch\n\nclass InputBatch(torch.nn.Module):\n    pass\n"
-    assert run(WORKER_EXT.format(attr="anything", worker_attr="model_runner"),
-               GENERATOR.format(attr="total_num_scheduled_tokens"), files) == []
+    assert (
+        run(
+            WORKER_EXT.format(attr="anything", worker_attr="model_runner"),
+            GENERATOR.format(attr="total_num_scheduled_tokens"),
+            files,
+        )
+        == []
+    )
 
 
 # --- The real files ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def patched_site(tmp_path_factory) -> str:
@@ -183,6 +208,7 @@ def test_real_rename_in_vllm_is_caught_where_the_worker_reads_it(patched_site):
     vllm[path] = vllm[path].replace(b"req_id_to_index", b"req_id_to_slot")
     found = check(spec, vllm)
     assert [(f.file, f.subject, f.vllm_file) for f in found] == [
-        ("speculators/data_generation/custom_worker.py", "req_id_to_index", path)]
+        ("speculators/data_generation/custom_worker.py", "req_id_to_index", path)
+    ]
     line = (Path(patched_site) / found[0].file).read_text().splitlines()[found[0].line - 1]
     assert "input_batch.req_id_to_index" in line

@@ -8,16 +8,22 @@ from patcher.checks import model_runner
 
 WORKER_022 = b"class Worker:\n    def __init__(self, vllm_config):\n        self.use_v2_model_runner = vllm_config.use_v2_model_runner\n"
 WORKER_013 = b"import vllm.envs as envs\nclass Worker:\n    def __init__(self):\n        self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER\n"
-CONFIG_024 = (b'DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})\n'
-              b"class VllmConfig:\n    @property\n    def use_v2_model_runner(self):\n        return True\n")
+CONFIG_024 = (
+    b'DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})\n'
+    b"class VllmConfig:\n    @property\n    def use_v2_model_runner(self):\n        return True\n"
+)
 CONFIG_029 = b"class VllmConfig:\n    @property\n    def use_v2_model_runner(self):\n        return True\n"
 READS_V2 = b'def _step_layout(self):\n    state = getattr(self.model_runner, "execute_model_state", None)\n'
 READS_V1 = b"def _track(self):\n    return self.model_runner.input_batch.req_id_to_index\n"
 
 
 def check(worker, config, env, extension, fix="SP022"):
-    return model_runner._check({model_runner.WORKER: worker, model_runner.CONFIG: config}, env,
-                               model_runner.reads_v2_batch(extension), model_runner._fix(fix))
+    return model_runner._check(
+        {model_runner.WORKER: worker, model_runner.CONFIG: config},
+        env,
+        model_runner.reads_v2_batch(extension),
+        model_runner._fix(fix),
+    )
 
 
 @pytest.mark.parametrize("env", [None, "0", "1"])
@@ -65,8 +71,9 @@ def test_vllm_034_has_only_model_runner_v2_and_the_line_says_so(env):
     worker = _real_worker("vllm", "0.34.0")
     found = check(worker, None, env, READS_V2)
     assert (found.severity, found.runner, found.where) == ("note", "v2", "vllm/v1/worker/gpu_worker.py:585")
-    assert found.message == ("a GPU job gets Model Runner V2, the only runner since vLLM 0.34; hidden-state capture "
-                             "works with it")
+    assert found.message == (
+        "a GPU job gets Model Runner V2, the only runner since vLLM 0.34; hidden-state capture works with it"
+    )
     assert "VLLM_USE_V2_MODEL_RUNNER=0" not in found.message
 
 
@@ -76,7 +83,9 @@ def test_vllm_034_without_v2_capture_or_with_the_variable_at_0():
     assert broken.severity == "error" and broken.message.endswith("speculators-patch apply (SP022)")
     assert "VLLM_USE_V2_MODEL_RUNNER=0" not in broken.message  # there is no V1 to select
     refused = check(worker, None, "0", READS_V2)
-    assert refused.severity == "warning" and "VLLM_USE_V2_MODEL_RUNNER=0 here, which this vLLM refuses" in refused.message
+    assert (
+        refused.severity == "warning" and "VLLM_USE_V2_MODEL_RUNNER=0 here, which this vLLM refuses" in refused.message
+    )
 
 
 def test_vllm_011_has_only_the_v1_runner():

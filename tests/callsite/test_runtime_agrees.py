@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -11,14 +10,14 @@ from patcher.checks import callsite
 from patcher.checks.runtime import runtime_verify
 from patcher.connect.local import LocalTransport
 
-GEN = '''\
+GEN = """\
 from vllm.kv import get_config, make_config
 from vllm.gone import nothing_here
 
 get_config(1, kv_cache_groups=2, available_memory=3, extra=4)
 make_config(1, kv_cache_specs=2)
-'''
-KV = '''\
+"""
+KV = """\
 def get_config(vllm_config, kv_cache_groups, available_memory):
     pass
 
@@ -33,7 +32,7 @@ def _wider(vllm_config, kv_cache_groups=None, available_memory=0, extra=None):
 
 # Rebinding at import time: only the live object shows it.
 globals()["get_config"] = _wider
-'''
+"""
 
 
 def fake_site(root: Path) -> Path:
@@ -68,5 +67,6 @@ def test_runtime_reading_reports_disagreements(tmp_path):
     # The static reading of get_config is not what runs: both readings are shown.
     assert any("get_config" in d and "extra" in d for d in report.disagreements), report.disagreements
     assert any("kv_cache_groups is required in the source, optional live" in d for d in report.disagreements)
-    assert any("static reading reports unknown-keyword extra, the live objects do not" in d
-               for d in report.disagreements)
+    assert any(
+        "static reading reports unknown-keyword extra, the live objects do not" in d for d in report.disagreements
+    )

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from targets import (  # noqa: E402
+from targets import (
     applied,
+    cli,
     ensure_engine_env,
     ensure_models,
     make_target,
-    cli,
+    patched_target,
+)
+from targets import (
     speculators_wheel as _wheel,
 )
 
@@ -57,10 +57,14 @@ class EngineRuns:
             with log.open("w") as fh:
                 proc = subprocess.run(
                     [str(self.target / "bin" / "python"), str(WORKER), config, str(self.models), str(out)],
-                    stdout=fh, stderr=subprocess.STDOUT, timeout=WORKER_TIMEOUT, cwd=self.out,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    timeout=WORKER_TIMEOUT,
+                    cwd=self.out,
                 )
-            assert proc.returncode == 0 and out.is_file(), f"worker {config} failed, see {log}:\n" + \
-                "\n".join(log.read_text().splitlines()[-30:])
+            assert proc.returncode == 0 and out.is_file(), f"worker {config} failed, see {log}:\n" + "\n".join(
+                log.read_text().splitlines()[-30:]
+            )
             self._reports[config] = json.loads(out.read_text())
         return self._reports[config]
 
@@ -88,7 +92,30 @@ def patched(apply_output, models_dir, tmp_path_factory) -> EngineRuns:
 def api_fixes_only(engine_env, speculators_wheel, models_dir, tmp_path_factory) -> EngineRuns:
     """Worker runs on a target with the API fixes only (SP009, SP010, SP012 skipped, and SP022 and SP027-SP029, which build on them)."""
     target = make_target(tmp_path_factory.mktemp("api-only") / "env", speculators_wheel)
-    proc = cli("apply", "--target", str(target), "--skip", "SP009", "--skip", "SP010", "--skip", "SP012", "--skip", "SP022",
-                "--skip", "SP027", "--skip", "SP028", "--skip", "SP029")
+    proc = cli(
+        "apply",
+        "--target",
+        str(target),
+        "--skip",
+        "SP009",
+        "--skip",
+        "SP010",
+        "--skip",
+        "SP012",
+        "--skip",
+        "SP022",
+        "--skip",
+        "SP027",
+        "--skip",
+        "SP028",
+        "--skip",
+        "SP029",
+    )
     assert applied(proc, partial=True), proc.stdout + proc.stderr
     return EngineRuns(target, models_dir, tmp_path_factory.mktemp("api-only-runs"))
+
+
+@pytest.fixture(scope="session")
+def target_016(tmp_path_factory) -> Path:
+    """speculators 0.3.0 patched on the vLLM 0.16.0 engine, once per session."""
+    return patched_target(tmp_path_factory, "0.16.0")

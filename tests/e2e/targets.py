@@ -10,6 +10,7 @@ patching it leaves the cached engine untouched.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,8 +50,12 @@ def engine_environ(vllm: str = DEFAULT_VLLM) -> dict[str, str]:
 
 def ensure_models() -> Path:
     """Tiny checkpoints of ``fixtures/models.py`` in the cache (built once, deterministic)."""
-    subprocess.run([str(engine_python()), str(ROOT / "fixtures" / "models.py"), str(MODELS)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [str(engine_python()), str(ROOT / "fixtures" / "models.py"), str(MODELS)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return MODELS
 
 
@@ -68,8 +73,20 @@ def make_target(dest: Path, wheel: Path, vllm: str = DEFAULT_VLLM) -> Path:
     site = next((dest / "lib").glob("python3*/site-packages"))
     engine_site = next((engine_dir(vllm) / "lib").glob("python3*/site-packages"))
     subprocess.run(
-        [str(engine_python(vllm)), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
-         "--disable-pip-version-check", "--target", str(site), str(wheel)],
+        [
+            str(engine_python(vllm)),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
         check=True,
     )
     for entry in engine_site.iterdir():
@@ -81,8 +98,9 @@ def make_target(dest: Path, wheel: Path, vllm: str = DEFAULT_VLLM) -> Path:
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real ``speculators-patch`` CLI, run from this checkout (``env`` added to ours)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "patcher", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "patcher", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+    )
 
 
 def applied(proc: subprocess.CompletedProcess, partial: bool) -> bool:
@@ -100,3 +118,73 @@ def json_verdict(stdout: str) -> str:
         return "verify: FAILED" if json.loads(stdout).get("verify", {}).get("ok") is False else ""
     except ValueError:
         return ""
+
+
+# --- selftest on a target (test_selftest.py, test_newer_engines.py) ---
+
+CASES = ["order", "shared-prefix", "chunked", "over-max-seqs", "order-again"]
+SELFTEST_TIMEOUT = 1200  # s; three architectures take about 90 s on the 2-core machine
+
+
+def selftest(target: Path, *args: str, vllm: str = "0.16.0", env: dict | None = None) -> tuple[int, dict, str]:
+    """``speculators-patch selftest --json`` on ``target`` with the ``vllm`` engine: (exit code, data, stderr)."""
+    proc = cli(
+        "selftest",
+        "--target",
+        str(target),
+        "--json",
+        *args,
+        env={**engine_environ(vllm), **(env or {})},
+        timeout=SELFTEST_TIMEOUT,
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def patched_target(tmp_path_factory, vllm: str, *apply_args: str) -> Path:
+    """A fresh target on the ``vllm`` engine, patched by ``apply APPLY_ARGS`` (``--none``: not patched)."""
+    ensure_engine_env(vllm)
+    target = make_target(tmp_path_factory.mktemp(f"selftest-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
+    if apply_args != ("--none",):
+        proc = cli("apply", "--target", str(target), *apply_args)
+        assert applied(proc, partial=bool(apply_args)), proc.stdout + proc.stderr
+    return target
+
+
+def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]) -> None:
+    """What a user checks of a passing selftest: exit 0, every case of every arch within its bound."""
+    report = data["selftest"]
+    failed = {
+        a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
+        for a in report["archs"]
+        if not a["ok"]
+    }
+    assert code == 0 and report["ok"], failed or stderr[-2000:]
+    assert [a["arch"] for a in report["archs"]] == archs
+    for arch in report["archs"]:
+        assert [c["case"] for c in arch["cases"]] == CASES
+        for case in arch["cases"]:
+            assert case["results"] == case["prompts"] and case["bad"] == []
+            for layer in case["layers"]:
+                assert layer["worst"] >= layer["bound"] and layer["bad"] == 0, (arch["arch"], case["case"], layer)
+                assert layer["bound"] <= report["bound"]
+        steps = {c["case"]: c for c in arch["cases"]}
+        assert steps["chunked"]["steps"] >= 2 and steps["chunked"]["requests_split_across_steps"] >= 1
+        assert steps["over-max-seqs"]["steps"] >= 2  # 41 prompts > max_num_seqs 32
+        assert arch["repeat_max_abs_diff"] == 0.0
+        assert arch["layers"][0] == 0 and len(arch["layers"]) == 3
+
+
+def install_patched_on_016_moved_to(tmp_path_factory, target_016: Path, vllm: str) -> Path:
+    """A vLLM upgrade or downgrade under a patched install: the files (and state) patched on
+    0.16.0, copied unchanged onto a target on the ``vllm`` engine."""
+    import shutil
+
+    ensure_engine_env(vllm)
+    target = make_target(tmp_path_factory.mktemp(f"moved-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
+    (old,), (new,) = target_016.glob("lib/python3*/site-packages"), target.glob("lib/python3*/site-packages")
+    shutil.rmtree(new / "speculators")
+    shutil.copytree(old / "speculators", new / "speculators")
+    shutil.copytree(old / ".speculators-patch", new / ".speculators-patch")
+    assert cli("status", "--target", str(target)).returncode == 0
+    return target

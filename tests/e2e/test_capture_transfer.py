@@ -13,11 +13,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sandbox import wheel
+from targets import engine_python, ensure_engine_env
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
-from sandbox import wheel
-from targets import engine_python, ensure_engine_env
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -32,7 +32,11 @@ def patched(tmp_path_factory) -> list[Path]:
     with zipfile.ZipFile(wheel("speculators", "0.3.0")) as z:
         sources = {f: z.read(f) for f in FILES}
     for patch in sorted(all_patches(), key=lambda p: p.order):
-        if patch.file in sources and patch.speculators == "==0.3.0" and patch.id not in ("SP023", "SP024", "SP026", "SP027"):
+        if (
+            patch.file in sources
+            and patch.speculators == "==0.3.0"
+            and patch.id not in ("SP023", "SP024", "SP026", "SP027")
+        ):
             verdict, new, detail = run_codemod(patch, sources[patch.file])
             assert verdict in ("changed", "satisfied"), (patch.id, detail)
             sources[patch.file] = new
@@ -44,8 +48,12 @@ def patched(tmp_path_factory) -> list[Path]:
 
 
 def run(patched: list[Path], case: str) -> dict:
-    proc = subprocess.run([str(engine_python()), str(Path(__file__).with_name("transfer_worker.py")),
-                           *map(str, patched), case], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(engine_python()), str(Path(__file__).with_name("transfer_worker.py")), *map(str, patched), case],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr}
 
@@ -60,13 +68,17 @@ def test_each_request_gets_its_rows_in_tensors_of_its_own(patched):
 
 def test_without_shared_memory_the_rpc_answers(patched):
     report = run(patched, "no-shared-memory")
-    assert report["ring"] is False and "hidden states go through the RPC, not shared memory (OSError: no memfd here)" in report["stderr"]
+    assert (
+        report["ring"] is False
+        and "hidden states go through the RPC, not shared memory (OSError: no memfd here)" in report["stderr"]
+    )
     assert all(r["exact"] and r["own_storage"] for r in report["result"].values())
 
 
 def test_a_step_never_overwrites_captures_not_collected(patched):
     assert run(patched, "overrun")["error"] == (
-        "speculators-patch: step 3 would overwrite the captures of step 0, which the generator has not collected")
+        "speculators-patch: step 3 would overwrite the captures of step 0, which the generator has not collected"
+    )
 
 
 def test_a_missing_layer_is_an_error_not_a_short_result(patched):

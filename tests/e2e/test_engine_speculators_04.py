@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from targets import applied, cli, ensure_engine_env, make_target, speculators_wheel
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -43,8 +42,11 @@ def target_04(tmp_path_factory, *apply_args: str) -> Path:
 
 def test_patched_0_4_0_1_matches_transformers(tmp_path_factory):
     code, report = selftest(target_04(tmp_path_factory), "--arch", "llama", "--arch", "deepseek_v3")
-    failed = {a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
-              for a in report["archs"] if not a["ok"]}
+    failed = {
+        a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
+        for a in report["archs"]
+        if not a["ok"]
+    }
     assert code == 0 and report["ok"], failed
     assert report["versions"]["speculators"] == "0.4.0.1"
     assert [a["arch"] for a in report["archs"]] == ["llama", "deepseek_v3"]

@@ -16,10 +16,7 @@ Figures of the last run are in docs/matrix.md.
 from __future__ import annotations
 
 import pytest
-
-from targets import cli
-from test_selftest import (assert_all_within_bound, install_patched_on_016_moved_to, patched_target, selftest,
-                           target_016)  # noqa: F401  (target_016 is a fixture)
+from targets import assert_all_within_bound, cli, install_patched_on_016_moved_to, patched_target, selftest
 
 pytestmark = [pytest.mark.engine, pytest.mark.newer_engine, pytest.mark.timeout(3600)]
 

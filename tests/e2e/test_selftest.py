@@ -20,36 +20,18 @@ import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-from targets import ROOT, applied, cli, engine_environ, ensure_engine_env, make_target, speculators_wheel  # noqa: E402
-from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
+from targets import (
+    ROOT,
+    SELFTEST_TIMEOUT,
+    assert_all_within_bound,
+    cli,
+    engine_environ,
+    install_patched_on_016_moved_to,
+    patched_target,
+    selftest,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
-
-CASES = ["order", "shared-prefix", "chunked", "over-max-seqs", "order-again"]
-SELFTEST_TIMEOUT = 1200  # s; three architectures take about 90 s on the 2-core machine
-
-
-def selftest(target: Path, *args: str, vllm: str = "0.16.0", env: dict | None = None) -> tuple[int, dict, str]:
-    proc = cli("selftest", "--target", str(target), "--json", *args, env={**engine_environ(vllm), **(env or {})},
-               timeout=SELFTEST_TIMEOUT)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
-
-
-def patched_target(tmp_path_factory, vllm: str, *apply_args: str) -> Path:
-    ensure_engine_env(vllm)
-    target = make_target(tmp_path_factory.mktemp(f"selftest-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
-    if apply_args != ("--none",):
-        proc = cli("apply", "--target", str(target), *apply_args)
-        assert applied(proc, partial=bool(apply_args)), proc.stdout + proc.stderr
-    return target
-
-
-@pytest.fixture(scope="session")
-def target_016(tmp_path_factory) -> Path:
-    return patched_target(tmp_path_factory, "0.16.0")
 
 
 @pytest.fixture(scope="session")
@@ -61,26 +43,6 @@ def all_archs_016(target_016):
 def all_archs_018(tmp_path_factory):
     target = patched_target(tmp_path_factory, "0.18.1")
     return selftest(target, "--arch", "llama", "--arch", "deepseek_v3", "--arch", "kimi_k25", vllm="0.18.1")
-
-
-def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]) -> None:
-    report = data["selftest"]
-    failed = {a["arch"]: a.get("error", {}).get("message", "")[:300] or [c["bad"][:3] for c in a["cases"] if c["bad"]]
-              for a in report["archs"] if not a["ok"]}
-    assert code == 0 and report["ok"], failed or stderr[-2000:]
-    assert [a["arch"] for a in report["archs"]] == archs
-    for arch in report["archs"]:
-        assert [c["case"] for c in arch["cases"]] == CASES
-        for case in arch["cases"]:
-            assert case["results"] == case["prompts"] and case["bad"] == []
-            for layer in case["layers"]:
-                assert layer["worst"] >= layer["bound"] and layer["bad"] == 0, (arch["arch"], case["case"], layer)
-                assert layer["bound"] <= report["bound"]
-        steps = {c["case"]: c for c in arch["cases"]}
-        assert steps["chunked"]["steps"] >= 2 and steps["chunked"]["requests_split_across_steps"] >= 1
-        assert steps["over-max-seqs"]["steps"] >= 2  # 41 prompts > max_num_seqs 32
-        assert arch["repeat_max_abs_diff"] == 0.0
-        assert arch["layers"][0] == 0 and len(arch["layers"]) == 3
 
 
 def test_selftest_passes_on_patched_016(all_archs_016):
@@ -105,7 +67,8 @@ def test_selftest_refuses_model_runner_v2_on_cpu(target_016):
     proc = cli("selftest", "--target", str(target_016), "--runner", "both", env=engine_environ("0.16.0"), timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "error: local: selftest cannot run here: --runner both: vLLM's CPU worker builds the V1 model runner up to 0.33"]
+        "error: local: selftest cannot run here: --runner both: vLLM's CPU worker builds the V1 model runner up to 0.33"
+    ]
 
 
 def test_a_worker_that_dies_at_start_is_reported_with_its_own_exception(target_016):
@@ -118,8 +81,15 @@ def test_a_worker_that_dies_at_start_is_reported_with_its_own_exception(target_0
     worker = error["worker"]
     assert (worker["type"], worker["message"]) == ("RuntimeError", "Failed to parse CPU string: 99")
     assert any("vllm/v1/worker/cpu_worker.py:" in f and f.endswith(" in init_device") for f in worker["frames"])
-    shown = cli("selftest", "--target", str(target_016), "--arch", "llama", timeout=SELFTEST_TIMEOUT,
-                env={**engine_environ("0.16.0"), "VLLM_CPU_OMP_THREADS_BIND": "99"}).stdout
+    shown = cli(
+        "selftest",
+        "--target",
+        str(target_016),
+        "--arch",
+        "llama",
+        timeout=SELFTEST_TIMEOUT,
+        env={**engine_environ("0.16.0"), "VLLM_CPU_OMP_THREADS_BIND": "99"},
+    ).stdout
     assert "RuntimeError: Failed to parse CPU string: 99" in shown and "vLLM reported: Exception: WorkerProc" in shown
 
 
@@ -134,8 +104,24 @@ def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
 
 def test_selftest_fails_with_figures_when_only_api_fixes_are_applied(tmp_path_factory):
     """0.3.0's own capture logic on a chunked batch: runs, raises nothing, wrong data."""
-    target = patched_target(tmp_path_factory, "0.16.0", "--skip", "SP009", "--skip", "SP010", "--skip", "SP012", "--skip", "SP022",
-                "--skip", "SP027", "--skip", "SP028", "--skip", "SP029")
+    target = patched_target(
+        tmp_path_factory,
+        "0.16.0",
+        "--skip",
+        "SP009",
+        "--skip",
+        "SP010",
+        "--skip",
+        "SP012",
+        "--skip",
+        "SP022",
+        "--skip",
+        "SP027",
+        "--skip",
+        "SP028",
+        "--skip",
+        "SP029",
+    )
     code, data, _ = selftest(target)
     report = data["selftest"]
     assert code == 1 and not report["ok"]
@@ -144,7 +130,8 @@ def test_selftest_fails_with_figures_when_only_api_fixes_are_applied(tmp_path_fa
     chunked = next(c for c in llama["cases"] if c["case"] == "chunked")
     assert chunked["bad"] and min(layer["worst"] for layer in chunked["layers"]) < 0.5
     assert report["bad_captures"] == len(chunked["bad"]) + sum(
-        len(c["bad"]) for c in llama["cases"] if c["case"] != "chunked")
+        len(c["bad"]) for c in llama["cases"] if c["case"] != "chunked"
+    )
 
 
 def test_selftest_fails_with_the_real_error_when_unpatched(tmp_path_factory):
@@ -157,8 +144,19 @@ def test_selftest_fails_with_the_real_error_when_unpatched(tmp_path_factory):
 
 
 def test_selftest_over_ssh_gives_the_local_figures_and_leaves_nothing(target_016, all_archs_016, sshd, ssh_config):
-    proc = cli("selftest", "--host", "gpu-box", "--target", str(target_016), "--arch", "llama", "--json",
-               "--ssh-config", str(ssh_config), timeout=SELFTEST_TIMEOUT)
+    proc = cli(
+        "selftest",
+        "--host",
+        "gpu-box",
+        "--target",
+        str(target_016),
+        "--arch",
+        "llama",
+        "--json",
+        "--ssh-config",
+        str(ssh_config),
+        timeout=SELFTEST_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)["selftest"]
     remote, local = report["archs"][0], all_archs_016[1]["selftest"]["archs"][0]
@@ -170,10 +168,15 @@ def test_selftest_over_ssh_gives_the_local_figures_and_leaves_nothing(target_016
 def test_interrupted_selftest_removes_its_directory(target_016, tmp_path):
     # The target's temp dir is this test's own (TMPDIR reaches the target's interpreter), so
     # other selftests running on the machine cannot blur the check.
-    proc = subprocess.Popen([sys.executable, "-m", "patcher", "selftest", "--target", str(target_016)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "patcher", "selftest", "--target", str(target_016)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as a shell starts it
     deadline = time.monotonic() + 300
     for line in iter(proc.stderr.readline, b""):
         if b"starting vLLM" in line or time.monotonic() > deadline:
@@ -200,15 +203,35 @@ def test_selftest_names_the_kimi_failure_verify_used_to_miss_on_018(tmp_path_fac
 def test_selftest_model_config_keeps_yarn_and_routing(tmp_path, target_016):
     """``--model`` with a Kimi-K2.5-shaped config.json (YaRN factor 32, llama_4_scaling,
     noaux_tc routing, 61 layers of 7168): a tiny model of that architecture with those settings."""
-    text = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-            "num_hidden_layers": 61, "first_k_dense_replace": 1, "n_routed_experts": 384,
-            "topk_method": "noaux_tc", "scoring_func": "sigmoid", "routed_scaling_factor": 2.827,
-            "q_lora_rank": 1536, "kv_lora_rank": 512, "max_position_embeddings": 262144,
-            "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
-                             "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-            "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1}}
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}))
+    text = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 384,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "routed_scaling_factor": 2.827,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "max_position_embeddings": 262144,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 1.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
+    }
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}
+        )
+    )
     code, data, stderr = selftest(target_016, "--arch", "kimi_k25", "--model", str(tmp_path))
     assert_all_within_bound(code, data, stderr, ["kimi_k25"])
     model = data["selftest"]["archs"][0]["model"]
@@ -222,21 +245,6 @@ def test_selftest_model_with_unsupported_architecture_is_bad_input(tmp_path, tar
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "MixtralForCausalLM" in lines[0]
-
-
-def install_patched_on_016_moved_to(tmp_path_factory, target_016: Path, vllm: str) -> Path:
-    """A vLLM upgrade or downgrade under a patched install: the files (and state) patched on
-    0.16.0, copied unchanged onto a target on the ``vllm`` engine."""
-    import shutil
-
-    ensure_engine_env(vllm)
-    target = make_target(tmp_path_factory.mktemp(f"moved-{vllm}") / "env", speculators_wheel("0.3.0"), vllm)
-    (old,), (new,) = target_016.glob("lib/python3*/site-packages"), target.glob("lib/python3*/site-packages")
-    shutil.rmtree(new / "speculators")
-    shutil.copytree(old / "speculators", new / "speculators")
-    shutil.copytree(old / ".speculators-patch", new / ".speculators-patch")
-    assert cli("status", "--target", str(target)).returncode == 0
-    return target
 
 
 def test_install_patched_on_016_runs_unchanged_on_018(tmp_path_factory, target_016):

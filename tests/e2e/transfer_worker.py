@@ -42,8 +42,11 @@ def load_host_captures(path: str):
 def rows_of(req: str, start: int, n: int, layer: int) -> torch.Tensor:
     """The rows a layer 'computes' for a request's tokens start..start+n: distinct per position."""
     base = int(req.split("_")[1]) * 1000 + layer * 100000
-    return (torch.arange(start, start + n, dtype=torch.float32)[:, None] + base
-            + torch.arange(HIDDEN, dtype=torch.float32)[None, :] / 10).to(torch.bfloat16)
+    return (
+        torch.arange(start, start + n, dtype=torch.float32)[:, None]
+        + base
+        + torch.arange(HIDDEN, dtype=torch.float32)[None, :] / 10
+    ).to(torch.bfloat16)
 
 
 class Runner:
@@ -75,22 +78,26 @@ def main() -> None:
     ext = Extension()
     ext.vllm_config = types.SimpleNamespace(
         scheduler_config=types.SimpleNamespace(max_num_batched_tokens=ROWS),
-        model_config=types.SimpleNamespace(dtype=torch.bfloat16, get_hidden_size=lambda: HIDDEN))
+        model_config=types.SimpleNamespace(dtype=torch.bfloat16, get_hidden_size=lambda: HIDDEN),
+    )
     ext.device = torch.device("cpu")
     ext.model_runner = Runner(ext)
     ext._layer_ids, ext._captured_states, ext._batch_layouts = frozenset(LAYERS), None, []
     ext._track_batch_layout()
-    executor = types.SimpleNamespace(collective_rpc=lambda method, args=(), kwargs=None: [
-        getattr(ext, method)(*args, **(kwargs or {}))])
+    executor = types.SimpleNamespace(
+        collective_rpc=lambda method, args=(), kwargs=None: [getattr(ext, method)(*args, **(kwargs or {}))]
+    )
     if case == "no-shared-memory":
         ext._share_captures = lambda: (_ for _ in ()).throw(OSError("no memfd here"))
     host = HostCaptures(executor)
     prompts = {"req_0": 10, "req_1": 5, "req_2": 20, "req_3": 3}
     # Steps of at most ROWS tokens, batch order != submission order, req_2 split over three steps.
-    steps = [({"req_1": 5, "req_0": 10}, ["req_1", "req_0"]),
-             ({"req_2": 12, "req_3": 3}, ["req_3", "req_2"]),
-             ({"req_2": 5}, ["req_2"]),
-             ({"req_2": 3}, ["req_2"])]
+    steps = [
+        ({"req_1": 5, "req_0": 10}, ["req_1", "req_0"]),
+        ({"req_2": 12, "req_3": 3}, ["req_3", "req_2"]),
+        ({"req_2": 5}, ["req_2"]),
+        ({"req_2": 3}, ["req_2"]),
+    ]
     if case == "missing-layer":
         LAYERS.pop()  # the model stops returning a captured layer: the ring expects two
     ext._reset_capture()
@@ -106,12 +113,18 @@ def main() -> None:
     except RuntimeError as e:
         print(json.dumps({"error": str(e)}))
         return
-    want_layers = [1, 3]  # noqa: the captured layers, in order
-    result = {req: {"shapes": [list(t.shape) for t in states[req]], "dtype": str(states[req][0].dtype),
-                    "own_storage": all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in states[req]),
-                    "exact": all(torch.equal(t, rows_of(req, 0, n, layer))
-                                 for t, layer in zip(states[req], want_layers))}
-              for req, n in prompts.items()}
+    want_layers = [1, 3]  # the captured layers, in order
+    result = {
+        req: {
+            "shapes": [list(t.shape) for t in states[req]],
+            "dtype": str(states[req][0].dtype),
+            "own_storage": all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in states[req]),
+            "exact": all(
+                torch.equal(t, rows_of(req, 0, n, layer)) for t, layer in zip(states[req], want_layers, strict=False)
+            ),
+        }
+        for req, n in prompts.items()
+    }
     print(json.dumps({"result": result, "ring": host.ring is not None}))
 
 

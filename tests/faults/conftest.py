@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from faultkit import capture  # noqa: E402
-from support import FIGURES  # noqa: E402
+from faultkit import capture
+from support import FIGURES
 
 
 @pytest.fixture(scope="session")

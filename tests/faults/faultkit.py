@@ -37,7 +37,9 @@ def kill_points(steps: list[str]) -> list[int]:
     power loss could), so the sampled sweep skips those duplicates; the full one does not."""
     if FULL_SWEEP:
         return list(range(1, len(steps) + 1))
-    return [k for k in range(1, len(steps) + 1) if k == 1 or steps[k - 2].split(" ", 2)[1] not in ("fsync", "fsync-dir")]
+    return [
+        k for k in range(1, len(steps) + 1) if k == 1 or steps[k - 2].split(" ", 2)[1] not in ("fsync", "fsync-dir")
+    ]
 
 
 def error_points(steps: list[str], kind: str) -> list[int]:
@@ -77,9 +79,9 @@ def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     (the sandbox is left as found). ``patch_files``: user patches applied with the shipped
     ones (loaded for this capture only; the registry is left as found)."""
     from patcher import engine
+    from patcher.connect.local import LocalTransport
     from patcher.fixes import registry
     from patcher.fixes.registry import select
-    from patcher.connect.local import LocalTransport
 
     loaded = registry.use_patch_files([str(p) for p in patch_files])
     try:
@@ -114,10 +116,22 @@ def _capture(sandbox, engine, select, LocalTransport) -> Requests:
     pristine = {p: snap.files[p] for p in apply["writes"]}
     patched = {p: base64.b64decode(w["data"]) for p, w in apply["writes"].items()}
     manifest_bytes = json.dumps(apply["manifest"], indent=1, sort_keys=True).encode()
-    revert = {"op": "commit", "state_dir": None, "root": None, "pristine": {}, "manifest": None,
-              "manifest_expect_sha256": sha(manifest_bytes),
-              "writes": {p: {"expect_sha256": sha(patched[p]), "sha256": sha(pristine[p]),
-                             "data": base64.b64encode(pristine[p]).decode()} for p in pristine}}
+    revert = {
+        "op": "commit",
+        "state_dir": None,
+        "root": None,
+        "pristine": {},
+        "manifest": None,
+        "manifest_expect_sha256": sha(manifest_bytes),
+        "writes": {
+            p: {
+                "expect_sha256": sha(patched[p]),
+                "sha256": sha(pristine[p]),
+                "data": base64.b64encode(pristine[p]).decode(),
+            }
+            for p in pristine
+        },
+    }
     return Requests(pristine, patched, apply, revert, manifest_bytes)
 
 
@@ -142,8 +156,10 @@ class Tree:
             if self.reqs.patched_tree is None:  # one real apply; later resets replay its result
                 answer = self.run(self.request("apply"))
                 assert "ok" in answer, answer
-                self.reqs.patched_tree = {str(p.relative_to(self.site)): None if p.is_dir() else p.read_bytes()
-                                          for p in sorted(self.site.rglob("*"))}
+                self.reqs.patched_tree = {
+                    str(p.relative_to(self.site)): None if p.is_dir() else p.read_bytes()
+                    for p in sorted(self.site.rglob("*"))
+                }
             else:
                 for rel, data in self.reqs.patched_tree.items():
                     if data is None:
@@ -157,8 +173,15 @@ class Tree:
         req["state_dir"], req["root"] = str(self.state), str(self.site)
         return req
 
-    def run(self, request: dict, fault: str | None = None, log: Path | None = None,
-            env: dict | None = None, argv_prefix: tuple[str, ...] = (), python: str = PYTHON) -> dict | None:
+    def run(
+        self,
+        request: dict,
+        fault: str | None = None,
+        log: Path | None = None,
+        env: dict | None = None,
+        argv_prefix: tuple[str, ...] = (),
+        python: str = PYTHON,
+    ) -> dict | None:
         """One agent process, one request. Returns its answer, None when it died."""
         full = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_PATCH_")}
         if fault:
@@ -166,8 +189,13 @@ class Tree:
         if log:
             full["SPECULATORS_PATCH_FAULT_LOG"] = str(log)
         full.update(env or {})
-        done = subprocess.run([*argv_prefix, python, "-I", "-S", "-c", AGENT], input=json.dumps(request).encode() + b"\n",
-                              capture_output=True, env=full, timeout=60)
+        done = subprocess.run(
+            [*argv_prefix, python, "-I", "-S", "-c", AGENT],
+            input=json.dumps(request).encode() + b"\n",
+            capture_output=True,
+            env=full,
+            timeout=60,
+        )
         out = done.stdout.decode().strip()
         return json.loads(out) if out else None
 
@@ -181,14 +209,18 @@ class Tree:
 
     def next_command(self, **kw) -> dict:
         """What any subcommand does first: ``inspect`` (finishing or rolling back)."""
-        return self.run({"op": "inspect", "site_packages": str(self.site),
-                         "speculators_files": sorted(self.reqs.pristine)}, **kw)
+        return self.run(
+            {"op": "inspect", "site_packages": str(self.site), "speculators_files": sorted(self.reqs.pristine)}, **kw
+        )
 
     def verdict(self) -> str:
         """``pristine`` | ``patched`` (backups intact) | ``litter: ...`` | ``corrupt: ...``."""
-        litter = [str(p.relative_to(self.top)) for p in self.top.rglob("*")
-                  if p.name.endswith((".speculators-patch.tmp", ".speculators-patch.old"))
-                  or p.name in ("journal.json", "cleanup.json")]
+        litter = [
+            str(p.relative_to(self.top))
+            for p in self.top.rglob("*")
+            if p.name.endswith((".speculators-patch.tmp", ".speculators-patch.old"))
+            or p.name in ("journal.json", "cleanup.json")
+        ]
         if litter:
             return "litter: " + ", ".join(sorted(litter))
         current = {p: (self.site / p).read_bytes() for p in self.reqs.pristine}
@@ -196,16 +228,27 @@ class Tree:
         backups = sorted(p for p in (self.state / "pristine").rglob("*") if p.is_file()) if self.state.exists() else []
         if current == self.reqs.pristine and not manifest.exists() and not backups:
             return "pristine"
-        if current == self.reqs.patched and manifest.exists() and manifest.read_bytes() == self.reqs.manifest_after_apply:
+        if (
+            current == self.reqs.patched
+            and manifest.exists()
+            and manifest.read_bytes() == self.reqs.manifest_after_apply
+        ):
             entries = json.loads(manifest.read_bytes())["files"]
             for path, entry in entries.items():
                 copy = self.state / "pristine" / f"{path}.sha256-{entry['pristine_sha256']}"
-                if not copy.exists() or sha(copy.read_bytes()) != entry["pristine_sha256"] \
-                        or copy.read_bytes() != self.reqs.pristine[path]:
+                if (
+                    not copy.exists()
+                    or sha(copy.read_bytes()) != entry["pristine_sha256"]
+                    or copy.read_bytes() != self.reqs.pristine[path]
+                ):
                     return f"corrupt: backup of {path}"
             if len(backups) != len(entries):
                 return "corrupt: stray backups"
             return "patched"
-        states = {p: "pristine" if d == self.reqs.pristine[p] else "patched" if d == self.reqs.patched[p] else "other"
-                  for p, d in current.items()}
-        return f"corrupt: files {states}, manifest {'present' if manifest.exists() else 'absent'}, {len(backups)} backups"
+        states = {
+            p: "pristine" if d == self.reqs.pristine[p] else "patched" if d == self.reqs.patched[p] else "other"
+            for p, d in current.items()
+        }
+        return (
+            f"corrupt: files {states}, manifest {'present' if manifest.exists() else 'absent'}, {len(backups)} backups"
+        )

@@ -17,7 +17,16 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # readable by any user (the tool's own may l
 
 
 def _as(uid: int, gid: int, umask: str = "022") -> tuple[str, ...]:
-    return ("setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={GROUP}", "sh", "-c", f'umask {umask}; exec "$@"', "-")
+    return (
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        f"--groups={GROUP}",
+        "sh",
+        "-c",
+        f'umask {umask}; exec "$@"',
+        "-",
+    )
 
 
 def _open_tree(reqs) -> Tree:
@@ -69,9 +78,16 @@ def test_concurrent_applies_with_different_patch_sets_keep_both(sandbox, site, f
     runs = 10 if FULL_SWEEP else 3
     for _ in range(runs):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        procs = [subprocess.Popen([sys.executable, "-m", "patcher", "apply", "--target", str(sandbox), "--only", pid],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for pid in ("SP004", "SP007")]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "patcher", "apply", "--target", str(sandbox), "--only", pid],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for pid in ("SP004", "SP007")
+        ]
         for p in procs:
             out, err = p.communicate(timeout=300)
             # each applies; a partial install then ends with verify's FAILED verdict (exit 1)
@@ -96,9 +112,18 @@ def test_pythonpath_does_not_redirect_the_patched_tree(sandbox, site, tmp_path):
 
 def test_bytecode_under_a_pycache_prefix_is_removed(sandbox, site, tmp_path):
     prefix = tmp_path / "pycache"
-    subprocess.run([str(sandbox / "bin" / "python"), "-X", f"pycache_prefix={prefix}", "-c",
-                    "import py_compile, sys; py_compile.compile(sys.argv[1], "
-                    "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)", str(site / GENERATOR)], check=True)
+    subprocess.run(
+        [
+            str(sandbox / "bin" / "python"),
+            "-X",
+            f"pycache_prefix={prefix}",
+            "-c",
+            "import py_compile, sys; py_compile.compile(sys.argv[1], "
+            "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)",
+            str(site / GENERATOR),
+        ],
+        check=True,
+    )
     assert list(prefix.rglob("vllm_hidden_states_generator.*.pyc"))
     assert run_cli("apply", "--target", str(sandbox), env={"PYTHONPYCACHEPREFIX": str(prefix)}).returncode == 0
     assert not list(prefix.rglob("vllm_hidden_states_generator.*.pyc"))
@@ -129,13 +154,30 @@ def test_killed_apply_then_another_version_is_refused_and_repairable(sandbox, si
     env = {"SPECULATORS_PATCH_FAULT": "kill@30"}
     run_cli("apply", "--target", str(sandbox), env=env)
     assert (site / ".speculators-patch" / "journal.json").exists()
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(sandbox / "bin/python"), "install", "--quiet",
-                    "--no-deps", "--no-compile", "--force-reinstall", str(wheel("speculators", "0.4.0"))], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(sandbox / "bin/python"),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            "--force-reinstall",
+            str(wheel("speculators", "0.4.0")),
+        ],
+        check=True,
+    )
     from support import tree_digest
 
     def sources():  # the installed files, without the killed commit's temporary files and links
-        return {p: d for p, d in tree_digest(site / "speculators").items()
-                if not p.endswith((".speculators-patch.tmp", ".speculators-patch.old"))}
+        return {
+            p: d
+            for p, d in tree_digest(site / "speculators").items()
+            if not p.endswith((".speculators-patch.tmp", ".speculators-patch.old"))
+        }
 
     before = tree_digest(site / "speculators")
     assert any(p.endswith(".speculators-patch.old") for p in before)  # the kill left its links

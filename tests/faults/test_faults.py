@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from faultkit import FULL_SWEEP, Tree, error_points, kill_points, recovery_starts
 
 
@@ -30,8 +29,11 @@ def _kill_sweep(tree: Tree, which: str, start_patched: bool) -> tuple[list[str],
         tree.reset(patched=start_patched)
         assert tree.run(tree.request(which), fault=f"kill@{k}") is None, f"step {k} did not kill"
         answer = tree.next_command()
-        verdict = tree.verdict() if answer and answer.get("ok") and not answer["ok"]["state_problem"] else \
-            f"needs repair: {answer}"
+        verdict = (
+            tree.verdict()
+            if answer and answer.get("ok") and not answer["ok"]["state_problem"]
+            else f"needs repair: {answer}"
+        )
         outcomes[verdict.split(":")[0]] += 1
         if verdict not in ("pristine", "patched"):
             bad.append(f"kill at step {k} ({steps[k - 1]}): {verdict}")
@@ -53,9 +55,10 @@ def test_kill_at_every_step(request, tmp_path, figures, which, start_patched, ca
         assert "speculators/data_generation/logging_utils.py" in reqs.apply["writes"]
     steps, points, outcomes, bad = _kill_sweep(Tree(tmp_path, reqs), which, start_patched)
     what = "commit" if which == "apply" else "revert"
-    figures[f"kill points tried ({what}{', with FIX002 on logging_utils.py' if carrying == 'user' else ''})"] = \
-        f"{_tried(points, len(steps))}: {outcomes['pristine']} pristine, {outcomes['patched']} patched, " \
+    figures[f"kill points tried ({what}{', with FIX002 on logging_utils.py' if carrying == 'user' else ''})"] = (
+        f"{_tried(points, len(steps))}: {outcomes['pristine']} pristine, {outcomes['patched']} patched, "
         f"{outcomes['corrupt'] + outcomes['litter']} corrupt, {outcomes['needs repair']} needing repair"
+    )
     assert not bad, "\n".join(bad)
     # both ends are reached: the sweep really crosses the commit point
     assert outcomes["pristine"] and outcomes["patched"]
@@ -86,16 +89,19 @@ def test_kill_at_every_step_of_recovery(request, tmp_path, figures, carrying):
         recovery_steps = log.read_text().splitlines()
         for r in range(1, len(recovery_steps) + 1):
             _restore(tree, snapshot)
-            tree.run({"op": "inspect", "site_packages": str(tree.site), "speculators_files": sorted(reqs.pristine)},
-                     fault=f"kill@{r}")
+            tree.run(
+                {"op": "inspect", "site_packages": str(tree.site), "speculators_files": sorted(reqs.pristine)},
+                fault=f"kill@{r}",
+            )
             answer = tree.next_command()
             tried += 1
             verdict = tree.verdict() if answer["ok"]["state_problem"] is None else f"needs repair: {answer}"
             if verdict not in ("pristine", "patched"):
                 bad.append(f"commit killed at {k}, recovery killed at {r} ({recovery_steps[r - 1]}): {verdict}")
-    figures[f"kill points tried (recovery{', with FIX002 on logging_utils.py' if carrying == 'user' else ''})"] = \
-        f"{tried} (every recovery step, from {states} interrupted commits: commit killed at {len(starts)} of " \
+    figures[f"kill points tried (recovery{', with FIX002 on logging_utils.py' if carrying == 'user' else ''})"] = (
+        f"{tried} (every recovery step, from {states} interrupted commits: commit killed at {len(starts)} of "
         f"{len(commit_steps)} steps{'' if FULL_SWEEP else ', sampled'}), {len(bad)} corrupt or needing repair"
+    )
     assert tried > 0 and not bad, "\n".join(bad)
 
 
@@ -124,7 +130,11 @@ def test_error_at_every_step_is_rolled_back_at_once(request, tmp_path, figures, 
         tree.reset(patched=start)
         steps = tree.steps(tree.request(which))
         points = error_points(steps, kind)
-        committed_at = next(i for i, step in enumerate(steps, 1) if step.split(" ", 2)[1:] == ["rename", str(tree.state / "cleanup.json")])
+        committed_at = next(
+            i
+            for i, step in enumerate(steps, 1)
+            if step.split(" ", 2)[1:] == ["rename", str(tree.state / "cleanup.json")]
+        )
         bad = []
         for k in points:
             tree.reset(patched=start)
@@ -134,20 +144,29 @@ def test_error_at_every_step_is_rolled_back_at_once(request, tmp_path, figures, 
                 bad.append(f"{which} {kind} at step {k} ({steps[k - 1]}): done, but its cleanup stopped silently")
             tree.next_command()
             verdict = tree.verdict()
-            expected = ("pristine" if start is False else "patched") if "error" in answer else \
-                ("patched" if start is False else "pristine")
+            expected = (
+                ("pristine" if start is False else "patched")
+                if "error" in answer
+                else ("patched" if start is False else "pristine")
+            )
             if verdict != expected:
                 bad.append(f"{which} {kind} at step {k} ({steps[k - 1]}): {verdict}; answer {answer}")
         counts[which] = _tried(points, len(steps))
         assert not bad, "\n".join(bad)
-    figures[f"{kind} injected{' (with FIX002 on logging_utils.py)' if carrying == 'user' else ''}"] = f"apply {counts['apply']}, revert {counts['revert']}; 0 half-done (each rolled back " \
+    figures[f"{kind} injected{' (with FIX002 on logging_utils.py)' if carrying == 'user' else ''}"] = (
+        f"apply {counts['apply']}, revert {counts['revert']}; 0 half-done (each rolled back "
         "at once before the commit point, standing after it)"
+    )
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _fill(where: Path, leave: int) -> None:
@@ -207,10 +226,13 @@ def test_disk_full_at_several_levels(reqs, tmp_path, figures, space_check):
                     assert tree.verdict() == ("patched" if not start else "pristine")
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
-    figures[f"disk-full trials ({'preflight' if space_check else 'real ENOSPC'})"] = \
-        f"{tried} ({len(LEVELS_KIB)} levels x apply, revert), 0 half-patched; " + "; ".join(
+    figures[f"disk-full trials ({'preflight' if space_check else 'real ENOSPC'})"] = (
+        f"{tried} ({len(LEVELS_KIB)} levels x apply, revert), 0 half-patched; "
+        + "; ".join(
             f"{op} refused at {[k for k in LEVELS_KIB if results[f'{op}@{k}KiB'] == 'refused']} KiB free, done above"
-            for op in ("apply", "revert"))
+            for op in ("apply", "revert")
+        )
+    )
     assert "refused" in results.values() and "done" in results.values()
 
 
@@ -220,8 +242,10 @@ def test_immutable_file_is_refused_before_the_first_write(reqs, tmp_path, figure
     image, mnt = tmp_path / "fs.img", tmp_path / "ext4"
     mnt.mkdir()
     subprocess.run(["truncate", "-s", "8M", str(image)], check=True)
-    if subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True).returncode != 0 or \
-            subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True).returncode != 0
+        or subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True).returncode != 0
+    ):
         pytest.skip("no loop-mounted ext4 here (needs root and mkfs.ext4)")
     try:
         tree = Tree(mnt, reqs).reset()
@@ -233,8 +257,9 @@ def test_immutable_file_is_refused_before_the_first_write(reqs, tmp_path, figure
         subprocess.run(["chattr", "-i", str(tree.site / last)], check=True)
 
         tree.reset()
-        proc = subprocess.Popen([*_agent(tree)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                env=_env("pause-mid-write"))
+        proc = subprocess.Popen(
+            [*_agent(tree)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env("pause-mid-write")
+        )
         import json
         import time
 
@@ -247,7 +272,9 @@ def test_immutable_file_is_refused_before_the_first_write(reqs, tmp_path, figure
         subprocess.run(["chattr", "-i", str(tree.site / last)], check=True)
         assert "error" in answer and "nothing changed" in answer["error"], answer
         assert tree.verdict() == "pristine" and not tree.state.exists()
-        figures["immutable (chattr +i on ext4)"] = "refused before writing; flipped mid-commit: rolled back; no state left"
+        figures["immutable (chattr +i on ext4)"] = (
+            "refused before writing; flipped mid-commit: rolled back; no state left"
+        )
     finally:
         subprocess.run(["chattr", "-R", "-i", str(mnt)], capture_output=True)
         subprocess.run(["umount", "-l", str(mnt)])

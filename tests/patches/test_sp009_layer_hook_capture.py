@@ -46,7 +46,8 @@ class HiddenStatesWorkerExtension:
         logging.info("capture set up")
 '''
 
-AFTER = '''\
+AFTER = (
+    '''\
 import logging
 
 from vllm.distributed import get_tp_group
@@ -55,13 +56,16 @@ from vllm.distributed import get_tp_group
 class HiddenStatesWorkerExtension:
     """Worker extension."""
 
-''' + ADDED + '''
+'''
+    + ADDED
+    + """
     def _setup_hidden_states_capture(self, layer_ids):
         self._layer_ids = frozenset(layer_ids)
         base_model = self.model_runner.model.model
         self._register_capture_hooks(base_model)
         logging.info("capture set up")
-'''
+"""
+)
 
 
 def rewrite(src: str) -> tuple[str, str]:
@@ -92,12 +96,15 @@ def test_layer_hook_capture_on_speculators_0_3_0(pristine_sources) -> None:
 @pytest.mark.parametrize(
     "src",
     [
-        pytest.param(textwrap.dedent('''\
+        pytest.param(
+            textwrap.dedent("""\
             class HiddenStatesWorkerExtension:
                 def _setup_hidden_states_capture(self, layer_ids):
                     base_model = self.model_runner.model.model
                     self._register_capture_hooks(base_model)
-            '''), id="hooks registered, no replacement forward"),
+            """),
+            id="hooks registered, no replacement forward",
+        ),
     ],
 )
 def test_layer_hook_capture_noop(src: str) -> None:
@@ -107,8 +114,13 @@ def test_layer_hook_capture_noop(src: str) -> None:
 @pytest.mark.parametrize(
     "src",
     [
-        pytest.param(BEFORE.replace("base_model.forward = types.MethodType(_patched_forward, base_model)",
-                                    "base_model.__call__ = _patched_forward"), id="forward bound another way"),
+        pytest.param(
+            BEFORE.replace(
+                "base_model.forward = types.MethodType(_patched_forward, base_model)",
+                "base_model.__call__ = _patched_forward",
+            ),
+            id="forward bound another way",
+        ),
         pytest.param(BEFORE.replace("_store_captured_states(self", "_store(self"), id="storage method renamed"),
         pytest.param("class HiddenStatesWorkerExtension:\n    pass\n", id="no capture at all"),
     ],

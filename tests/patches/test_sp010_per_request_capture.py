@@ -3,34 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
 from patcher.engine import run_codemod
 from speculators_patch_codemods.sp010_per_request_capture import METHODS, PATCH
 
 ADDED = METHODS.split("\n", 1)[1]  # the methods as they read inside the class
 
-BEFORE = '''\
-import torch
-
-
-class HiddenStatesWorkerExtension:
-    def _setup_hidden_states_capture(self, layer_ids):
-        self._layer_ids = frozenset(layer_ids)
-        self._captured_states = None  # type: ignore[assignment]
-        self._register_capture_hooks(self.model_runner.model.model)
-
-    def _reset_capture(self):
-        """Reset captured states before starting a new batch"""
-        self._captured_states = None
-
-    def _get_captured_states(self):
-        """Get the captured hidden states"""
-        result = [torch.cat(t, dim=0) for t in self._captured_states]
-        self._captured_states = None
-        return result
-'''
-
-AFTER = '''\
+AFTER = (
+    '''\
 import torch
 
 
@@ -55,7 +36,9 @@ class HiddenStatesWorkerExtension:
         result = [torch.cat(t, dim=0) for t in self._captured_states]
         self._captured_states = None
         return result
-''' + ADDED
+'''
+    + ADDED
+)
 
 
 def rewrite(src: str) -> tuple[str, str]:
@@ -80,9 +63,10 @@ def test_per_request_capture_on_speculators_0_3_0(pristine_sources) -> None:
     "src",
     [
         pytest.param(AFTER, id="already split per request"),
-        pytest.param("class HiddenStatesWorkerExtension:\n"
-                     "    def _get_captured_states_per_request(self):\n"
-                     "        return {}\n", id="a per-request getter exists"),
+        pytest.param(
+            "class HiddenStatesWorkerExtension:\n    def _get_captured_states_per_request(self):\n        return {}\n",
+            id="a per-request getter exists",
+        ),
     ],
 )
 def test_per_request_capture_noop(src: str) -> None:
@@ -92,11 +76,16 @@ def test_per_request_capture_noop(src: str) -> None:
 @pytest.mark.parametrize(
     "src",
     [
-        pytest.param(BEFORE.replace("        self._captured_states = None\n", "        self._captured_states = []\n"
-                                    ).replace("self._captured_states = []", "self._states = []"),
-                     id="_reset_capture does not reset _captured_states"),
-        pytest.param(BEFORE.replace("def _get_captured_states(self):", "def _get_captured_states(self, rank):"),
-                     id="getter with another signature"),
+        pytest.param(
+            BEFORE.replace("        self._captured_states = None\n", "        self._captured_states = []\n").replace(
+                "self._captured_states = []", "self._states = []"
+            ),
+            id="_reset_capture does not reset _captured_states",
+        ),
+        pytest.param(
+            BEFORE.replace("def _get_captured_states(self):", "def _get_captured_states(self, rank):"),
+            id="getter with another signature",
+        ),
         pytest.param(BEFORE.replace("class HiddenStatesWorkerExtension", "class OtherExtension"), id="other class"),
     ],
 )
@@ -108,29 +97,6 @@ def test_per_request_capture_refuses_unknown_code(src: str) -> None:
 
 # The emitted methods at work, on plain Python stand-ins for tensors and the model runner
 # (the real engine runs them in tests/e2e).
-
-
-class Rows(list):
-    """A list of row labels standing in for a [tokens, hidden] tensor."""
-
-    @property
-    def shape(self):
-        return (len(self),)
-
-    def __getitem__(self, index):
-        got = super().__getitem__(index)
-        return Rows(got) if isinstance(index, slice) else got
-
-
-class FakeTorch:
-    @staticmethod
-    def cat(chunks, dim=0):
-        return Rows(row for chunk in chunks for row in chunk)
-
-
-class Step:
-    def __init__(self, num_scheduled_tokens):
-        self.num_scheduled_tokens = num_scheduled_tokens
 
 
 def emitted_extension(batch_index):
@@ -169,8 +135,9 @@ def test_captures_are_split_in_batch_order_across_chunked_steps():
     ("passes", "message"),
     [
         pytest.param([Rows(["a0", "a1", "a2"])], "Captured 1 forward passes for 2 steps", id="a step without capture"),
-        pytest.param([Rows(["a0"]), Rows(["a1", "a2"])], "Captured 1 rows for a step of 2 tokens",
-                     id="fewer rows than tokens"),
+        pytest.param(
+            [Rows(["a0"]), Rows(["a1", "a2"])], "Captured 1 rows for a step of 2 tokens", id="fewer rows than tokens"
+        ),
     ],
 )
 def test_captures_that_disagree_with_the_steps_raise(passes, message):
@@ -193,8 +160,9 @@ def test_model_runner_v2_stops_capture_setup_with_one_line():
     namespace = {"torch": FakeTorch}
     exec(compile(AFTER.replace("import torch\n", ""), "custom_worker.py", "exec"), namespace)
     ext = namespace["HiddenStatesWorkerExtension"]()
-    ext.model_runner = type("GPUModelRunnerV2", (), {"execute_model": lambda self, s: None,
-                                                     "model": type("M", (), {"model": None})()})()
+    ext.model_runner = type(
+        "GPUModelRunnerV2", (), {"execute_model": lambda self, s: None, "model": type("M", (), {"model": None})()}
+    )()
     ext._register_capture_hooks = lambda base_model: None
     with pytest.raises(RuntimeError) as raised:
         ext._setup_hidden_states_capture([0])

@@ -8,7 +8,7 @@ from patcher.engine import run_codemod
 from speculators_patch_codemods.sp012_prefill_to_completion import PATCH
 
 # speculators 0.3.0's generate(), condensed to the statements the patch works on.
-BEFORE = '''\
+BEFORE = """\
 class VllmHiddenStatesGenerator:
     def generate(self, token_ids):
         input_ids_list = token_ids
@@ -41,9 +41,9 @@ class VllmHiddenStatesGenerator:
             offset += seq_len
 
         return results
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 class VllmHiddenStatesGenerator:
     def generate(self, token_ids):
         input_ids_list = token_ids
@@ -101,7 +101,7 @@ class VllmHiddenStatesGenerator:
             results.append({"input_ids": input_ids_list[i], "hidden_states": layer_states})
 
         return results
-'''
+"""
 
 
 def rewrite(src: str) -> tuple[str, str]:
@@ -118,7 +118,9 @@ def test_prefill_to_completion_keeps_unique_reply_rank_for_sp006() -> None:
     src = BEFORE.replace('"_get_captured_states",\n', '"_get_captured_states",\n            unique_reply_rank=0,\n')
     verdict, new = rewrite(src)
     assert verdict == "changed"
-    assert '"_get_captured_states",\n            unique_reply_rank=0,\n            kwargs={"per_request": True},\n' in new
+    assert (
+        '"_get_captured_states",\n            unique_reply_rank=0,\n            kwargs={"per_request": True},\n' in new
+    )
 
 
 def test_prefill_to_completion_on_speculators_0_3_0(pristine_sources) -> None:
@@ -133,8 +135,10 @@ def test_prefill_to_completion_on_speculators_0_3_0(pristine_sources) -> None:
     "src",
     [
         pytest.param(AFTER, id="already per request"),
-        pytest.param('states = self.executor.collective_rpc("_get_captured_states", kwargs={"per_request": True})\n',
-                     id="the call already asks per request"),
+        pytest.param(
+            'states = self.executor.collective_rpc("_get_captured_states", kwargs={"per_request": True})\n',
+            id="the call already asks per request",
+        ),
     ],
 )
 def test_prefill_to_completion_noop(src: str) -> None:
@@ -145,8 +149,10 @@ def test_prefill_to_completion_noop(src: str) -> None:
     "src",
     [
         pytest.param(BEFORE.replace("            offset += seq_len\n", ""), id="slicing loop of another shape"),
-        pytest.param(BEFORE.replace("self.scheduler.finish_requests([req_id]", "self.abort([req_id]"),
-                     id="step loop aborting another way"),
+        pytest.param(
+            BEFORE.replace("self.scheduler.finish_requests([req_id]", "self.abort([req_id]"),
+            id="step loop aborting another way",
+        ),
         pytest.param(BEFORE.replace('"_get_captured_states"', '"_get_states"'), id="another capture RPC"),
     ],
 )

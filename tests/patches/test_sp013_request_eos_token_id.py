@@ -8,9 +8,11 @@ from patcher.engine import run_codemod
 from speculators_patch_codemods.sp013_request_eos_token_id import PATCH
 
 HEAD = "from vllm.v1.request import Request\n"
-FLAG = ("import inspect\n\n"
-        "# vLLM <= 0.16 requires Request(eos_token_id=); 0.17 removed it. Read once, at import.\n"
-        '_REQUEST_TAKES_EOS_TOKEN_ID = "eos_token_id" in inspect.signature(Request.__init__).parameters\n')
+FLAG = (
+    "import inspect\n\n"
+    "# vLLM <= 0.16 requires Request(eos_token_id=); 0.17 removed it. Read once, at import.\n"
+    '_REQUEST_TAKES_EOS_TOKEN_ID = "eos_token_id" in inspect.signature(Request.__init__).parameters\n'
+)
 SPLAT = '**({"eos_token_id": %s} if _REQUEST_TAKES_EOS_TOKEN_ID else {})'
 
 
@@ -44,7 +46,9 @@ def rewrite(src: str) -> tuple[str, str]:
         ),
         pytest.param(
             "import inspect\n" + HEAD + "r = request.Request(rid, eos_token_id=eos, arrival_time=0.0,)\n",
-            "import inspect\n" + HEAD + FLAG.removeprefix("import inspect\n")
+            "import inspect\n"
+            + HEAD
+            + FLAG.removeprefix("import inspect\n")
             + f"r = request.Request(rid, {SPLAT % 'eos'}, arrival_time=0.0,)\n",
             id="attribute callee, trailing comma kept, inspect already imported",
         ),
@@ -71,11 +75,17 @@ def test_request_eos_token_id_noop(src: str) -> None:
     assert rewrite(src) == ("satisfied", src)
 
 
-@pytest.mark.parametrize(("src", "expected"), [
-    pytest.param("x = make_request(eos_token_id=1)\n", "a call Request(...)", id="no Request call"),
-    pytest.param(HEAD + "_REQUEST_TAKES_EOS_TOKEN_ID = True\nr = Request(rid, eos_token_id=eos)\n",
-                 "no module-level _REQUEST_TAKES_EOS_TOKEN_ID", id="our name already taken"),
-])
+@pytest.mark.parametrize(
+    ("src", "expected"),
+    [
+        pytest.param("x = make_request(eos_token_id=1)\n", "a call Request(...)", id="no Request call"),
+        pytest.param(
+            HEAD + "_REQUEST_TAKES_EOS_TOKEN_ID = True\nr = Request(rid, eos_token_id=eos)\n",
+            "no module-level _REQUEST_TAKES_EOS_TOKEN_ID",
+            id="our name already taken",
+        ),
+    ],
+)
 def test_request_eos_token_id_refuses_unknown_code(src: str, expected: str) -> None:
     verdict, _, detail = run_codemod(PATCH, src.encode(), "3.11")
     assert verdict == "refused" and expected in detail
@@ -96,10 +106,13 @@ class _Request017:
         self.eos_token_id = None
 
 
-@pytest.mark.parametrize(("request_cls", "eos"), [
-    pytest.param(_Request016, 7, id="0.16 shape: required eos_token_id is passed"),
-    pytest.param(_Request017, None, id="0.17 shape: not passed, no TypeError"),
-])
+@pytest.mark.parametrize(
+    ("request_cls", "eos"),
+    [
+        pytest.param(_Request016, 7, id="0.16 shape: required eos_token_id is passed"),
+        pytest.param(_Request017, None, id="0.17 shape: not passed, no TypeError"),
+    ],
+)
 def test_emitted_code_runs_on_both_request_shapes(request_cls, eos) -> None:
     """The emitted code itself, executed against both constructor shapes (no vLLM needed)."""
     _, code = rewrite(HEAD + "r = Request('r', [1], None, None, eos_token_id=7)\n")

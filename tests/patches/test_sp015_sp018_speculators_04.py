@@ -61,25 +61,41 @@ FINISHED_IN_LOOP = """\
 """
 
 REWRITES = [
-    pytest.param("SP015", """\
+    pytest.param(
+        "SP015",
+        """\
         free_memory, _ = mem_get_info()
         cache_memory = int(free_memory * gpu_memory_utilization * CACHE_MEMORY_FRACTION)
-        """, """\
+        """,
+        """\
         free_memory = min(self.executor.determine_available_memory())  # bytes, any platform
         cache_memory = int(free_memory * gpu_memory_utilization * CACHE_MEMORY_FRACTION)
-        """, id="SP015 executor answers for every platform"),
-    pytest.param("SP016", """\
+        """,
+        id="SP015 executor answers for every platform",
+    ),
+    pytest.param(
+        "SP016",
+        """\
         # Map results back to original input order
         for req_id in sorted(request_id_to_idx.keys()):
             i = request_id_to_idx[req_id]
-        """, """\
+        """,
+        """\
         # Map results back to original input order
         for req_id in sorted(request_id_to_idx, key=request_id_to_idx.get):
             i = request_id_to_idx[req_id]
-        """, id="SP016 sorted by input index, comment kept"),
-    pytest.param("SP017", "def generate(self):\n" + STEP_LOOP, "def generate(self):\n" + FINISHED_IN_LOOP,
-                 id="SP017 finish completed prompts at the end of each step"),
-    pytest.param("SP018", """\
+        """,
+        id="SP016 sorted by input index, comment kept",
+    ),
+    pytest.param(
+        "SP017",
+        "def generate(self):\n" + STEP_LOOP,
+        "def generate(self):\n" + FINISHED_IN_LOOP,
+        id="SP017 finish completed prompts at the end of each step",
+    ),
+    pytest.param(
+        "SP018",
+        """\
         from vllm.v1.request import Request, RequestStatus
 
         req = Request(
@@ -88,7 +104,8 @@ REWRITES = [
             eos_token_id=self.tokenizer.eos_token_id,
             arrival_time=INITIAL_ARRIVAL_TIME,
         )
-        """, """\
+        """,
+        """\
         from vllm.v1.request import Request, RequestStatus
         import inspect
 
@@ -101,27 +118,49 @@ REWRITES = [
             **({"eos_token_id": self.tokenizer.eos_token_id} if _REQUEST_TAKES_EOS_TOKEN_ID else {}),
             arrival_time=INITIAL_ARRIVAL_TIME,
         )
-        """, id="SP018 SP013's portable keyword on 0.4.x's call"),
+        """,
+        id="SP018 SP013's portable keyword on 0.4.x's call",
+    ),
 ]
 
 NOOPS = [
-    pytest.param("SP015", "free_memory = min(self.executor.determine_available_memory())\n",
-                 id="SP015 already asks the executor"),
-    pytest.param("SP016", "for req_id in sorted(request_id_to_idx, key=request_id_to_idx.__getitem__):\n    pass\n",
-                 id="SP016 already keyed by input index"),
+    pytest.param(
+        "SP015", "free_memory = min(self.executor.determine_available_memory())\n", id="SP015 already asks the executor"
+    ),
+    pytest.param(
+        "SP016",
+        "for req_id in sorted(request_id_to_idx, key=request_id_to_idx.__getitem__):\n    pass\n",
+        id="SP016 already keyed by input index",
+    ),
     pytest.param("SP017", "def generate(self):\n" + FINISHED_IN_LOOP, id="SP017 loop already finishes requests"),
     pytest.param("SP018", "req = Request(request_id=r, arrival_time=t)\n", id="SP018 no eos_token_id passed"),
 ]
 
 REFUSALS = [
-    pytest.param("SP015", "free_memory, _ = torch.cuda.mem_get_info()\n", "'free_memory, _ = mem_get_info()'",
-                 id="SP015 another query (0.3.0's is SP011's)"),
-    pytest.param("SP016", "for req_id in request_ids:\n    pass\n", "sorted(request_id_to_idx.keys())",
-                 id="SP016 results loop of another shape"),
-    pytest.param("SP017", "while True:\n    self.executor.execute_model(scheduler_output)\n",
-                 "self.scheduler.schedule()", id="SP017 no scheduler loop"),
-    pytest.param("SP017", "def generate(self):\n" + STEP_LOOP + "\ndef again(self):\n" + STEP_LOOP,
-                 "one 'while (scheduler_output", id="SP017 two step loops: which one?"),
+    pytest.param(
+        "SP015",
+        "free_memory, _ = torch.cuda.mem_get_info()\n",
+        "'free_memory, _ = mem_get_info()'",
+        id="SP015 another query (0.3.0's is SP011's)",
+    ),
+    pytest.param(
+        "SP016",
+        "for req_id in request_ids:\n    pass\n",
+        "sorted(request_id_to_idx.keys())",
+        id="SP016 results loop of another shape",
+    ),
+    pytest.param(
+        "SP017",
+        "while True:\n    self.executor.execute_model(scheduler_output)\n",
+        "self.scheduler.schedule()",
+        id="SP017 no scheduler loop",
+    ),
+    pytest.param(
+        "SP017",
+        "def generate(self):\n" + STEP_LOOP + "\ndef again(self):\n" + STEP_LOOP,
+        "one 'while (scheduler_output",
+        id="SP017 two step loops: which one?",
+    ),
 ]
 
 

@@ -9,10 +9,10 @@ import textwrap
 import zipfile
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
-from sandbox import wheel
 
 PATCH = next(p for p in all_patches() if p.id == "SP019")
 BEFORE = '''\
@@ -54,4 +54,3 @@ def test_the_real_file_is_rewritten_and_still_parses():
     verdict, new, _ = run(src)
     assert verdict == "changed"
     compile(new, PATCH.file, "exec")
-

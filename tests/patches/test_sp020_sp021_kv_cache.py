@@ -10,10 +10,10 @@ from __future__ import annotations
 import zipfile
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
-from sandbox import wheel
 
 PATCHES = {p.id: p for p in all_patches()}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -48,17 +48,22 @@ def test_sp021_passes_none_only_where_vllm_records_a_user_block_size(generator_s
     verdict, new, _ = run("SP021", generator_src)
     assert verdict == "changed"
     assert "block_size=_KV_CACHE_BLOCK_SIZE," in new and "block_size=VLLM_BLOCK_SIZE" not in new
-    assert ('_KV_CACHE_BLOCK_SIZE = None if "user_specified_block_size" in CacheConfig.__dataclass_fields__ '
-            "else VLLM_BLOCK_SIZE") in new
+    assert (
+        '_KV_CACHE_BLOCK_SIZE = None if "user_specified_block_size" in CacheConfig.__dataclass_fields__ '
+        "else VLLM_BLOCK_SIZE"
+    ) in new
     assert new.index("VLLM_BLOCK_SIZE = 16") < new.index("_KV_CACHE_BLOCK_SIZE =")
     compile(new, GENERATOR, "exec")
     assert run("SP021", new)[0] == "satisfied"
 
 
-@pytest.mark.parametrize(("patch_id", "src"), [
-    ("SP020", "x = self.executor.collective_rpc('other')\n"),
-    ("SP021", "VLLM_BLOCK_SIZE = 16\nCacheConfig(block_size=32)\n"),
-])
+@pytest.mark.parametrize(
+    ("patch_id", "src"),
+    [
+        ("SP020", "x = self.executor.collective_rpc('other')\n"),
+        ("SP021", "VLLM_BLOCK_SIZE = 16\nCacheConfig(block_size=32)\n"),
+    ],
+)
 def test_unrecognised_code_is_refused(patch_id, src):
     verdict, new, _ = run(patch_id, src)
     assert verdict == "refused" and new == src

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import namedtuple
 
 import pytest
+from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
 from patcher.engine import run_codemod
 from speculators_patch_codemods.sp010_per_request_capture import PATCH as SP010
 from speculators_patch_codemods.sp022_model_runner_v2_capture import PATCH
-from test_sp010_per_request_capture import BEFORE, FakeTorch, Rows, Step
 
 
 def rewrite(patch, src: str) -> tuple[str, str]:
@@ -45,8 +45,13 @@ def test_crlf_files_stay_crlf() -> None:
     "src",
     [
         pytest.param(BEFORE, id="SP010 not applied"),
-        pytest.param(AFTER_SP010.replace("if getattr(execute_model, \"_records_batch_layout\", False):",
-                                         "if getattr(execute_model, \"_records\", False):"), id="SP010's method edited"),
+        pytest.param(
+            AFTER_SP010.replace(
+                'if getattr(execute_model, "_records_batch_layout", False):',
+                'if getattr(execute_model, "_records", False):',
+            ),
+            id="SP010's method edited",
+        ),
     ],
 )
 def test_refuses_anything_but_sp010s_method(src: str) -> None:
@@ -110,7 +115,9 @@ def test_v2_captures_are_split_in_v2_batch_order_across_chunked_steps(make_state
     ext.model_runner.execute_model(Step({"a": 2}))
     ext._captured_states = [[Rows(["b0", "b1", "b2", "a0", "a1", "a2", "a3"]), Rows(["a4", "a5", "pad"])]]
     assert ext._get_captured_states(per_request=True) == {
-        "b": [["b0", "b1", "b2"]], "a": [["a0", "a1", "a2", "a3", "a4", "a5"]]}
+        "b": [["b0", "b1", "b2"]],
+        "a": [["a0", "a1", "a2", "a3", "a4", "a5"]],
+    }
 
 
 def test_v2_batch_that_disagrees_with_the_scheduler_raises() -> None:
@@ -146,8 +153,9 @@ def test_v1_runner_keeps_sp010s_behaviour() -> None:
 
 
 def test_a_runner_of_neither_kind_stops_capture_setup_with_one_line() -> None:
-    runner = type("TPUModelRunner", (), {"execute_model": lambda self, s: None,
-                                         "model": type("M", (), {"model": None})()})()
+    runner = type(
+        "TPUModelRunner", (), {"execute_model": lambda self, s: None, "model": type("M", (), {"model": None})()}
+    )()
     with pytest.raises(RuntimeError) as raised:
         extension(runner)
     message = str(raised.value)

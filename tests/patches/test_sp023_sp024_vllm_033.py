@@ -18,11 +18,11 @@ import types
 import zipfile
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
 from patcher.fixes.vllm_source import VllmSource
-from sandbox import wheel
 
 PATCHES = {p.id: p for p in all_patches()}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -58,12 +58,16 @@ def run(patch_id: str, src: str) -> tuple[str, str, str]:
 
 
 def test_sp023_holds_on_033_only_with_each_helpers_new_line():
-    assert evidence("SP023", "0.33.0") == [(True, "vllm/v1/core/kv_cache_planning.py:314"),
-                                           (True, "vllm/v1/core/kv_cache_planning.py:642"),
-                                           (True, "vllm/v1/core/kv_cache_planning.py:853")]
-    assert evidence("SP023", "0.32.0") == [(False, "vllm/v1/core/kv_cache_utils.py:1260"),
-                                           (False, "vllm/v1/core/kv_cache_utils.py:1588"),
-                                           (False, "vllm/v1/core/kv_cache_utils.py:1799")]
+    assert evidence("SP023", "0.33.0") == [
+        (True, "vllm/v1/core/kv_cache_planning.py:314"),
+        (True, "vllm/v1/core/kv_cache_planning.py:642"),
+        (True, "vllm/v1/core/kv_cache_planning.py:853"),
+    ]
+    assert evidence("SP023", "0.32.0") == [
+        (False, "vllm/v1/core/kv_cache_utils.py:1260"),
+        (False, "vllm/v1/core/kv_cache_utils.py:1588"),
+        (False, "vllm/v1/core/kv_cache_utils.py:1799"),
+    ]
 
 
 def test_sp002_is_still_needed_on_033_where_the_function_moved():
@@ -102,8 +106,9 @@ def _emitted_import(generator_src: str) -> str:
     return ast.get_source_segment(new, next(n for n in ast.parse(new).body if isinstance(n, ast.Try)))
 
 
-@pytest.mark.parametrize(("old_has_them", "source"), [(True, "kv_cache_utils"), (False, "kv_cache_planning")],
-                         ids=["0.11-0.32", "0.33"])
+@pytest.mark.parametrize(
+    ("old_has_them", "source"), [(True, "kv_cache_utils"), (False, "kv_cache_planning")], ids=["0.11-0.32", "0.33"]
+)
 def test_sp023s_import_takes_the_helpers_from_where_they_are(generator_src, monkeypatch, old_has_them, source):
     def module(name: str, helpers: bool) -> types.ModuleType:
         mod = types.ModuleType(name)
@@ -115,17 +120,25 @@ def test_sp023s_import_takes_the_helpers_from_where_they_are(generator_src, monk
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "vllm.v1.core.kv_cache_utils", module("vllm.v1.core.kv_cache_utils", old_has_them))
     if not old_has_them:  # 0.11-0.32 have no kv_cache_planning module at all
-        monkeypatch.setitem(sys.modules, "vllm.v1.core.kv_cache_planning", module("vllm.v1.core.kv_cache_planning", True))
+        monkeypatch.setitem(
+            sys.modules, "vllm.v1.core.kv_cache_planning", module("vllm.v1.core.kv_cache_planning", True)
+        )
     namespace: dict = {}
     exec(compile(_emitted_import(generator_src), GENERATOR, "exec"), namespace)
     assert [namespace[h] for h in HELPERS] == [f"{source}.{h}" for h in HELPERS]
 
 
-@pytest.mark.parametrize("src", [
-    pytest.param("from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups\n", id="one name only"),
-    pytest.param("from vllm.v1.core.kv_cache_utils import (\n    _get_kv_cache_groups_uniform_spec as g,\n"
-                 "    get_kv_cache_config_from_groups,\n    unify_hybrid_kv_cache_specs,\n)\n", id="renamed on import"),
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        pytest.param("from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups\n", id="one name only"),
+        pytest.param(
+            "from vllm.v1.core.kv_cache_utils import (\n    _get_kv_cache_groups_uniform_spec as g,\n"
+            "    get_kv_cache_config_from_groups,\n    unify_hybrid_kv_cache_specs,\n)\n",
+            id="renamed on import",
+        ),
+    ],
+)
 def test_sp023_refuses_an_import_it_does_not_know(src):
     verdict, new, detail = run("SP023", src)
     assert (verdict, new) == ("refused", src) and "unrecognised code, expected" in detail
@@ -153,17 +166,22 @@ def test_sp024_rewrites_sp020s_call_only(after_sp020):
     assert "self.executor.set_kv_cache_layout(layout.name)\n" not in new
     assert new.count("self.executor.set_kv_cache_layout(layout.name, **interleave)") == 1
     # Everything else SP020 wrote is still there, unchanged.
-    before_call = after_sp020[:after_sp020.index("            self.executor.set_kv_cache_layout(layout.name)")]
+    before_call = after_sp020[: after_sp020.index("            self.executor.set_kv_cache_layout(layout.name)")]
     assert new.startswith(before_call)
     compile(new, GENERATOR, "exec")
     verdict, twice, detail = run("SP024", new)
     assert (verdict, twice) == ("satisfied", new) and detail.startswith("already satisfied")
 
 
-@pytest.mark.parametrize("edit", [
-    pytest.param(None, id="SP020 not applied"),
-    pytest.param(("[spec for specs in kv_cache_spec_list for spec in specs.values()]", "specs"), id="SP020's block edited"),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(None, id="SP020 not applied"),
+        pytest.param(
+            ("[spec for specs in kv_cache_spec_list for spec in specs.values()]", "specs"), id="SP020's block edited"
+        ),
+    ],
+)
 def test_sp024_refuses_anything_but_sp020s_block(generator_src, after_sp020, edit):
     src = generator_src if edit is None else after_sp020.replace(*edit)
     verdict, new, detail = run("SP024", src)
@@ -180,9 +198,11 @@ def executor_class(release: str | None):
     """An executor whose ``set_kv_cache_layout`` and ``get_supported_kv_cache_layouts`` are
     vLLM's own (their source from the real wheel; None: a release without them, 0.11-0.28);
     ``collective_rpc`` records what would go to the workers."""
-    body = ["    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):",
-            "        self.sent.append((method, args))",
-            "        return [['NHD']] if method == 'get_supported_kv_cache_layouts' else None"]
+    body = [
+        "    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):",
+        "        self.sent.append((method, args))",
+        "        return [['NHD']] if method == 'get_supported_kv_cache_layouts' else None",
+    ]
     if release is not None:
         path = "vllm/v1/executor/abstract.py"
         source = vllm_files(release, [path])[path].decode()
@@ -217,13 +237,22 @@ def run_generator_block(new: str, release: str | None, monkeypatch) -> list:
     return executor.sent
 
 
-@pytest.mark.parametrize(("release", "sent"), [
-    pytest.param("0.33.0", [("get_supported_kv_cache_layouts", ()), ("set_kv_cache_layout", ("NHD", 4))],
-                 id="0.33: the configured interleave size goes with the layout"),
-    pytest.param("0.32.0", [("get_supported_kv_cache_layouts", ()), ("set_kv_cache_layout", ("NHD",))],
-                 id="0.32: the layout name only, as SP020 sends it"),
-    pytest.param(None, [], id="0.11-0.28: no layout to resolve, the block is skipped"),
-])
+@pytest.mark.parametrize(
+    ("release", "sent"),
+    [
+        pytest.param(
+            "0.33.0",
+            [("get_supported_kv_cache_layouts", ()), ("set_kv_cache_layout", ("NHD", 4))],
+            id="0.33: the configured interleave size goes with the layout",
+        ),
+        pytest.param(
+            "0.32.0",
+            [("get_supported_kv_cache_layouts", ()), ("set_kv_cache_layout", ("NHD",))],
+            id="0.32: the layout name only, as SP020 sends it",
+        ),
+        pytest.param(None, [], id="0.11-0.28: no layout to resolve, the block is skipped"),
+    ],
+)
 def test_sp024s_call_fits_each_releases_real_signature(after_sp020, monkeypatch, release, sent):
     new = run("SP024", after_sp020)[1]
     assert run_generator_block(new, release, monkeypatch) == sent

@@ -7,7 +7,7 @@ import pytest
 from patcher.engine import run_codemod
 from speculators_patch_codemods.sp025_release_finished_requests import PATCH
 
-GENERATE = '''\
+GENERATE = """\
 class VllmHiddenStatesGenerator:
     def generate(self, token_ids):
         while (
@@ -16,9 +16,9 @@ class VllmHiddenStatesGenerator:
             self.executor.execute_model(scheduler_output)
 
         return self.executor.collective_rpc("_get_captured_states")
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 class VllmHiddenStatesGenerator:
     def generate(self, token_ids):
         while (
@@ -32,7 +32,7 @@ class VllmHiddenStatesGenerator:
             self.executor.execute_model(scheduler_output)
 
         return self.executor.collective_rpc("_get_captured_states")
-'''
+"""
 
 
 def rewrite(src: str) -> tuple[str, str]:
@@ -51,12 +51,18 @@ def test_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "vllm_hidden_states_generator.py", "exec")
 
 
-@pytest.mark.parametrize("src", [
-    pytest.param(GENERATE.replace("scheduler_output :=", "out :="), id="another loop variable"),
-    pytest.param(GENERATE + "\n    def again(self):\n"
-                 "        while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:\n"
-                 "            pass\n", id="two step loops"),
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        pytest.param(GENERATE.replace("scheduler_output :=", "out :="), id="another loop variable"),
+        pytest.param(
+            GENERATE + "\n    def again(self):\n"
+            "        while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:\n"
+            "            pass\n",
+            id="two step loops",
+        ),
+    ],
+)
 def test_refuses_unknown_loops(src: str) -> None:
     verdict, new, detail = run_codemod(PATCH, src.encode(), "3.11")
     assert (verdict, new) == ("refused", src.encode()) and "scheduler.schedule()" in detail
@@ -78,7 +84,8 @@ def test_the_emitted_loop_sends_finished_requests_once(finished, sent) -> None:
     calls = []
     gen = namespace["VllmHiddenStatesGenerator"]()
     gen.scheduler = type("S", (), {"schedule": lambda self: next(outputs)})()
-    gen.executor = type("E", (), {"execute_model": lambda self, out: calls.append(out),
-                                  "collective_rpc": lambda self, name: None})()
+    gen.executor = type(
+        "E", (), {"execute_model": lambda self, out: calls.append(out), "collective_rpc": lambda self, name: None}
+    )()
     gen.generate([])
     assert len(calls) == sent and (sent == 2 or calls[-1].finished_req_ids == {"a", "b"})

@@ -12,11 +12,11 @@ import sys
 import zipfile
 
 import pytest
+from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes.registry import all_patches
 from patcher.fixes.vllm_source import VllmSource
-from sandbox import wheel
 
 PATCHES = {p.id: p for p in all_patches()}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -47,10 +47,13 @@ def in_order(source: str, *ids: str) -> str:
     return source
 
 
-@pytest.mark.parametrize(("patch_id", "on_034", "on_033"), [
-    ("SP026", "vllm/config/cache.py:395", "vllm/config/cache.py"),
-    ("SP027", "vllm/v1/worker/cpu_worker.py:25", "vllm/v1/worker/cpu_worker.py"),
-])
+@pytest.mark.parametrize(
+    ("patch_id", "on_034", "on_033"),
+    [
+        ("SP026", "vllm/config/cache.py:395", "vllm/config/cache.py"),
+        ("SP027", "vllm/v1/worker/cpu_worker.py:25", "vllm/v1/worker/cpu_worker.py"),
+    ],
+)
 def test_facts_hold_on_034_only(patch_id, on_034, on_033):
     assert evidence(patch_id, "0.34.0") == [(True, on_034)]
     assert evidence(patch_id, "0.33.0") == [(False, on_033)]
@@ -70,10 +73,14 @@ def test_sp026_passes_the_switch_where_cacheconfig_has_it(pristine_sources):
     assert new.replace("\r\n", "\n").count("_FIXED_KV_CACHE") == 2
 
 
-@pytest.mark.parametrize(("fields", "passed"), [
-    ({"block_size", "enable_extensible_kv_cache"}, {"enable_extensible_kv_cache": False}),
-    ({"block_size"}, {}),
-], ids=["0.34: turned off", "0.11-0.33: nothing passed"])
+@pytest.mark.parametrize(
+    ("fields", "passed"),
+    [
+        ({"block_size", "enable_extensible_kv_cache"}, {"enable_extensible_kv_cache": False}),
+        ({"block_size"}, {}),
+    ],
+    ids=["0.34: turned off", "0.11-0.33: nothing passed"],
+)
 def test_sp026s_choice_on_each_release(pristine_sources, fields, passed):
     new = run("SP026", pristine_sources[GENERATOR].decode())[1]
     line = next(ln for ln in new.splitlines() if ln.startswith("_FIXED_KV_CACHE = "))
@@ -83,13 +90,21 @@ def test_sp026s_choice_on_each_release(pristine_sources, fields, passed):
     assert namespace["_FIXED_KV_CACHE"] == passed
 
 
-@pytest.mark.parametrize(("edit", "why"), [
-    (("enable_prefix_caching=False,", "enable_prefix_caching=False, enable_extensible_kv_cache=True,"),
-     "no enable_extensible_kv_cache= of its own"),
-    (("enable_prefix_caching=False,", "enable_prefix_caching=False, **extra,"), "keyword arguments only"),
-    (("cache_config = CacheConfig(", "other = CacheConfig()\n        cache_config = CacheConfig("),
-     "one CacheConfig(...) call"),
-], ids=["the switch set by hand", "a ** of the user's", "a second CacheConfig"])
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (
+            ("enable_prefix_caching=False,", "enable_prefix_caching=False, enable_extensible_kv_cache=True,"),
+            "no enable_extensible_kv_cache= of its own",
+        ),
+        (("enable_prefix_caching=False,", "enable_prefix_caching=False, **extra,"), "keyword arguments only"),
+        (
+            ("cache_config = CacheConfig(", "other = CacheConfig()\n        cache_config = CacheConfig("),
+            "one CacheConfig(...) call",
+        ),
+    ],
+    ids=["the switch set by hand", "a ** of the user's", "a second CacheConfig"],
+)
 def test_sp026_refuses_a_hand_edited_call(pristine_sources, edit, why):
     src = in_order(pristine_sources[GENERATOR].decode(), "SP004").replace(*edit)
     verdict, new, detail = run("SP026", src)
@@ -113,10 +128,14 @@ def test_sp027_rewrites_sp022s_methods(after_sp022):
     assert run("SP027", new)[:2] == ("satisfied", new)
 
 
-@pytest.mark.parametrize("edit", [
-    ('v2 = type(runner).__module__.startswith("vllm.v1.worker.gpu.")', 'v2 = True'),
-    ('"(execute_model_state): set VLLM_USE_V2_MODEL_RUNNER=0"', '"(execute_model_state): ask someone"'),
-], ids=["_track_batch_layout edited", "_step_layout edited"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ('v2 = type(runner).__module__.startswith("vllm.v1.worker.gpu.")', "v2 = True"),
+        ('"(execute_model_state): set VLLM_USE_V2_MODEL_RUNNER=0"', '"(execute_model_state): ask someone"'),
+    ],
+    ids=["_track_batch_layout edited", "_step_layout edited"],
+)
 def test_sp027_refuses_a_hand_edited_sp022_method(after_sp022, edit):
     src = after_sp022.replace(*edit)
     assert src != after_sp022
@@ -133,8 +152,11 @@ def test_sp027_refuses_without_sp022(pristine_sources):
 def _helpers(after_sp022: str) -> dict:
     new = run("SP027", after_sp022)[1]
     tree = ast.parse(new)
-    code = "\n\n".join(ast.get_source_segment(new, f) for f in tree.body
-                       if isinstance(f, ast.FunctionDef) and f.name in ("_keeps_batch_state", "_model_runner_advice"))
+    code = "\n\n".join(
+        ast.get_source_segment(new, f)
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef) and f.name in ("_keeps_batch_state", "_model_runner_advice")
+    )
     namespace: dict = {}
     exec(code, namespace)
     return namespace
@@ -161,10 +183,14 @@ def test_sp027_recognises_v2_by_its_batch_state(after_sp022):
     assert [keeps(r()) for r in (V2From017, CpuV2, V2Before017, Other)] == [True, True, True, False]
 
 
-@pytest.mark.parametrize(("v1_there", "advice"), [
-    (True, "set VLLM_USE_V2_MODEL_RUNNER=0 to select vLLM's V1 model runner"),
-    (False, "this vLLM has no other model runner (V1 was removed in 0.34)"),
-], ids=["up to 0.33", "0.34"])
+@pytest.mark.parametrize(
+    ("v1_there", "advice"),
+    [
+        (True, "set VLLM_USE_V2_MODEL_RUNNER=0 to select vLLM's V1 model runner"),
+        (False, "this vLLM has no other model runner (V1 was removed in 0.34)"),
+    ],
+    ids=["up to 0.33", "0.34"],
+)
 def test_sp027_advises_what_the_installed_vllm_has(after_sp022, tmp_path, monkeypatch, v1_there, advice):
     worker = tmp_path / "vllm" / "v1" / "worker"
     worker.mkdir(parents=True)
@@ -176,4 +202,3 @@ def test_sp027_advises_what_the_installed_vllm_has(after_sp022, tmp_path, monkey
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _helpers(after_sp022)["_model_runner_advice"]().startswith(advice)
-

@@ -57,9 +57,11 @@ def test_sp029_collects_in_the_step_loop(generator):
     verdict, new, _ = run("SP029", generator)
     assert verdict == "changed"
     assert "captured_states_list" not in new  # the per-request RPC answers through _HostCaptures.finish only
-    loop = new[new.index("        while (\n            scheduler_output := self.scheduler.schedule()"):]
+    loop = new[new.index("        while (\n            scheduler_output := self.scheduler.schedule()") :]
     step = "            model_output = self.executor.execute_model(scheduler_output)\n"
-    assert loop.index(step) < loop.index("            self._host_captures.collect()") < loop.index("sample_tokens(None)")
+    assert (
+        loop.index(step) < loop.index("            self._host_captures.collect()") < loop.index("sample_tokens(None)")
+    )
     assert new.index("class _HostCaptures:") < new.index("class VllmHiddenStatesGenerator:")
     compile(new, GENERATOR, "exec")
     assert run("SP029", new)[:2] == ("satisfied", new)
@@ -73,13 +75,19 @@ def test_sp029_on_vllm_011s_step(pristine_sources):
     assert "            self.executor.execute_model(scheduler_output)\n            self._host_captures.collect()" in new
 
 
-@pytest.mark.parametrize("edit", [
-    ("aux_hidden_states = captured_states_list[0]", "aux_hidden_states = captured_states_list[1]"),
-    ('self.executor.collective_rpc("_reset_capture")', 'self.executor.collective_rpc("_reset_capture", timeout=5)'),
-    ("            model_output = self.executor.execute_model(scheduler_output)\n",
-     "            model_output = self.executor.execute_model(scheduler_output)\n"
-     "            model_output = self.executor.execute_model(scheduler_output)\n"),
-], ids=["rank 1's reply read", "the reset RPC edited", "two steps in the loop"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("aux_hidden_states = captured_states_list[0]", "aux_hidden_states = captured_states_list[1]"),
+        ('self.executor.collective_rpc("_reset_capture")', 'self.executor.collective_rpc("_reset_capture", timeout=5)'),
+        (
+            "            model_output = self.executor.execute_model(scheduler_output)\n",
+            "            model_output = self.executor.execute_model(scheduler_output)\n"
+            "            model_output = self.executor.execute_model(scheduler_output)\n",
+        ),
+    ],
+    ids=["rank 1's reply read", "the reset RPC edited", "two steps in the loop"],
+)
 def test_sp029_refuses_what_it_does_not_recognise(generator, edit):
     src = generator.replace(*edit)
     assert src != generator

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from targets import ROOT, ensure_engine_env  # noqa: E402
+from targets import ROOT, ensure_engine_env
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import importlib.util, json, sys
 from pathlib import Path
 import torch
@@ -63,14 +59,24 @@ print(json.dumps({
                    and all(torch.equal(lm[k].float(), ref_state[k].float()) for k in lm),
     "ref_dtype": str(next(ref.parameters()).dtype), "ref_training": ref.training,
 }))
-'''
+"""
 
 
 def test_build_writes_what_vllm_loads(tmp_path):
     python = ensure_engine_env() / "bin" / "python"
     proc = subprocess.run(
-        [str(python), "-c", SCRIPT, str(ROOT / "patcher" / "selftest" / "remote" / "kimi_k25.py"), str(ROOT),
-         str(tmp_path)], capture_output=True, text=True, timeout=240)
+        [
+            str(python),
+            "-c",
+            SCRIPT,
+            str(ROOT / "patcher" / "selftest" / "remote" / "kimi_k25.py"),
+            str(ROOT),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["architectures"] == ["KimiK25ForConditionalGeneration"]

@@ -7,19 +7,28 @@ import pytest
 from patcher.agent.selftest.run import Refused, runners_for, v1_runner_installed
 
 
-@pytest.mark.parametrize(("requested", "device", "has_v1", "runs"), [
-    ("auto", "cuda", True, ["auto"]), ("both", "cuda", True, ["v1", "v2"]), ("v2", "cuda", False, ["v2"]),
-    ("auto", "cpu", False, ["auto"]), ("v2", "cpu", False, ["v2"]),  # 0.34's CPU worker builds V2
-])
+@pytest.mark.parametrize(
+    ("requested", "device", "has_v1", "runs"),
+    [
+        ("auto", "cuda", True, ["auto"]),
+        ("both", "cuda", True, ["v1", "v2"]),
+        ("v2", "cuda", False, ["v2"]),
+        ("auto", "cpu", False, ["auto"]),
+        ("v2", "cpu", False, ["v2"]),  # 0.34's CPU worker builds V2
+    ],
+)
 def test_runs(requested, device, has_v1, runs):
     assert runners_for(requested, device, has_v1) == runs
 
 
-@pytest.mark.parametrize(("requested", "device", "has_v1", "said"), [
-    ("v1", "cuda", False, "--runner v1: this vLLM has no V1 model runner (removed in 0.34)"),
-    ("both", "cpu", False, "--runner both: this vLLM has no V1 model runner (removed in 0.34)"),
-    ("both", "cpu", True, "--runner both: vLLM's CPU worker builds the V1 model runner up to 0.33"),
-])
+@pytest.mark.parametrize(
+    ("requested", "device", "has_v1", "said"),
+    [
+        ("v1", "cuda", False, "--runner v1: this vLLM has no V1 model runner (removed in 0.34)"),
+        ("both", "cpu", False, "--runner both: this vLLM has no V1 model runner (removed in 0.34)"),
+        ("both", "cpu", True, "--runner both: vLLM's CPU worker builds the V1 model runner up to 0.33"),
+    ],
+)
 def test_refused(requested, device, has_v1, said):
     with pytest.raises(Refused) as e:
         runners_for(requested, device, has_v1)

@@ -8,14 +8,34 @@ import pytest
 from patcher.agent.selftest import tiny_models
 from patcher.agent.selftest.tiny_models import DEEPSEEK_V3, LLAMA, UnsupportedModel, arch_of, for_device, from_config
 
-YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
-        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+YARN = {
+    "type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 1.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 KIMI_TEXT = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-    "num_hidden_layers": 61, "first_k_dense_replace": 1, "n_routed_experts": 384, "num_experts_per_tok": 8,
-    "n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1,
-    "routed_scaling_factor": 2.827, "q_lora_rank": 1536, "kv_lora_rank": 512, "rope_scaling": YARN,
-    "max_position_embeddings": 262144, "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 384,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.827,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "rope_scaling": YARN,
+    "max_position_embeddings": 262144,
+    "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
 }
 
 
@@ -26,23 +46,41 @@ def test_kimi_k25_keeps_rope_scaling_routing_and_scaling_at_tiny_size():
     assert tiny["rope_scaling"] == YARN and tiny["llama_4_scaling"] == KIMI_TEXT["llama_4_scaling"]
     assert (tiny["topk_method"], tiny["scoring_func"], tiny["routed_scaling_factor"]) == ("noaux_tc", "sigmoid", 2.827)
     assert tiny["max_position_embeddings"] == 262144
-    assert tiny["hidden_size"] == DEEPSEEK_V3["hidden_size"] and tiny["n_routed_experts"] == DEEPSEEK_V3["n_routed_experts"]
+    assert (
+        tiny["hidden_size"] == DEEPSEEK_V3["hidden_size"]
+        and tiny["n_routed_experts"] == DEEPSEEK_V3["n_routed_experts"]
+    )
     assert tiny["first_k_dense_replace"] == 1 and tiny["num_hidden_layers"] == DEEPSEEK_V3["num_hidden_layers"]
 
 
 def test_deepseek_v2_lite_without_query_lora_and_many_dense_layers():
-    tiny = from_config({**KIMI_TEXT, "architectures": ["DeepseekV2ForCausalLM"], "q_lora_rank": None,
-                        "first_k_dense_replace": 10})
+    tiny = from_config(
+        {**KIMI_TEXT, "architectures": ["DeepseekV2ForCausalLM"], "q_lora_rank": None, "first_k_dense_replace": 10}
+    )
     assert tiny["q_lora_rank"] is None
     assert tiny["first_k_dense_replace"] == tiny["num_hidden_layers"] - 1  # at least one MoE layer stays
 
 
 def test_llama_keeps_llama3_rope_scaling():
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192}
-    tiny = from_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                        "rope_scaling": rope, "rope_theta": 500000.0})
-    assert tiny["rope_scaling"] == rope and tiny["rope_theta"] == 500000.0 and tiny["hidden_size"] == LLAMA["hidden_size"]
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    tiny = from_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "rope_scaling": rope,
+            "rope_theta": 500000.0,
+        }
+    )
+    assert (
+        tiny["rope_scaling"] == rope and tiny["rope_theta"] == 500000.0 and tiny["hidden_size"] == LLAMA["hidden_size"]
+    )
 
 
 @pytest.mark.parametrize("architectures", [["MixtralForCausalLM"], [], None])

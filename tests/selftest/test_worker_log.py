@@ -48,8 +48,11 @@ Exception: WorkerProc initialization failed due to an exception in a background 
 def test_the_cpu_workers_own_error_with_its_innermost_frames():
     found = worker_exception(LOGGED_016)
     assert (found["type"], found["message"]) == ("RuntimeError", "Failed to parse CPU string: 99")
-    assert found["frames"] == ["/env/vllm/v1/executor/multiproc_executor.py:754 in worker_main",
-                               "/env/vllm/v1/worker/cpu_worker.py:87 in init_device", "/env/torch/_ops.py:1209 in __call__"]
+    assert found["frames"] == [
+        "/env/vllm/v1/executor/multiproc_executor.py:754 in worker_main",
+        "/env/vllm/v1/worker/cpu_worker.py:87 in init_device",
+        "/env/torch/_ops.py:1209 in __call__",
+    ]
     assert "raised" not in found
 
 
@@ -68,8 +71,9 @@ def test_captured_output_reaches_the_file_from_child_processes(tmp_path):
     """A worker is a child process: what it writes on fds 1 and 2 lands in the log."""
     log = tmp_path / "vllm.log"
     with Captured(str(log)) as captured:
-        subprocess.run([sys.executable, "-c", "import sys; print('to stdout'); print('to stderr', file=sys.stderr)"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-c", "import sys; print('to stdout'); print('to stderr', file=sys.stderr)"], check=True
+        )
         captured.original_stderr.write("progress\n")
         os.write(1, b"parent\n")
     assert captured.text().splitlines() == ["to stdout", "to stderr", "parent"]

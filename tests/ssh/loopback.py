@@ -43,8 +43,9 @@ def keygen(path: Path, comment: str) -> Path:
 class LoopbackSshd:
     """sshd -D on a random free loopback port, logging to ``<workdir>/sshd.log``."""
 
-    def __init__(self, workdir: Path, home: Path | None = None, user_key: Path | None = None,
-                 extra_config: str = "") -> None:
+    def __init__(
+        self, workdir: Path, home: Path | None = None, user_key: Path | None = None, extra_config: str = ""
+    ) -> None:
         self.dir = Path(workdir)
         self.home = home
         self.extra_config = extra_config  # more sshd_config lines, e.g. a ForceCommand
@@ -94,8 +95,15 @@ class LoopbackSshd:
             self.proc.terminate()
             self.proc.wait(timeout=10)
 
-    def host_block(self, *aliases: str, key: Path | None = None, known_hosts: Path | None = None,
-                   port: int | None = None, connect_timeout: int | None = 5, extra: str = "") -> str:
+    def host_block(
+        self,
+        *aliases: str,
+        key: Path | None = None,
+        known_hosts: Path | None = None,
+        port: int | None = None,
+        connect_timeout: int | None = 5,
+        extra: str = "",
+    ) -> str:
         """An ssh_config ``Host`` block: each alias reaches this server (or ``port``);
         ``connect_timeout=None`` leaves ConnectTimeout unset, as most users' configs do."""
         return (
@@ -104,7 +112,8 @@ class LoopbackSshd:
             f"  IdentityFile {key or self.user_key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
             f"  UserKnownHostsFile {known_hosts or self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
             "  StrictHostKeyChecking yes\n"
-            + (f"  ConnectTimeout {connect_timeout}\n" if connect_timeout is not None else "") + extra
+            + (f"  ConnectTimeout {connect_timeout}\n" if connect_timeout is not None else "")
+            + extra
         )
 
     def connections(self) -> int:
@@ -137,8 +146,12 @@ def close_masters(folder: Path) -> int:
     closed = 0
     for sock in sorted(folder.glob("*")) if folder.is_dir() else []:
         if sock.is_socket():
-            closed += subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "closing"],
-                                     capture_output=True).returncode == 0
+            closed += (
+                subprocess.run(
+                    ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "closing"], capture_output=True
+                ).returncode
+                == 0
+            )
     return closed
 
 

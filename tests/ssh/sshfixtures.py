@@ -1,6 +1,7 @@
 """Real sshd servers on loopback ports, and the real CLI pointed at them.
 
-Test modules here ``from sshfixtures import *``.
+tests/conftest.py registers this module as a plugin (its fixtures serve every tier); test
+modules import its helpers by name (``remote``, ``start_apply_paused_mid_write``).
 
 ``sshd``: one server; ``ssh_config`` gives it aliases, plus aliases that fail on purpose
 (``refused``, ``stranger``, ``unknown-key``, ``blackhole``) and one whose sessions pause
@@ -11,18 +12,19 @@ the commit mid-write (``slow-writer``). ``fleet``: eight servers, each with its 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-
-from support import run_cli
 from loopback import INSTALL_HINT, SSHD, LoopbackSshd, free_port, keygen, write_ssh_config
-from sandbox import make_sandbox
+from sandbox import make_sandbox, site_packages
+from support import CLI, ROOT, WORKER, digest, run_cli
 
 FLEET = 8
-__all__ = ["keys", "sshd", "blackhole", "ssh_config", "fleet", "fleet_envs", "remote", "FLEET"]
 
 
 @pytest.fixture(scope="session")
@@ -52,19 +54,27 @@ def blackhole():
 @pytest.fixture(scope="session")
 def ssh_config(sshd, keys, blackhole) -> Path:
     wrong = sshd.dir / "wrong_known_hosts"  # another key recorded for this server's address
-    wrong.write_text(f"[127.0.0.1]:{sshd.port} " + " ".join(Path(f"{keys['stranger']}.pub").read_text().split()[:2]) + "\n")
-    return write_ssh_config(sshd.dir / "ssh_config", [
-        sshd.host_block("gpu-box", "127.0.0.1"),
-        sshd.host_block("plain-box", connect_timeout=None),  # no ConnectTimeout: the tool sets ssh's own
-        sshd.host_block("refused", port=free_port()),
-        sshd.host_block("stranger", key=keys["stranger"]),
-        sshd.host_block("unknown-key", known_hosts=sshd.dir / "empty_known_hosts"),
-        sshd.host_block("changed-key", known_hosts=wrong),
-        sshd.host_block("blackhole", port=blackhole, connect_timeout=2),
-        sshd.host_block("interactive-box", extra="  RemoteCommand tmux new -A -s main\n  RequestTTY yes\n"
-                        f"  LocalForward 127.0.0.1:{free_port()} 127.0.0.1:8888\n"),
-        sshd.host_block("slow-writer", extra="  SetEnv SPECULATORS_PATCH_FAULT=pause-mid-write\n"),
-    ])
+    wrong.write_text(
+        f"[127.0.0.1]:{sshd.port} " + " ".join(Path(f"{keys['stranger']}.pub").read_text().split()[:2]) + "\n"
+    )
+    return write_ssh_config(
+        sshd.dir / "ssh_config",
+        [
+            sshd.host_block("gpu-box", "127.0.0.1"),
+            sshd.host_block("plain-box", connect_timeout=None),  # no ConnectTimeout: the tool sets ssh's own
+            sshd.host_block("refused", port=free_port()),
+            sshd.host_block("stranger", key=keys["stranger"]),
+            sshd.host_block("unknown-key", known_hosts=sshd.dir / "empty_known_hosts"),
+            sshd.host_block("changed-key", known_hosts=wrong),
+            sshd.host_block("blackhole", port=blackhole, connect_timeout=2),
+            sshd.host_block(
+                "interactive-box",
+                extra="  RemoteCommand tmux new -A -s main\n  RequestTTY yes\n"
+                f"  LocalForward 127.0.0.1:{free_port()} 127.0.0.1:8888\n",
+            ),
+            sshd.host_block("slow-writer", extra="  SetEnv SPECULATORS_PATCH_FAULT=pause-mid-write\n"),
+        ],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +108,27 @@ def fleet_envs(fleet) -> list[Path]:
 def remote(config: Path, *args: str, env: dict | None = None):
     """The real CLI with ``--ssh-config config``."""
     return run_cli(*args, "--ssh-config", str(config), env=env)
+
+
+def wait_for(predicate, seconds: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def start_apply_paused_mid_write(ssh_config, there, extra_env=None):
+    """Start a remote apply whose agent pauses after writing the first of two files."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
+    proc = subprocess.Popen(
+        [*CLI, "apply", "--host", "slow-writer", "--target", str(there), "--ssh-config", str(ssh_config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    worker, original = site_packages(there) / WORKER, digest(site_packages(there) / WORKER)
+    wait_for(lambda: digest(worker) != original, 60, "the first file to be written")
+    return proc

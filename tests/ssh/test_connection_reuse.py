@@ -18,12 +18,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from support import PATCHED_FILES, run_cli, tree_digest
-from sandbox import make_sandbox, site_packages
 from loopback import close_masters
-from sshfixtures import *  # noqa: F403  (fixtures)
-from sshfixtures import remote
+from sandbox import make_sandbox, site_packages
+from sshfixtures import remote, start_apply_paused_mid_write, wait_for
+from support import PATCHED_FILES, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -76,8 +74,17 @@ def test_the_next_run_reuses_the_connection_with_the_same_answer(sandbox, ssh_co
 def test_persist_zero_opens_a_connection_per_run_and_leaves_no_socket(sandbox, ssh_config, sshd, cache):
     before = sshd.connections()
     for _ in range(2):
-        r = remote(ssh_config, "status", "--host", "gpu-box", "--target", str(sandbox), "--ssh-persist", "0",
-                   env={"SPECULATORS_PATCH_CACHE": str(cache)})
+        r = remote(
+            ssh_config,
+            "status",
+            "--host",
+            "gpu-box",
+            "--target",
+            str(sandbox),
+            "--ssh-persist",
+            "0",
+            env={"SPECULATORS_PATCH_CACHE": str(cache)},
+        )
         assert r.returncode == 0, r.stderr
     assert sshd.connections() == before + 2 and sockets(cache) == []
 
@@ -96,9 +103,8 @@ def test_aliases_with_different_settings_never_share_a_connection(tmp_path, ssh_
     mid-commit): through gpu-box's master that setting would be lost."""
     there = make_sandbox(tmp_path / "there")
     run(ssh_config, "status", there, reuse(cache))
-    from test_failures import _start_apply_paused_mid_write  # waits until the first file is written
 
-    proc = _start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
+    proc = start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
     journal = site_packages(there) / ".speculators-patch" / "journal.json"
     assert journal.exists()  # paused mid-write: the SetEnv reached the agent
     assert len(sockets(cache)) == 2
@@ -108,17 +114,16 @@ def test_aliases_with_different_settings_never_share_a_connection(tmp_path, ssh_
 
 def test_a_dropped_shared_connection_mid_commit_still_completes(tmp_path, ssh_config, sshd, cache):
     """The mid-commit connection drop of test_failures, through a shared connection."""
-    from test_failures import _start_apply_paused_mid_write, _wait
 
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     assert run_cli("apply", "--target", str(here)).returncode == 0
     journal = site_packages(there) / ".speculators-patch" / "journal.json"
-    proc = _start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
+    proc = start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
     assert journal.exists() and len(sockets(cache)) == 1
     assert sshd.kill_sessions()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "connection dropped while committing" in err, err
-    _wait(lambda: not journal.exists(), 30, "the agent to finish on its own")
+    wait_for(lambda: not journal.exists(), 30, "the agent to finish on its own")
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
     again = remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json", env=reuse(cache))
     assert json.loads(again.stdout)["written"] == []
@@ -127,10 +132,9 @@ def test_a_dropped_shared_connection_mid_commit_still_completes(tmp_path, ssh_co
 def test_an_agent_killed_mid_commit_is_told_apart_from_a_dropped_connection(tmp_path, ssh_config, sshd, cache):
     """Through a shared connection ssh says nothing either way; the master still being
     there is what tells a killed agent from a dropped link."""
-    from test_failures import _start_apply_paused_mid_write
 
     there = make_sandbox(tmp_path / "there")
-    proc = _start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
+    proc = start_apply_paused_mid_write(ssh_config, there, extra_env=reuse(cache))
     for pid in sshd.agents():
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
@@ -143,7 +147,9 @@ def test_the_users_own_control_path_is_kept(tmp_path, sandbox, sshd, cache):
     own = Path(tempfile.mkdtemp(prefix="cm-"))
     try:
         config = tmp_path / "ssh_config"
-        config.write_text(sshd.host_block("mine", extra=f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n"))
+        config.write_text(
+            sshd.host_block("mine", extra=f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n")
+        )
         r = remote(config, "status", "--host", "mine", "--target", str(sandbox), env=reuse(cache))
         assert r.returncode == 0, r.stderr
         assert sockets(cache) == [] and [p for p in own.iterdir() if p.is_socket()]
@@ -183,6 +189,7 @@ def test_a_patched_install_is_the_same_either_way(tmp_path, ssh_config, cache):
 
 
 # --- A kept connection never outlives a change in what it was trusted with (issue 23) ---
+
 
 def _own_trust(tmp_path: Path, sshd, where: str = "user", extra: str = "") -> tuple[Path, Path, Path]:
     """A config for ``trusting-box`` whose known_hosts file (``where``: the user's or the
@@ -268,8 +275,10 @@ def test_a_known_hosts_command_gets_no_kept_connection(tmp_path, sandbox, sshd, 
     """What a KnownHostsCommand answers is only known by running it for the key the server
     shows, which a kept master never does again: such hosts connect afresh every run."""
     config, known, _ = _own_trust(tmp_path, sshd, extra="")
-    config.write_text(config.read_text().replace(f"UserKnownHostsFile {known}", "UserKnownHostsFile /dev/null")
-                      + f"  KnownHostsCommand /bin/cat {known}\n")
+    config.write_text(
+        config.read_text().replace(f"UserKnownHostsFile {known}", "UserKnownHostsFile /dev/null")
+        + f"  KnownHostsCommand /bin/cat {known}\n"
+    )
     before = sshd.connections()
     for _ in range(2):
         r = _status(config, sandbox, cache)

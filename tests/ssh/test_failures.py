@@ -11,12 +11,10 @@ import subprocess
 import time
 
 import pytest
-
-from support import CLI, PATCHED_FILES, ROOT, WORKER, digest, run_cli, tree_digest
-from sandbox import make_sandbox, site_packages
 from loopback import USER
-from sshfixtures import *  # noqa: F403  (fixtures)
-from sshfixtures import remote
+from sandbox import make_sandbox, site_packages
+from sshfixtures import remote, start_apply_paused_mid_write, wait_for
+from support import PATCHED_FILES, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -30,13 +28,16 @@ def assert_one_line_error(result, *fragments: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("alias, fragments", [
-    ("refused", [f"refused ({USER}@127.0.0.1 port", "connection refused", "is sshd running"]),
-    ("stranger", ["authentication failed (publickey)", "ssh-agent"]),
-    ("unknown-key", ["unknown host key", "host key checking stays on"]),
-    ("changed-key", ["host key CHANGED", "refusing to connect"]),
-    ("blackhole", ["blackhole", "timed out"]),
-])
+@pytest.mark.parametrize(
+    "alias, fragments",
+    [
+        ("refused", [f"refused ({USER}@127.0.0.1 port", "connection refused", "is sshd running"]),
+        ("stranger", ["authentication failed (publickey)", "ssh-agent"]),
+        ("unknown-key", ["unknown host key", "host key checking stays on"]),
+        ("changed-key", ["host key CHANGED", "refusing to connect"]),
+        ("blackhole", ["blackhole", "timed out"]),
+    ],
+)
 def test_connection_failures_are_one_clear_line(sandbox, ssh_config, alias, fragments):
     before = tree_digest(sandbox)
     start = time.monotonic()
@@ -70,39 +71,25 @@ def test_read_only_remote_filesystem(sandbox, sshd, ssh_config, command):
         assert remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(sandbox)).returncode == 0
     before = tree_digest(site)
     with read_only(site):
-        line = assert_one_line_error(remote(ssh_config, command, "--host", "gpu-box", "--target", str(sandbox)),
-                                     "cannot write to", "Read-only file system")
+        line = assert_one_line_error(
+            remote(ssh_config, command, "--host", "gpu-box", "--target", str(sandbox)),
+            "cannot write to",
+            "Read-only file system",
+        )
         assert "agent ended" not in line  # refused cleanly, not crashed
     assert tree_digest(site) == before
-
-
-def _wait(predicate, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def _start_apply_paused_mid_write(ssh_config, there, extra_env=None):
-    """Start a remote apply whose agent pauses after writing the first of two files."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    proc = subprocess.Popen([*CLI, "apply", "--host", "slow-writer", "--target", str(there), "--ssh-config", str(ssh_config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    worker, original = site_packages(there) / WORKER, digest(site_packages(there) / WORKER)
-    _wait(lambda: digest(worker) != original, 60, "the first file to be written")
-    return proc
 
 
 def test_connection_dropped_mid_write_still_completes(tmp_path, sshd, ssh_config):
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     assert run_cli("apply", "--target", str(here)).returncode == 0
     journal = site_packages(there) / ".speculators-patch" / "journal.json"
-    proc = _start_apply_paused_mid_write(ssh_config, there)
+    proc = start_apply_paused_mid_write(ssh_config, there)
     assert journal.exists()  # in the middle of the write phase
     assert sshd.kill_sessions()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "connection dropped while committing" in err, err
-    _wait(lambda: not journal.exists(), 30, "the agent to finish on its own")
+    wait_for(lambda: not journal.exists(), 30, "the agent to finish on its own")
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
     again = json.loads(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json").stdout)
     assert again["written"] == [] and again["notes"] == []
@@ -111,7 +98,7 @@ def test_connection_dropped_mid_write_still_completes(tmp_path, sshd, ssh_config
 def test_agent_killed_mid_write_next_apply_completes(tmp_path, sshd, ssh_config):
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     assert run_cli("apply", "--target", str(here)).returncode == 0
-    proc = _start_apply_paused_mid_write(ssh_config, there)
+    proc = start_apply_paused_mid_write(ssh_config, there)
     agents = sshd.agents()
     assert agents
     for pid in agents:
@@ -129,10 +116,14 @@ def test_agent_killed_mid_write_next_apply_completes(tmp_path, sshd, ssh_config)
 
 
 def test_missing_ssh_config_file_and_missing_ssh_client(sandbox, tmp_path):
-    assert_one_line_error(run_cli("status", "--host", "gpu-box", "--target", str(sandbox),
-                                  "--ssh-config", str(tmp_path / "nope")), "Can't open user config file")
-    assert_one_line_error(run_cli("status", "--host", "gpu-box", "--target", str(sandbox),
-                                  env={"PATH": str(tmp_path)}), "no `ssh` client on this machine")
+    assert_one_line_error(
+        run_cli("status", "--host", "gpu-box", "--target", str(sandbox), "--ssh-config", str(tmp_path / "nope")),
+        "Can't open user config file",
+    )
+    assert_one_line_error(
+        run_cli("status", "--host", "gpu-box", "--target", str(sandbox), env={"PATH": str(tmp_path)}),
+        "no `ssh` client on this machine",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +133,10 @@ def odd_servers(tmp_path_factory, keys):
     from loopback import LoopbackSshd, write_ssh_config
 
     root = tmp_path_factory.mktemp("odd")
-    with LoopbackSshd(root / "echo", user_key=keys["user"], extra_config="ForceCommand cat\n") as echo, \
-            LoopbackSshd(root / "silent", user_key=keys["user"], extra_config="ForceCommand sleep 600\n") as silent:
+    with (
+        LoopbackSshd(root / "echo", user_key=keys["user"], extra_config="ForceCommand cat\n") as echo,
+        LoopbackSshd(root / "silent", user_key=keys["user"], extra_config="ForceCommand sleep 600\n") as silent,
+    ):
         yield write_ssh_config(root / "ssh_config", [echo.host_block("echo-box"), silent.host_block("silent-box")])
 
 
@@ -157,6 +150,8 @@ def test_a_host_that_echoes_or_stays_silent_is_one_line_within_the_bound(odd_ser
     start = time.monotonic()
     r = remote(odd_servers, "status", "--host", "silent-box", "--connect-timeout", "3")
     took = time.monotonic() - start
-    assert r.returncode == 2 and "no answer within 3 s (--connect-timeout) while starting the agent: it printed nothing" \
-        in r.stderr, r.stderr
+    assert (
+        r.returncode == 2
+        and "no answer within 3 s (--connect-timeout) while starting the agent: it printed nothing" in r.stderr
+    ), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and 3 <= took < 12

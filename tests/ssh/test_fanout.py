@@ -7,14 +7,13 @@ import threading
 import time
 
 import pytest
-
-from support import run_cli, tree_digest
-from patcher.errors import UserError
-from patcher.cli.fanout import run_many
-from sandbox import make_sandbox, site_packages
 from loopback import USER
-from sshfixtures import *  # noqa: F403  (fixtures)
+from sandbox import make_sandbox, site_packages
 from sshfixtures import FLEET, remote
+from support import run_cli, tree_digest
+
+from patcher.cli.fanout import run_many
+from patcher.errors import UserError
 
 pytestmark = pytest.mark.ssh
 
@@ -35,7 +34,9 @@ def test_eight_hosts_in_parallel_from_a_hosts_file(tmp_path, fleet, fleet_envs):
     run_cli("apply", "--target", str(here))
     for env in fleet_envs:
         assert tree_digest(site_packages(env)) == tree_digest(site_packages(here))
-    again = json.loads(remote(config, "apply", "--hosts-file", str(hosts_file), "--target", "~/ml-env", "--json").stdout)
+    again = json.loads(
+        remote(config, "apply", "--hosts-file", str(hosts_file), "--target", "~/ml-env", "--json").stdout
+    )
     assert {h["outcome"] for h in again["hosts"]} == {"unchanged"}
 
 
@@ -69,14 +70,19 @@ def test_one_host_failing_does_not_stop_or_touch_the_others(tmp_path, fleet, fle
     table = r.stdout
     assert "per-host summary" in table and "3 hosts: 2 changed, 1 failed" in table
     assert "refused" in table
-    assert [row.split("│")[2].strip() for row in table.splitlines() if row.startswith("│ node")] == ["changed", "changed"]
+    assert [row.split("│")[2].strip() for row in table.splitlines() if row.startswith("│ node")] == [
+        "changed",
+        "changed",
+    ]
     assert tree_digest(fleet_envs[2]) == node3  # not named: untouched
 
 
 def test_json_per_host_and_exit_code_for_verify(fleet, fleet_envs):
     _, config = fleet
     assert remote(config, "apply", "--host", "node1", "--target", "~/ml-env").returncode == 0
-    r = remote(config, "verify", "--host", "node1", "--host", "node2", "--host", "dead", "--target", "~/ml-env", "--json")
+    r = remote(
+        config, "verify", "--host", "node1", "--host", "node2", "--host", "dead", "--target", "~/ml-env", "--json"
+    )
     hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
     assert hosts["node1"]["outcome"] == "ok" and hosts["node1"]["report"]["ok"] is True
     assert hosts["node2"]["outcome"] == "disagrees" and hosts["node2"]["exit_code"] == 1
@@ -99,7 +105,9 @@ def _probe(in_flight: list[int], peak: list[int], lock):
         if host == "bug":
             raise KeyError("boom")
         from patcher.cli import Report
+
         return Report({"written": ["x"], "dry_run": False})
+
     return command
 
 
@@ -122,19 +130,25 @@ def test_concurrency_is_bounded(monkeypatch, capsys, jobs):
 def _verify_reports(codes: dict[str, int]):
     """run_many's command: each host's verify answers with the exit code given (3: every
     static check passes, no engine proof)."""
+
     def command(host: str):
         from patcher.cli import Report
+
         code = codes[host]
         unproven = "vLLM 0.33.0 is newer than the newest release proven on the engine (0.32.x)" if code == 3 else None
         return Report({"ok": code == 0, "patches": [], "proven": {"unproven": unproven}}, code)
+
     return command
 
 
-@pytest.mark.parametrize(("codes", "combined"), [
-    pytest.param({"a": 0, "b": 3}, 3, id="one host not proven"),
-    pytest.param({"a": 3, "b": 1}, 1, id="a disagreement outweighs not proven"),
-    pytest.param({"a": 0, "b": 0}, 0, id="all ok"),
-])
+@pytest.mark.parametrize(
+    ("codes", "combined"),
+    [
+        pytest.param({"a": 0, "b": 3}, 3, id="one host not proven"),
+        pytest.param({"a": 3, "b": 1}, 1, id="a disagreement outweighs not proven"),
+        pytest.param({"a": 0, "b": 0}, 0, id="all ok"),
+    ],
+)
 def test_unproven_hosts_are_told_apart_from_broken_ones(monkeypatch, capsys, codes, combined):
     import patcher.cli.fanout as fanout
 

@@ -6,12 +6,10 @@ import json
 import subprocess
 
 import pytest
-
-from support import GENERATOR, PATCHED_FILES, run_cli, tree_digest
-from sandbox import make_sandbox, site_packages
 from loopback import USER, LoopbackSshd, write_ssh_config
-from sshfixtures import *  # noqa: F403  (fixtures)
+from sandbox import make_sandbox, site_packages
 from sshfixtures import remote
+from support import GENERATOR, PATCHED_FILES, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -27,9 +25,11 @@ MAX_EXCHANGES = 3  # per subcommand and host, whatever the number of patches or 
 def _same_report(remote_report: dict, local_report: dict) -> None:
     """Reports equal but for the target's label and the fix column's commands, which name
     the host they were checked on; the same (small) number of exchanges."""
+
     def strip(report):
         rows = [{k: v for k, v in r.items() if k != "hint"} for r in report.get("patches", [])]
         return {**{k: v for k, v in report.items() if k != "target"}, "patches": rows}
+
     assert strip(remote_report) == strip(local_report)
     for row in remote_report.get("patches", []):
         if "speculators-patch apply" in row.get("hint", ""):
@@ -43,17 +43,25 @@ def test_apply_remote_equals_local(tmp_path, sshd, ssh_config):
     r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--json"))
     assert sshd.connections() - connections == 1
     assert r["exchanges"] == 2 and sorted(r["written"]) == PATCHED_FILES
-    l = _json(run_cli("apply", "--target", str(here), "--json"))
+    local = _json(run_cli("apply", "--target", str(here), "--json"))
     # Same files, same hashes: the patched modules, the manifest and the pristine backups.
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
-    assert [p["state"] for p in r["patches"]] == [p["state"] for p in l["patches"]]
+    assert [p["state"] for p in r["patches"]] == [p["state"] for p in local["patches"]]
 
 
 def test_a_config_without_connect_timeout_works(sandbox, sshd, ssh_config):
     """Most ssh_configs set no ConnectTimeout: the tool then passes ssh one it accepts (whole
     seconds; ``ConnectTimeout=30.0`` made every such connection fail)."""
-    r = remote(ssh_config, "status", "--host", "plain-box", "--target", str(sandbox), "--json",
-               env={"SPECULATORS_PATCH_SSH_PERSIST": "0"})
+    r = remote(
+        ssh_config,
+        "status",
+        "--host",
+        "plain-box",
+        "--target",
+        str(sandbox),
+        "--json",
+        env={"SPECULATORS_PATCH_SSH_PERSIST": "0"},
+    )
     assert r.returncode == 0, r.stderr
     assert set(json.loads(r.stdout)["files"].values()) == {"pristine"}
     r = remote(ssh_config, "status", "--host", "plain-box", "--target", str(sandbox), "--connect-timeout", "7.5")
@@ -63,9 +71,9 @@ def test_a_config_without_connect_timeout_works(sandbox, sshd, ssh_config):
 def test_diff_status_verify_remote_equal_local_on_the_same_sandbox(sandbox, sshd, ssh_config):
     for command, code in (("diff", 1), ("status", 0), ("verify", 1)):
         r = remote(ssh_config, command, "--host", "gpu-box", "--target", str(sandbox), "--json")
-        l = run_cli(command, "--target", str(sandbox), "--json")
-        assert (r.returncode, l.returncode) == (code, code), (command, r.stderr, l.stderr)
-        _same_report(json.loads(r.stdout), json.loads(l.stdout))
+        local = run_cli(command, "--target", str(sandbox), "--json")
+        assert (r.returncode, local.returncode) == (code, code), (command, r.stderr, local.stderr)
+        _same_report(json.loads(r.stdout), json.loads(local.stdout))
     before = tree_digest(sandbox)
     r = remote(ssh_config, "diff", "--host", "gpu-box", "--target", str(sandbox))
     assert r.stdout == run_cli("diff", "--target", str(sandbox)).stdout and r.stdout.startswith("--- a/")
@@ -89,8 +97,8 @@ def test_every_target_form_resolves_on_the_remote_side(tmp_path, sshd, ssh_confi
 def test_apply_only_one_patch(tmp_path, sshd, ssh_config):
     here, there = make_sandbox(tmp_path / "here"), make_sandbox(tmp_path / "there")
     r = _json(remote(ssh_config, "apply", "--host", "gpu-box", "--target", str(there), "--only", "SP001", "--json"))
-    l = _json(run_cli("apply", "--target", str(here), "--only", "SP001", "--json"))
-    assert r["written"] == l["written"] == [GENERATOR]
+    local = _json(run_cli("apply", "--target", str(here), "--only", "SP001", "--json"))
+    assert r["written"] == local["written"] == [GENERATOR]
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))
 
 
@@ -152,10 +160,19 @@ def test_hostile_missing_target_is_refused_and_runs_nothing(tmp_path, sshd, ssh_
     assert not canary.exists()
 
 
-@pytest.mark.parametrize("host", [
-    "-oProxyCommand=touch {canary}", "gpu-box;touch {canary}", "$(touch {canary})", "gpu box",
-    "gpu-box\ntouch {canary}", "user@-oProxyCommand=x", "root@gpu-box:99999",
-], ids=["option", "semicolon", "substitution", "space", "newline", "option-after-user", "bad-port"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "-oProxyCommand=touch {canary}",
+        "gpu-box;touch {canary}",
+        "$(touch {canary})",
+        "gpu box",
+        "gpu-box\ntouch {canary}",
+        "user@-oProxyCommand=x",
+        "root@gpu-box:99999",
+    ],
+    ids=["option", "semicolon", "substitution", "space", "newline", "option-after-user", "bad-port"],
+)
 def test_hostile_host_is_refused_before_ssh_runs(tmp_path, ssh_config, host):
     canary = tmp_path / "CANARY"
     r = remote(ssh_config, "status", "--host", host.format(canary=canary), "--target", "/nonexistent")

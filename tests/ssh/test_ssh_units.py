@@ -8,34 +8,40 @@ import shlex
 
 import pytest
 
-from patcher.errors import UserError
 from patcher.connect.program import BOOTSTRAP
 from patcher.connect.ssh import explain_ssh_failure, parse_host, remote_command, reuse_options
+from patcher.errors import UserError
 
 
-@pytest.mark.parametrize("spec, parsed", [
-    pytest.param("gpu-box", (None, "gpu-box", None), id="alias"),
-    pytest.param("root@10.0.0.5:2222", ("root", "10.0.0.5", 2222), id="user-address-port"),
-    pytest.param("node1.cluster.example", (None, "node1.cluster.example", None), id="fqdn"),
-    pytest.param("ml_user@node_7", ("ml_user", "node_7", None), id="underscores"),
-    pytest.param("[::1]:22", (None, "::1", 22), id="ipv6-bracketed"),
-    pytest.param("alice@[fe80::1]", ("alice", "fe80::1", None), id="ipv6-user"),
-])
+@pytest.mark.parametrize(
+    "spec, parsed",
+    [
+        pytest.param("gpu-box", (None, "gpu-box", None), id="alias"),
+        pytest.param("root@10.0.0.5:2222", ("root", "10.0.0.5", 2222), id="user-address-port"),
+        pytest.param("node1.cluster.example", (None, "node1.cluster.example", None), id="fqdn"),
+        pytest.param("ml_user@node_7", ("ml_user", "node_7", None), id="underscores"),
+        pytest.param("[::1]:22", (None, "::1", 22), id="ipv6-bracketed"),
+        pytest.param("alice@[fe80::1]", ("alice", "fe80::1", None), id="ipv6-user"),
+    ],
+)
 def test_parse_host(spec, parsed):
     assert parse_host(spec) == parsed
 
 
-@pytest.mark.parametrize("spec", [
-    pytest.param("-oProxyCommand=sh", id="option"),
-    pytest.param("gpu-box;id", id="semicolon"),
-    pytest.param("$(id)", id="substitution"),
-    pytest.param("gpu box", id="space"),
-    pytest.param("a@b@c", id="two-ats"),
-    pytest.param("host:0", id="port-zero"),
-    pytest.param("host:65536", id="port-too-big"),
-    pytest.param("::1", id="ipv6-unbracketed"),
-    pytest.param("", id="empty"),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param("-oProxyCommand=sh", id="option"),
+        pytest.param("gpu-box;id", id="semicolon"),
+        pytest.param("$(id)", id="substitution"),
+        pytest.param("gpu box", id="space"),
+        pytest.param("a@b@c", id="two-ats"),
+        pytest.param("host:0", id="port-zero"),
+        pytest.param("host:65536", id="port-too-big"),
+        pytest.param("::1", id="ipv6-unbracketed"),
+        pytest.param("", id="empty"),
+    ],
+)
 def test_parse_host_refuses(spec):
     with pytest.raises(UserError, match="not a host"):
         parse_host(spec)
@@ -58,22 +64,36 @@ def test_bootstrap_is_python_3_8_grammar():
     ast.parse(BOOTSTRAP, feature_version=(3, 8))
 
 
-@pytest.mark.parametrize("stderr, expected", [
-    pytest.param("ssh: connect to host 127.0.0.1 port 2: Connection refused", "connection refused", id="refused"),
-    pytest.param("root@127.0.0.1: Permission denied (publickey).", "authentication failed (publickey)", id="auth"),
-    pytest.param("No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\n"
-                 "Host key verification failed.", "unknown host key", id="unknown-key"),
-    pytest.param("@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
-                 "Host key verification failed.", "host key CHANGED", id="changed-key"),
-    pytest.param("Connection timed out during banner exchange", "connection timed out", id="timeout"),
-    pytest.param("ssh: Could not resolve hostname nope: Name or service not known", "cannot resolve host name",
-                 id="dns"),
-    pytest.param("Connection closed by 127.0.0.1 port 2222", "connection dropped while committing", id="dropped"),
-    pytest.param("Timeout, server 10.0.0.5 not responding.", "connection dropped while committing", id="keepalive"),
-    pytest.param("", "the remote agent was killed while committing", id="killed-by-signal"),
-    pytest.param("kex_exchange_identification: something new", "ssh failed while committing: kex_exchange_identification",
-                 id="unknown-passes-through"),
-])
+@pytest.mark.parametrize(
+    "stderr, expected",
+    [
+        pytest.param("ssh: connect to host 127.0.0.1 port 2: Connection refused", "connection refused", id="refused"),
+        pytest.param("root@127.0.0.1: Permission denied (publickey).", "authentication failed (publickey)", id="auth"),
+        pytest.param(
+            "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\n"
+            "Host key verification failed.",
+            "unknown host key",
+            id="unknown-key",
+        ),
+        pytest.param(
+            "@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\nHost key verification failed.",
+            "host key CHANGED",
+            id="changed-key",
+        ),
+        pytest.param("Connection timed out during banner exchange", "connection timed out", id="timeout"),
+        pytest.param(
+            "ssh: Could not resolve hostname nope: Name or service not known", "cannot resolve host name", id="dns"
+        ),
+        pytest.param("Connection closed by 127.0.0.1 port 2222", "connection dropped while committing", id="dropped"),
+        pytest.param("Timeout, server 10.0.0.5 not responding.", "connection dropped while committing", id="keepalive"),
+        pytest.param("", "the remote agent was killed while committing", id="killed-by-signal"),
+        pytest.param(
+            "kex_exchange_identification: something new",
+            "ssh failed while committing: kex_exchange_identification",
+            id="unknown-passes-through",
+        ),
+    ],
+)
 def test_explain_ssh_failure(stderr, expected):
     message = explain_ssh_failure(stderr, "gpu-box (root@10.0.0.5 port 22)", "while committing")
     assert message.startswith("gpu-box (root@10.0.0.5 port 22): ") and expected in message

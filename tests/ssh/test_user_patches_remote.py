@@ -10,18 +10,16 @@ import shlex
 import subprocess
 
 import pytest
-
-from support import GENERATOR, run_cli, tree_digest
+from loopback import LoopbackSshd, write_ssh_config
 from sandbox import make_sandbox, site_packages
-from loopback import SSHD, LoopbackSshd, write_ssh_config
-from sshfixtures import keys  # noqa: F401  (fixture)
+from support import GENERATOR, run_cli, tree_digest
 from userfix import FIX001_LINE, installed_state, write_fix001
 
 pytestmark = pytest.mark.ssh
 
 
 @pytest.fixture
-def two_hosts(tmp_path, keys):  # noqa: F811
+def two_hosts(tmp_path, keys):
     """(controller directory holding fix001.py, ssh config with box1 and box2, their ~/ml-env)."""
     if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --mount needs root or user namespaces")
@@ -35,9 +33,12 @@ def two_hosts(tmp_path, keys):  # noqa: F811
             home = tmp_path / name / "home"
             home.mkdir(parents=True)
             envs.append(make_sandbox(home / "ml-env"))
-            servers.append(stack.enter_context(LoopbackSshd(tmp_path / name, home=home, user_key=keys["user"],
-                                                            extra_config=force)))
-        config = write_ssh_config(tmp_path / "ssh_config", [s.host_block(n) for s, n in zip(servers, ("box1", "box2"))])
+            servers.append(
+                stack.enter_context(LoopbackSshd(tmp_path / name, home=home, user_key=keys["user"], extra_config=force))
+            )
+        config = write_ssh_config(
+            tmp_path / "ssh_config", [s.host_block(n) for s, n in zip(servers, ("box1", "box2"), strict=False)]
+        )
         yield fix, config, envs
 
 
@@ -48,8 +49,11 @@ def ssh(config, *args):
 def test_the_file_only_on_the_controller_applies_diffs_shows_and_reverts(tmp_path, two_hosts):
     fix, config, envs = two_hosts
     pristine = tree_digest(site_packages(envs[0]) / "speculators")
-    seen = subprocess.run(["ssh", "-F", str(config), "box1", f"test -e {shlex.quote(str(fix))} && echo seen || echo hidden"],
-                          capture_output=True, text=True)
+    seen = subprocess.run(
+        ["ssh", "-F", str(config), "box1", f"test -e {shlex.quote(str(fix))} && echo seen || echo hidden"],
+        capture_output=True,
+        text=True,
+    )
     assert seen.stdout.strip() == "hidden", seen.stderr
 
     diff = ssh(config, "diff", "--host", "box1", "--target", "~/ml-env", "--patch-file", str(fix))

@@ -9,9 +9,8 @@ import shlex
 import subprocess
 
 import pytest
-
-from support import GENERATOR, ROOT, run_cli, run_json, tree_digest
 from sandbox import make_sandbox, site_packages
+from support import GENERATOR, ROOT, run_cli, run_json, tree_digest
 from userfix import FIX001_LINE, write_fix001
 
 
@@ -46,10 +45,12 @@ def test_apply_through_exec_writes_the_local_bytes(tmp_path):
     assert tree_digest(site_packages(there)) == tree_digest(site_packages(here))  # files, manifest, pristine copies
     for command in ("status", "diff", "verify"):
         r = run_cli(command, "--exec", isolated(there / "bin" / "python"), "--json")
-        l = run_cli(command, "--target", str(here), "--json")
-        assert r.returncode == l.returncode == 0, (r.stderr, l.stderr)
+        local = run_cli(command, "--target", str(here), "--json")
+        assert r.returncode == local.returncode == 0, (r.stderr, local.stderr)
         same = json.loads(r.stdout.replace(str(there), str(here)))
-        assert {k: v for k, v in same.items() if k != "target"} == {k: v for k, v in json.loads(l.stdout).items() if k != "target"}
+        assert {k: v for k, v in same.items() if k != "target"} == {
+            k: v for k, v in json.loads(local.stdout).items() if k != "target"
+        }
 
 
 @needs_unshare
@@ -58,8 +59,9 @@ def test_user_patch_applies_through_exec_where_the_file_is_not_visible(tmp_path)
     fix = write_fix001(controller)
     there = make_sandbox(tmp_path / "there")
     command = isolated(there / "bin" / "python", hide=str(controller))
-    probe = subprocess.run([*shlex.split(command), "-c", f"import os; print(os.path.exists({str(fix)!r}))"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [*shlex.split(command), "-c", f"import os; print(os.path.exists({str(fix)!r}))"], capture_output=True, text=True
+    )
     assert probe.stdout.strip() == "False", probe.stderr  # the far side cannot see the file
     code, report = run_json("apply", "--exec", command, "--patch-file", str(fix))
     assert code == 0 and [p["state"] for p in report["patches"] if p["id"] == "FIX001"] == ["applied-now"]
@@ -90,12 +92,14 @@ def test_the_far_side_resolves_a_target_by_the_local_rule(tmp_path, sandbox, sit
         local = run_json("status", env={variable: str(sandbox), "PYTHONPATH": f"{decoy}:{ROOT}"})
         assert local[1]["site_packages"] == str(site) and local[1]["speculators"] == "0.3.0", variable
     gone = run_cli("status", "--exec", f"env -i VIRTUAL_ENV={shlex.quote(str(tmp_path / 'gone'))} python3")
-    assert gone.returncode == 2 and gone.stderr.startswith(f"error: $VIRTUAL_ENV on env -i VIRTUAL_ENV=")
+    assert gone.returncode == 2 and gone.stderr.startswith("error: $VIRTUAL_ENV on env -i VIRTUAL_ENV=")
     assert "which has no bin/python; pass --target" in gone.stderr
     for where in (("--exec", "env -i python3"), ()):
         refused = run_cli("status", *where, "--target", "/bin/true")
-        assert refused.returncode == 2 and "is a file but not a Python interpreter (python3, python3.X): /bin/true" \
-            in refused.stderr, refused.stderr
+        assert (
+            refused.returncode == 2
+            and "is a file but not a Python interpreter (python3, python3.X): /bin/true" in refused.stderr
+        ), refused.stderr
 
 
 def test_a_far_side_failure_names_the_interpreter_the_rule_chose(tmp_path):
@@ -109,33 +113,59 @@ def test_a_far_side_failure_names_the_interpreter_the_rule_chose(tmp_path):
     result = run_cli("status", "--exec", "env -i python3", "--target", str(fake))
     assert result.returncode == 2 and result.stderr == (
         f"error: --exec 'env -i python3': {fake} (the target's interpreter there) ended (status 0) without starting "
-        f"the agent: hello from a fake python; is it a Python 3.8+ interpreter?\n")
+        f"the agent: hello from a fake python; is it a Python 3.8+ interpreter?\n"
+    )
     bare = run_cli("status", "--exec", "env -i python3")  # env finds python3 by its default path; Python has none
     assert bare.returncode == 2 and "cannot tell its own path (sys.executable is empty" in bare.stderr, bare.stderr
 
 
 def test_several_commands_give_the_per_target_summary(tmp_path):
     one, two = make_sandbox(tmp_path / "one"), make_sandbox(tmp_path / "two")
-    result = run_cli("apply", "--exec", f"env -i {one}/bin/python", "--exec", f"env -i {two}/bin/python",
-                     "--exec", "no-such-command-here", "--json")
+    result = run_cli(
+        "apply",
+        "--exec",
+        f"env -i {one}/bin/python",
+        "--exec",
+        f"env -i {two}/bin/python",
+        "--exec",
+        "no-such-command-here",
+        "--json",
+    )
     assert result.returncode == 2, result.stderr  # one target failed; the others are done
     hosts = {h["host"]: h for h in json.loads(result.stdout)["hosts"]}
     assert hosts[f"env -i {one}/bin/python"]["outcome"] == "changed"
     assert hosts[f"env -i {two}/bin/python"]["outcome"] == "changed"
-    assert hosts["no-such-command-here"]["reason"] == "--exec 'no-such-command-here': no-such-command-here: command not found"
+    assert (
+        hosts["no-such-command-here"]["reason"]
+        == "--exec 'no-such-command-here': no-such-command-here: command not found"
+    )
     assert tree_digest(site_packages(one)) == tree_digest(site_packages(two))
     again = run_cli("apply", "--exec", f"env -i {one}/bin/python", "--exec", f"env -i {two}/bin/python")
     assert again.returncode == 0 and again.stdout.splitlines()[-1] == "2 hosts: 2 unchanged"
 
 
 BAD = [
-    pytest.param("no-such-command-here -i", "error: --exec 'no-such-command-here -i': no-such-command-here: command not found",
-                 id="not found"),
-    pytest.param("false", "error: --exec 'false': the command ended (status 1) while reading: no output; the command must "
-                 "start a Python 3.8+", id="fails"),
-    pytest.param("sh", "error: --exec 'sh': the command ended (status 2) while reading: sh: 1: Syntax error", id="a shell, not Python"),
-    pytest.param("'unclosed", "error: --exec \"'unclosed\": cannot split it into arguments (No closing quotation)",
-                 id="unsplittable"),
+    pytest.param(
+        "no-such-command-here -i",
+        "error: --exec 'no-such-command-here -i': no-such-command-here: command not found",
+        id="not found",
+    ),
+    pytest.param(
+        "false",
+        "error: --exec 'false': the command ended (status 1) while reading: no output; the command must "
+        "start a Python 3.8+",
+        id="fails",
+    ),
+    pytest.param(
+        "sh",
+        "error: --exec 'sh': the command ended (status 2) while reading: sh: 1: Syntax error",
+        id="a shell, not Python",
+    ),
+    pytest.param(
+        "'unclosed",
+        'error: --exec "\'unclosed": cannot split it into arguments (No closing quotation)',
+        id="unsplittable",
+    ),
     pytest.param("", "error: --exec is empty", id="empty"),
 ]
 

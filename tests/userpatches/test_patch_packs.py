@@ -11,7 +11,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from support import GENERATOR, tree_digest
 from userfix import FIX001, FIX001_LINE
 
@@ -40,19 +39,45 @@ def install_pack(tmp_path, name: str, module_source: str):
     (src / package / "fix001.py").write_text(module_source)
     venv = tmp_path / f"{name}-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                          "--target", site, str(src)], capture_output=True, text=True)
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            site,
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if pip.returncode != 0:
         pytest.skip(f"cannot build a package here: {pip.stderr.strip().splitlines()[-1:]}")
     # The tool and its dependencies: this test run's environment, its .pth files included.
-    (Path(site) / "with-the-tool.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    (Path(site) / "with-the-tool.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(venv / "bin" / "python"), "-m", "patcher", *args], capture_output=True, text=True,
-                              env=env, cwd=tmp_path, timeout=300)
+        return subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "patcher", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
 
     return cli
 
@@ -77,6 +102,7 @@ def test_an_installed_pack_is_listed_with_its_origin_and_applied(tmp_path, sandb
     assert tree_digest(site) == after
     # The tool without the pack still names it and can take it out.
     from support import run_cli, run_json
+
     code, status = run_json("status", "--target", str(sandbox))
     row = next(p for p in status["patches"] if p["id"] == "FIX001")
     assert (row["origin"], row["source"], row["loaded"]) == ("package", "fixpack 1.0", False)
@@ -90,6 +116,8 @@ def test_a_broken_pack_is_one_error_line(tmp_path, sandbox, site):
     for args in (("list",), ("apply", "--target", str(sandbox))):
         result = cli(*args)
         assert result.returncode == 2 and result.stdout == "", result.stderr
-        assert result.stderr == ("error: package brokenpack (entry point fix001 = brokenpack.fix001): id SP999 uses the "
-                                 "prefix SP, reserved for shipped patches (use e.g. FIX001)\n")
+        assert result.stderr == (
+            "error: package brokenpack (entry point fix001 = brokenpack.fix001): id SP999 uses the "
+            "prefix SP, reserved for shipped patches (use e.g. FIX001)\n"
+        )
     assert tree_digest(site) == before

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from support import run_cli, tree_digest
 
 HANG = """import json, os, sys, time
@@ -69,7 +68,7 @@ def test_a_wrapper_whose_child_holds_the_pipe_fails_at_the_connect_timeout(sandb
 def test_a_slow_exec_command_is_waited_for(tmp_path, sandbox):
     """Slow to start (3 s, a container pulling its image), within the connect timeout: it works."""
     slow = tmp_path / "slow-python"
-    slow.write_text(f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
+    slow.write_text(f'#!/bin/sh\nsleep 3\nexec {sys.executable} "$@"\n')
     slow.chmod(0o755)
     result, took = _timed("status", "--exec", str(slow), "--target", str(sandbox), "--connect-timeout", "10")
     assert result.returncode == 0 and "speculators 0.3.0" in result.stdout, result.stderr
@@ -89,8 +88,14 @@ def test_an_agent_that_stops_answering_fails_at_the_timeout(tmp_path, sandbox, s
 def test_a_local_commit_that_outlives_the_timeout_finishes_on_its_own(sandbox, site):
     """The agent pauses 4 s between two file writes; with --timeout 1 the CLI gives up,
     says the commit finishes or rolls back by itself, and it does: the install is whole."""
-    result = run_cli("apply", "--target", str(sandbox), "--timeout", "1",
-                     env={"SPECULATORS_PATCH_FAULT": "pause-mid-write", "SPECULATORS_PATCH_FAULT_SECONDS": "4"})
+    result = run_cli(
+        "apply",
+        "--target",
+        str(sandbox),
+        "--timeout",
+        "1",
+        env={"SPECULATORS_PATCH_FAULT": "pause-mid-write", "SPECULATORS_PATCH_FAULT_SECONDS": "4"},
+    )
     line = _one_line(result)
     assert "no answer to the commit within 1 s (--timeout); a commit that had started finishes or rolls back" in line
     _wait_until_whole(site)
@@ -110,8 +115,11 @@ def _wait_until_whole(site, seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         state = site / ".speculators-patch"
-        if not (state / "journal.json").exists() and not list(site.rglob("*.speculators-patch.tmp")) \
-                and not list(site.rglob("*.speculators-patch.old")):
+        if (
+            not (state / "journal.json").exists()
+            and not list(site.rglob("*.speculators-patch.tmp"))
+            and not list(site.rglob("*.speculators-patch.old"))
+        ):
             return
         time.sleep(0.2)
     raise AssertionError("the commit left behind did not finish")
@@ -125,5 +133,7 @@ def test_a_local_interpreter_that_never_starts_fails_at_the_connect_timeout(tmp_
     fake.chmod(0o755)
     result, took = _timed("status", "--target", str(fake), "--connect-timeout", "2")
     line = _one_line(result)
-    assert f"local: {fake}: no answer within 2 s (--connect-timeout) while starting the agent: it printed nothing" in line
+    assert (
+        f"local: {fake}: no answer within 2 s (--connect-timeout) while starting the agent: it printed nothing" in line
+    )
     assert took < 10

@@ -42,7 +42,9 @@ def test_revert_only_it_without_the_file_restores_that_file(tmp_path, sandbox, s
     assert not list((site / ".speculators-patch" / "pristine").rglob("logging_utils.py*"))
 
 
-def test_full_revert_without_the_file_restores_every_file_and_leaves_no_state(tmp_path, sandbox, site, pristine_sources):
+def test_full_revert_without_the_file_restores_every_file_and_leaves_no_state(
+    tmp_path, sandbox, site, pristine_sources
+):
     before = installed_state(site)  # not yet patched: the install as pip left it
     _applied(tmp_path, sandbox, site)
     result = run_cli("revert", "--target", str(sandbox))
@@ -78,9 +80,9 @@ def test_no_commit_drops_the_copy_of_a_file_that_still_differs(tmp_path, sandbox
     """The agent's own guard: a commit whose new record leaves out a patched file (what the
     controller of issue 23 sent) is refused whole, naming the file; nothing changes."""
     from patcher import engine
-    from patcher.fixes import registry
-    from patcher.errors import UserError
     from patcher.connect.local import LocalTransport
+    from patcher.errors import UserError
+    from patcher.fixes import registry
 
     _applied(tmp_path, sandbox, site)
     before = installed_state(site)
@@ -89,8 +91,15 @@ def test_no_commit_drops_the_copy_of_a_file_that_still_differs(tmp_path, sandbox
     try:
         with transport:
             snap = engine.read_snapshot(transport)
-            transport.request("commit", state_dir=snap.state_dir, root=snap.speculators_root, writes={}, pristine={},
-                              manifest=None, manifest_expect_sha256=snap.manifest_sha256)
+            transport.request(
+                "commit",
+                state_dir=snap.state_dir,
+                root=snap.speculators_root,
+                writes={},
+                pristine={},
+                manifest=None,
+                manifest_expect_sha256=snap.manifest_sha256,
+            )
     except UserError as e:
         answer = str(e)
     finally:  # read_snapshot registered FIX002's stand-in in this process: leave the registry as found

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from support import GENERATOR, run_cli, run_json, tree_digest
 from sandbox import make_sandbox, site_packages
+from support import GENERATOR, run_cli, run_json, tree_digest
 from userfix import FIX001, FIX001_LINE, installed_state, write_fix001
 
 
@@ -23,9 +22,19 @@ def test_applies_with_the_shipped_set_in_one_commit_then_again_is_a_no_op(tmp_pa
     code, first = run_json("apply", "--target", str(sandbox), "--patch-file", str(fix))
     assert code == 0 and first["exchanges"] == 2  # one inspect, one commit
     assert GENERATOR in first["written"]
-    assert fix_rows(first) == [{"id": "FIX001", "name": "kv-cache-half", "version": 1, "file": GENERATOR,
-                                "state": "applied-now", "detail": "", "origin": "file", "source": str(fix),
-                                "loaded": True}]
+    assert fix_rows(first) == [
+        {
+            "id": "FIX001",
+            "name": "kv-cache-half",
+            "version": 1,
+            "file": GENERATOR,
+            "state": "applied-now",
+            "detail": "",
+            "origin": "file",
+            "source": str(fix),
+            "loaded": True,
+        }
+    ]
     assert "applied-now" in {p["state"] for p in first["patches"] if p["id"] == "SP004"}
     text = (site / GENERATOR).read_text()
     assert FIX001_LINE in text and "enable_prefix_caching=False" in text  # the user's and the shipped fix
@@ -68,8 +77,9 @@ def test_diff_shows_it_with_the_shipped_fixes(tmp_path, sandbox, site):
     assert "+            enable_prefix_caching=False," in lines  # SP004, in the same diff
     assert tree_digest(site) == before
     only = run_cli("diff", "--target", str(sandbox), "--patch-file", str(fix), "--only", "fix001")
-    assert only.returncode == 1 and [ln for ln in only.stdout.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")] == [
-        "-CACHE_MEMORY_FRACTION = 0.2  # Fraction of GPU memory for KV cache", f"+{FIX001_LINE}"]
+    assert only.returncode == 1 and [
+        ln for ln in only.stdout.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
+    ] == ["-CACHE_MEMORY_FRACTION = 0.2  # Fraction of GPU memory for KV cache", f"+{FIX001_LINE}"]
 
 
 def test_revert_only_it_without_the_file_equals_the_shipped_only_result(tmp_path, sandbox, site):
@@ -124,7 +134,9 @@ def test_verify_reports_a_source_changed_since_it_was_applied(tmp_path, sandbox)
     code, report = run_json("verify", "--target", str(sandbox), "--patch-file", str(fix))
     assert code == 1 and not report["ok"]
     [changed] = report["user_patch_sources_changed"]
-    assert changed["id"] == "FIX001" and changed["source"] == str(fix) and changed["sha256"] != changed["recorded_sha256"]
+    assert (
+        changed["id"] == "FIX001" and changed["source"] == str(fix) and changed["sha256"] != changed["recorded_sha256"]
+    )
     text = run_cli("verify", "--target", str(sandbox), "--patch-file", str(fix)).stdout
     assert "FIX001: its source changed since it was applied" in text and "revert --only FIX001" in text
     [row] = [r for r in report["patches"] if r["id"] == "FIX001"]
@@ -158,16 +170,26 @@ BROKEN = [
     pytest.param("X = 1\n", "defines no PATCH", id="no PATCH"),
     pytest.param(FIX001.replace('id="FIX001"', 'id="SP100"'), "reserved for shipped patches", id="SP id"),
     pytest.param(FIX001.replace('id="FIX001"', 'id="fix-1"'), "is not letters then digits", id="bad id"),
-    pytest.param(FIX001.replace('name="kv-cache-half"', 'name="disable-prefix-caching"'), "already taken by SP004",
-                 id="name clash with a shipped patch"),
+    pytest.param(
+        FIX001.replace('name="kv-cache-half"', 'name="disable-prefix-caching"'),
+        "already taken by SP004",
+        id="name clash with a shipped patch",
+    ),
     pytest.param(FIX001.replace("version=1", "version=0"), "version must be an integer >= 1", id="bad version"),
-    pytest.param(FIX001.replace("new_value = cst.parse_expression(NEW)", "new_value = 1 / 0"), "its codemod raised ZeroDivisionError",
-                 id="codemod raises"),
+    pytest.param(
+        FIX001.replace("new_value = cst.parse_expression(NEW)", "new_value = 1 / 0"),
+        "its codemod raised ZeroDivisionError",
+        id="codemod raises",
+    ),
     pytest.param("import nothing_like_this\n", "loading it raised ModuleNotFoundError", id="import fails"),
-    pytest.param(FIX001.replace('file="speculators/data_generation/vllm_hidden_states_generator.py"',
-                                'file="speculators/data_generation/nope.py"'),
-                 "FIX001 patches speculators/data_generation/nope.py, which speculators 0.3.0 does not have",
-                 id="a file speculators does not have"),
+    pytest.param(
+        FIX001.replace(
+            'file="speculators/data_generation/vllm_hidden_states_generator.py"',
+            'file="speculators/data_generation/nope.py"',
+        ),
+        "FIX001 patches speculators/data_generation/nope.py, which speculators 0.3.0 does not have",
+        id="a file speculators does not have",
+    ),
 ]
 
 
@@ -187,7 +209,10 @@ def test_two_files_with_one_id_and_a_missing_file_are_refused(tmp_path, sandbox,
     one, two = write_fix001(tmp_path / "a"), write_fix001(tmp_path / "b")
     before = tree_digest(site)
     result = run_cli("apply", "--target", str(sandbox), "--patch-file", str(one), "--patch-file", str(two))
-    assert result.returncode == 2 and f"error: file {two}: patch id FIX001 is already taken by FIX001 (file {one})" in result.stderr
+    assert (
+        result.returncode == 2
+        and f"error: file {two}: patch id FIX001 is already taken by FIX001 (file {one})" in result.stderr
+    )
     result = run_cli("apply", "--target", str(sandbox), "--patch-file", str(tmp_path / "nope.py"))
     assert result.returncode == 2 and "error: cannot read patch file" in result.stderr
     assert tree_digest(site) == before

@@ -15,16 +15,31 @@ SHARED_PREFIX = 96  # tokens; six 16-token KV blocks, so a prefix cache would hi
 
 # name: (seed, lengths, what it exercises)
 CASES = {
-    "order": (11, [37, 1, 120, 5, 64, 250, 9, 17, 300, 2, 45, 77, 13],
-              "13 prompts of 1-300 tokens: results in input order past 10 requests (req_10 < req_2 as strings)"),
-    "shared-prefix": (21, [SHARED_PREFIX + n for n in (0, 8, 40, 130, 3, 200)],
-                      "6 prompts sharing a 96-token prefix: a prefix cache must not drop their rows"),
-    "chunked": (31, list(range(300, 511, 9))[:24],
-                "24 prompts of 300-510 tokens (9,660 > 8,192 per step): prompts split across scheduler steps"),
-    "over-max-seqs": (41, [3 + (i * 7) % 40 for i in range(41)],
-                      "41 prompts, more than max_num_seqs (32): every one captured"),
-    "order-again": (11, [37, 1, 120, 5, 64, 250, 9, 17, 300, 2, 45, 77, 13],
-                    "the first batch again on the same generator: identical results"),
+    "order": (
+        11,
+        [37, 1, 120, 5, 64, 250, 9, 17, 300, 2, 45, 77, 13],
+        "13 prompts of 1-300 tokens: results in input order past 10 requests (req_10 < req_2 as strings)",
+    ),
+    "shared-prefix": (
+        21,
+        [SHARED_PREFIX + n for n in (0, 8, 40, 130, 3, 200)],
+        "6 prompts sharing a 96-token prefix: a prefix cache must not drop their rows",
+    ),
+    "chunked": (
+        31,
+        list(range(300, 511, 9))[:24],
+        "24 prompts of 300-510 tokens (9,660 > 8,192 per step): prompts split across scheduler steps",
+    ),
+    "over-max-seqs": (
+        41,
+        [3 + (i * 7) % 40 for i in range(41)],
+        "41 prompts, more than max_num_seqs (32): every one captured",
+    ),
+    "order-again": (
+        11,
+        [37, 1, 120, 5, 64, 250, 9, 17, 300, 2, 45, 77, 13],
+        "the first batch again on the same generator: identical results",
+    ),
 }
 
 

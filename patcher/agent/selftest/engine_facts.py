@@ -33,15 +33,18 @@ def facts(worker) -> dict:
     if model is None and hasattr(runner, "get_model"):
         model = runner.get_model()
     names = set()
-    for module in (model.modules() if model is not None else ()):
+    for module in model.modules() if model is not None else ():
         backend = getattr(module, "attn_backend", None)
         if backend is not None and hasattr(backend, "get_name"):  # the mm encoder's is an enum
             names.add(backend.get_name())
     hooks = getattr(worker, "_capture_hooks", None)  # the patched extension's (SP009), on this rank
-    return {"runner": f"{cls.__module__}.{cls.__qualname__}",
-            "runner_kind": "v1" if hasattr(runner, "input_batch") else "v2" if _keeps_batch_state(runner) else "unknown",
-            "attention": sorted(names), "rank": getattr(worker, "rank", None),
-            "capture_hooks": None if hooks is None else len(hooks)}
+    return {
+        "runner": f"{cls.__module__}.{cls.__qualname__}",
+        "runner_kind": "v1" if hasattr(runner, "input_batch") else "v2" if _keeps_batch_state(runner) else "unknown",
+        "attention": sorted(names),
+        "rank": getattr(worker, "rank", None),
+        "capture_hooks": None if hooks is None else len(hooks),
+    }
 
 
 def collect(executor) -> dict:
@@ -63,6 +66,7 @@ def collect(executor) -> dict:
     first = dict(answers[0])
     first["ranks"] = len(answers)
     first["agree"] = all((a["runner"], a["attention"]) == (first["runner"], first["attention"]) for a in answers)
-    first["capturing_ranks"] = [a["rank"] if a["rank"] is not None else i for i, a in enumerate(answers)
-                                if a.get("capture_hooks")]
+    first["capturing_ranks"] = [
+        a["rank"] if a["rank"] is not None else i for i, a in enumerate(answers) if a.get("capture_hooks")
+    ]
     return first

@@ -252,14 +252,22 @@ def _vision_state(vision: dict, text_hidden: int, seed: int) -> dict:
     }
     for i in range(vision["num_hidden_layers"]):
         b = f"vision_tower.encoder.blocks.{i}"
-        shapes.update({
-            f"{b}.norm0.weight": (d,), f"{b}.norm0.bias": (d,),
-            f"{b}.norm1.weight": (d,), f"{b}.norm1.bias": (d,),
-            f"{b}.mlp.fc0.weight": (m, d), f"{b}.mlp.fc0.bias": (m,),
-            f"{b}.mlp.fc1.weight": (d, m), f"{b}.mlp.fc1.bias": (d,),
-            f"{b}.wqkv.weight": (3 * d, d), f"{b}.wqkv.bias": (3 * d,),
-            f"{b}.wo.weight": (d, d), f"{b}.wo.bias": (d,),
-        })
+        shapes.update(
+            {
+                f"{b}.norm0.weight": (d,),
+                f"{b}.norm0.bias": (d,),
+                f"{b}.norm1.weight": (d,),
+                f"{b}.norm1.bias": (d,),
+                f"{b}.mlp.fc0.weight": (m, d),
+                f"{b}.mlp.fc0.bias": (m,),
+                f"{b}.mlp.fc1.weight": (d, m),
+                f"{b}.mlp.fc1.bias": (d,),
+                f"{b}.wqkv.weight": (3 * d, d),
+                f"{b}.wqkv.bias": (3 * d,),
+                f"{b}.wo.weight": (d, d),
+                f"{b}.wo.bias": (d,),
+            }
+        )
     gen = torch.Generator().manual_seed(seed + 2)
     state = {}
     for name in sorted(shapes):
@@ -342,13 +350,16 @@ def build(dest: pathlib.Path, text_config: dict, seed: int) -> None:
         # kimi_k25_vision_fused.py, KimiK25FusedVisionProcessor) from the checkpoint's
         # media_proc_cfg, as the real Kimi-K2.5 ships it: the same tiny geometry here.
         "media_proc_cfg": {
-            "patch_size": ps, "merge_kernel_size": VISION_CONFIG["merge_kernel_size"][0],
+            "patch_size": ps,
+            "merge_kernel_size": VISION_CONFIG["merge_kernel_size"][0],
             "in_patch_limit": VISION_CONFIG["init_pos_emb_height"] * VISION_CONFIG["init_pos_emb_width"],
             "patch_limit_on_one_side": max(VISION_CONFIG["init_pos_emb_height"], VISION_CONFIG["init_pos_emb_width"]),
             "in_patch_limit_each_frame": VISION_CONFIG["init_pos_emb_height"] * VISION_CONFIG["init_pos_emb_width"],
             "in_patch_limit_video": VISION_CONFIG["init_pos_emb_height"] * VISION_CONFIG["init_pos_emb_width"],
-            "fixed_output_tokens": None, "temporal_merge_kernel_size": FRAMES_PER_CHUNK,
-            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "fixed_output_tokens": None,
+            "temporal_merge_kernel_size": FRAMES_PER_CHUNK,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
         },
     }
     (dest / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2, sort_keys=True) + "\n")
@@ -377,7 +388,7 @@ def load_reference(dest: pathlib.Path, dtype, device: str = "cpu"):
     text_config = json.loads((dest / "config.json").read_text())["text_config"]
     hf_config = _text_hf_config(text_config)
     prefix = "language_model."
-    state = {k[len(prefix):]: v for k, v in load_file(str(dest / "model.safetensors")).items() if k.startswith(prefix)}
+    state = {k[len(prefix) :]: v for k, v in load_file(str(dest / "model.safetensors")).items() if k.startswith(prefix)}
     model = DeepseekV3ForCausalLM(hf_config)
     load_exactly(model, state, dest)
     # The router bias values are bf16-exact (see _language_state), kept fp32 as vLLM does.

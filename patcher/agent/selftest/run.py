@@ -55,8 +55,7 @@ def progress(message: str) -> None:
 
 def _error(stage: str, exc: BaseException) -> dict:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return {"stage": stage, "type": type(exc).__name__, "message": str(exc).strip(),
-            "traceback": "".join(tb)[-4000:]}
+    return {"stage": stage, "type": type(exc).__name__, "message": str(exc).strip(), "traceback": "".join(tb)[-4000:]}
 
 
 def resolve_device(requested: str) -> str:
@@ -89,7 +88,8 @@ def prepare_environment(device: str, tp: int) -> dict:
         if tp > 1:
             per = len(cores) // tp
             chosen["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-                ",".join(map(str, cores[r * per:(r + 1) * per])) for r in range(tp))
+                ",".join(map(str, cores[r * per : (r + 1) * per])) for r in range(tp)
+            )
     else:
         chosen.update(CUDA_ENV)
         count = torch.cuda.device_count()
@@ -98,8 +98,10 @@ def prepare_environment(device: str, tp: int) -> dict:
         for rank in range(tp):
             free, total = torch.cuda.mem_get_info(rank)
             if free < GPU_BUDGET_BYTES * 1.25:
-                raise Refused(f"cuda:{rank} has {free / 2**30:.1f} GiB free; selftest needs "
-                              f"{GPU_BUDGET_BYTES * 1.25 / 2**30:.1f} GiB")
+                raise Refused(
+                    f"cuda:{rank} has {free / 2**30:.1f} GiB free; selftest needs "
+                    f"{GPU_BUDGET_BYTES * 1.25 / 2**30:.1f} GiB"
+                )
     for key, value in chosen.items():
         os.environ.setdefault(key, value)  # what the user set for their job wins
     return {k: os.environ[k] for k in chosen}
@@ -140,14 +142,20 @@ def run_generator(model_dir: Path, layers: list[int], tp: int, device: str, voca
 
 def _run_cases(model_dir: Path, layers: list[int], tp: int, device: str, vocab: int, report: dict):
     t0 = time.time()
-    progress(f"{report['arch']}: starting vLLM with speculators' VllmHiddenStatesGenerator (tp {tp}, {device}, "
-             f"runner {report['runner']})")
+    progress(
+        f"{report['arch']}: starting vLLM with speculators' VllmHiddenStatesGenerator (tp {tp}, {device}, "
+        f"runner {report['runner']})"
+    )
     try:
         from speculators.data_generation import VllmHiddenStatesGenerator
 
-        generator = VllmHiddenStatesGenerator(str(model_dir), layer_ids=layers, max_model_len=case_defs.MAX_MODEL_LEN,
-                                              gpu_memory_utilization=gpu_memory_utilization(device),
-                                              tensor_parallel_size=tp)
+        generator = VllmHiddenStatesGenerator(
+            str(model_dir),
+            layer_ids=layers,
+            max_model_len=case_defs.MAX_MODEL_LEN,
+            gpu_memory_utilization=gpu_memory_utilization(device),
+            tensor_parallel_size=tp,
+        )
     except Exception as exc:
         report["error"] = _error("start", exc)
         return {}
@@ -174,15 +182,26 @@ def _run_cases(model_dir: Path, layers: list[int], tp: int, device: str, vocab: 
                 report["error"] = _error(f"generate ({name})", exc)
                 return outputs
             split = sum(1 for rid in {r for s in steps for r in s} if sum(rid in s for s in steps) > 1)
-            report["cases"].append({
-                "case": name, "prompts": len(batch), "tokens": sum(map(len, batch)), "steps": len(steps),
-                "requests_split_across_steps": split, "seconds": round(time.time() - t, 2)})
-            progress(f"{report['arch']}: {name}: {len(batch)} prompts, {sum(map(len, batch))} tokens, "
-                     f"{len(steps)} scheduler steps, {time.time() - t:.1f} s")
+            report["cases"].append(
+                {
+                    "case": name,
+                    "prompts": len(batch),
+                    "tokens": sum(map(len, batch)),
+                    "steps": len(steps),
+                    "requests_split_across_steps": split,
+                    "seconds": round(time.time() - t, 2),
+                }
+            )
+            progress(
+                f"{report['arch']}: {name}: {len(batch)} prompts, {sum(map(len, batch))} tokens, "
+                f"{len(steps)} scheduler steps, {time.time() - t:.1f} s"
+            )
             outputs[name] = (batch, results)
             if name == "chunked" and not split:  # the case did not exercise what it is for
-                report["cases"][-1]["not_exercised"] = ("no prompt was split across scheduler steps: chunked "
-                                                        "prefill was not exercised (KV cache smaller than a step?)")
+                report["cases"][-1]["not_exercised"] = (
+                    "no prompt was split across scheduler steps: chunked "
+                    "prefill was not exercised (KV cache smaller than a step?)"
+                )
     finally:
         try:
             generator.executor.shutdown()
@@ -202,9 +221,12 @@ def reference_states(arch: str, model_dir: Path, layers: list[int], device: str,
     for slot, dtype in enumerate((torch.bfloat16, torch.float32)):
         model = tiny_models.load_reference(arch, model_dir, dtype, device)
         seen: dict = {}
-        hooks = [model.model.layers[i].register_forward_hook(
-            lambda _m, _a, out, i=i: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0]))
-            for i in layers]
+        hooks = [
+            model.model.layers[i].register_forward_hook(
+                lambda _m, _a, out, i=i, seen=seen: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0])
+            )
+            for i in layers
+        ]
         with torch.no_grad():
             for name, (batch, _) in outputs.items():
                 for p, ids in enumerate(batch):
@@ -255,8 +277,9 @@ def compare(case: dict, batch: list, results: list, refs: list, layers: list[int
             ref_bf16, ref_fp32 = want[layer]
             if tuple(state.shape) != tuple(ref_bf16.shape):
                 stats["bad"] += 1
-                bad.append({"prompt": p, "layer": layer,
-                            "why": f"shape {list(state.shape)}, expected {list(ref_bf16.shape)}"})
+                bad.append(
+                    {"prompt": p, "layer": layer, "why": f"shape {list(state.shape)}, expected {list(ref_bf16.shape)}"}
+                )
                 continue
             bound = bound_for(cos(ref_bf16, ref_fp32).min().item(), floor)
             c = cos(state, ref_bf16)
@@ -267,12 +290,17 @@ def compare(case: dict, batch: list, results: list, refs: list, layers: list[int
             stats["tokens"] += c.numel()
             if not worst >= bound:
                 stats["bad"] += 1
-                bad.append({"prompt": p, "layer": layer,
-                            "why": f"worst per-token cosine {worst:.4f} < {bound:.4f}"})
-    case["layers"] = [{"layer": s["layer"], "worst": round(s["worst"], 6),
-                       "mean": round(s["sum"] / s["tokens"], 6) if s["tokens"] else None,
-                       "bound": round(s["bound"], 6), "bad": s["bad"]}
-                      for s in per_layer.values()]
+                bad.append({"prompt": p, "layer": layer, "why": f"worst per-token cosine {worst:.4f} < {bound:.4f}"})
+    case["layers"] = [
+        {
+            "layer": s["layer"],
+            "worst": round(s["worst"], 6),
+            "mean": round(s["sum"] / s["tokens"], 6) if s["tokens"] else None,
+            "bound": round(s["bound"], 6),
+            "bad": s["bad"],
+        }
+        for s in per_layer.values()
+    ]
     case["bad"] = bad
     case["ok"] = not bad and "not_exercised" not in case
 
@@ -281,14 +309,18 @@ def repeat_difference(first: list, again: list) -> float | None:
     """Largest absolute difference between two calls' results on the same batch."""
     if len(first) != len(again):
         return None
-    diffs = [(a.float() - b.float()).abs().max().item()
-             for r0, r1 in zip(first, again) for a, b in zip(r0["hidden_states"], r1["hidden_states"])
-             if a.shape == b.shape]
+    diffs = [
+        (a.float() - b.float()).abs().max().item()
+        for r0, r1 in zip(first, again)
+        for a, b in zip(r0["hidden_states"], r1["hidden_states"])
+        if a.shape == b.shape
+    ]
     return max(diffs) if diffs else None
 
 
-def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int, bound: float,
-             runner: str = "auto") -> dict:
+def run_arch(
+    arch: str, config: dict | None, workdir: Path, device: str, tp: int, bound: float, runner: str = "auto"
+) -> dict:
     """The whole check for one architecture under one ``runner`` (a key of ``RUNNERS``);
     the returned dict is JSON-ready."""
     report: dict = {"arch": arch, "tp": tp, "device": device, "runner": runner, "cases": [], "seconds": {}}
@@ -303,9 +335,24 @@ def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int
         progress(f"{arch}: cannot build: {exc}")
         return report
     layers = case_defs.layer_ids(text_config["num_hidden_layers"])
-    report.update(layers=layers, model={k: text_config.get(k) for k in (
-        "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "rope_scaling", "llama_4_scaling",
-        "q_lora_rank", "kv_lora_rank", "n_routed_experts", "first_k_dense_replace")})
+    report.update(
+        layers=layers,
+        model={
+            k: text_config.get(k)
+            for k in (
+                "model_type",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "rope_scaling",
+                "llama_4_scaling",
+                "q_lora_rank",
+                "kv_lora_rank",
+                "n_routed_experts",
+                "first_k_dense_replace",
+            )
+        },
+    )
     report["seconds"]["build"] = round(time.time() - t0, 1)
     outputs = run_generator(model_dir, layers, tp, device, text_config["vocab_size"], report)
     if outputs:
@@ -322,8 +369,11 @@ def run_arch(arch: str, config: dict | None, workdir: Path, device: str, tp: int
     # The repeated batch is judged like every case, against the reference; its bit-identity
     # with the first call is reported, not required (GPU kernels with atomics, e.g. fused MoE,
     # need not reproduce bits; the CPU engine does, and the e2e tier asserts it there).
-    report["ok"] = "error" not in report and all(c.get("ok") for c in report["cases"]) and \
-        len(report["cases"]) == len(case_defs.CASES)
+    report["ok"] = (
+        "error" not in report
+        and all(c.get("ok") for c in report["cases"])
+        and len(report["cases"]) == len(case_defs.CASES)
+    )
     progress(f"{arch} ({runner}): {'ok' if report['ok'] else 'FAILED'} in {report['seconds']['total']:.0f} s")
     return report
 
@@ -362,8 +412,10 @@ def runners_for(requested: str, device: str, has_v1: bool = True) -> list[str]:
     otherwise)."""
     runs = ["v1", "v2"] if requested == "both" else [requested]
     if not has_v1 and "v1" in runs:
-        raise Refused(f"--runner {requested}: this vLLM has no V1 model runner (removed in 0.34); "
-                      "its workers build Model Runner V2 only: use --runner auto or v2")
+        raise Refused(
+            f"--runner {requested}: this vLLM has no V1 model runner (removed in 0.34); "
+            "its workers build Model Runner V2 only: use --runner auto or v2"
+        )
     if has_v1 and device == "cpu" and "v2" in runs:
         raise Refused(f"--runner {requested}: vLLM's CPU worker builds the V1 model runner up to 0.33")
     return runs
@@ -401,8 +453,11 @@ def main(request: dict, workdir: Path) -> dict:
 
         report["device_name"] = torch.cuda.get_device_name(0)
     for arch in archs:
-        config = tiny_models.from_config(model_config) if model_config is not None and \
-            tiny_models.arch_of(model_config) == arch else None
+        config = (
+            tiny_models.from_config(model_config)
+            if model_config is not None and tiny_models.arch_of(model_config) == arch
+            else None
+        )
         for runner in runners:
             with _runner_variable(RUNNERS[runner]):
                 report["archs"].append(run_arch(arch, config, workdir, device, request["tp"], request["bound"], runner))

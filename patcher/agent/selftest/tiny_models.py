@@ -89,10 +89,31 @@ ARCHS = {"llama": LLAMA, "deepseek_v3": DEEPSEEK_V3, "kimi_k25": DEEPSEEK_V3}
 SEEDS = {"llama": 1234, "deepseek_v3": 4321, "kimi_k25": 4321}
 
 # Keys of a real config that change the hidden-state path and are kept by ``from_config``.
-_KEEP_DEEPSEEK = ("rope_scaling", "rope_theta", "max_position_embeddings", "llama_4_scaling", "topk_method", "scoring_func",
-                  "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "n_shared_experts",
-                  "moe_layer_freq", "attention_bias", "rms_norm_eps")
-_KEEP_LLAMA = ("rope_scaling", "rope_theta", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias", "hidden_act")
+_KEEP_DEEPSEEK = (
+    "rope_scaling",
+    "rope_theta",
+    "max_position_embeddings",
+    "llama_4_scaling",
+    "topk_method",
+    "scoring_func",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "n_shared_experts",
+    "moe_layer_freq",
+    "attention_bias",
+    "rms_norm_eps",
+)
+_KEEP_LLAMA = (
+    "rope_scaling",
+    "rope_theta",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "attention_bias",
+    "mlp_bias",
+    "hidden_act",
+)
 ARCH_OF = {
     "LlamaForCausalLM": "llama",
     "DeepseekV3ForCausalLM": "deepseek_v3",
@@ -112,7 +133,8 @@ def arch_of(config: dict) -> str:
             return ARCH_OF[name]
     raise UnsupportedModel(
         f"architecture {config.get('architectures')} is not one selftest can build "
-        f"(supported: {', '.join(sorted(ARCH_OF))})")
+        f"(supported: {', '.join(sorted(ARCH_OF))})"
+    )
 
 
 def from_config(config: dict) -> dict:
@@ -172,8 +194,9 @@ def save_tokenizer(dest: Path, vocab_size: int = VOCAB_SIZE) -> None:
         vocab[f"w{i}"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                            pad_token="<pad>").save_pretrained(dest)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    ).save_pretrained(dest)
 
 
 def random_state(config: dict, seed: int) -> dict:
@@ -191,7 +214,8 @@ def random_state(config: dict, seed: int) -> dict:
         gen = torch.Generator().manual_seed(seed + 1)
         for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
             state[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = (
-                0.01 * torch.randn(config["n_routed_experts"], generator=gen)).to(torch.float32)
+                0.01 * torch.randn(config["n_routed_experts"], generator=gen)
+            ).to(torch.float32)
     return state
 
 

@@ -42,8 +42,12 @@ def fuse_experts(state: dict, wanted: set) -> dict:
         if key.endswith(FUSED_GATE_UP):
             stem = key[: -len("gate_up_proj")]
             n = sum(1 for k in state if k.startswith(stem) and k.endswith(".gate_proj.weight"))
-            out[key] = torch.stack([torch.cat([out.pop(f"{stem}{e}.gate_proj.weight"),
-                                               out.pop(f"{stem}{e}.up_proj.weight")]) for e in range(n)])
+            out[key] = torch.stack(
+                [
+                    torch.cat([out.pop(f"{stem}{e}.gate_proj.weight"), out.pop(f"{stem}{e}.up_proj.weight")])
+                    for e in range(n)
+                ]
+            )
         elif key.endswith(FUSED_DOWN):
             stem = key[: -len("down_proj")]
             n = sum(1 for k in state if k.startswith(stem) and k.endswith(".down_proj.weight"))
@@ -68,7 +72,11 @@ def load_exactly(model, state: dict, where) -> None:
     matches one of the model's (tied ``lm_head.weight`` may be absent)."""
     wanted = set(model.state_dict())
     missing, unexpected = model.load_state_dict(fuse_experts(state, wanted), strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    missing = [
+        k for k in missing if not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))
+    ]
     if missing or unexpected:
-        raise ValueError(f"{where}: checkpoint tensors do not match {type(model).__name__} "
-                         f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise ValueError(
+            f"{where}: checkpoint tensors do not match {type(model).__name__} "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )

@@ -74,9 +74,9 @@ def _by_process(text: str) -> dict[str, list[tuple[str, str]]]:
     for raw in ANSI.sub("", text).splitlines():
         match = PREFIX.match(raw)
         key = f"{match['who']} pid={match['pid']}" if match else ""
-        rest = raw[match.end():] if match else raw
+        rest = raw[match.end() :] if match else raw
         header = HEADER.match(rest)
-        lines.setdefault(key, []).append((header.group(0) if header else "", rest[header.end():] if header else rest))
+        lines.setdefault(key, []).append((header.group(0) if header else "", rest[header.end() :] if header else rest))
     return lines
 
 
@@ -107,8 +107,13 @@ def _tracebacks(lines: list[tuple[str, str]]) -> list[list[dict]]:
                 block["type"], block["message"] = exc["type"], (exc["message"] or "").strip()
             i += 1
             extra = []  # a message of several lines: same record (header), or until a blank line
-            while i < len(lines) and lines[i][1].strip() and lines[i][1].strip() != "Traceback (most recent call last):" \
-                    and not lines[i][1].startswith(CHAINED) and (lines[i][0] == header if header else not lines[i][0]):
+            while (
+                i < len(lines)
+                and lines[i][1].strip()
+                and lines[i][1].strip() != "Traceback (most recent call last):"
+                and not lines[i][1].startswith(CHAINED)
+                and (lines[i][0] == header if header else not lines[i][0])
+            ):
                 extra.append(lines[i][1].rstrip())
                 i += 1
             if extra:
@@ -135,8 +140,12 @@ def worker_exception(text: str, frames: int = 3) -> dict | None:
             continue
         chain = chains[0]  # the first failure this process logged; later ones follow from it
         root, last = chain[0], chain[-1]
-        found = {"process": key or "vLLM's log", "type": root["type"], "message": root["message"],
-                 "frames": root["frames"][-frames:]}
+        found = {
+            "process": key or "vLLM's log",
+            "type": root["type"],
+            "message": root["message"],
+            "frames": root["frames"][-frames:],
+        }
         if last is not root:
             found["raised"] = f"{last['type']}: {last['message']}".strip()
         return found

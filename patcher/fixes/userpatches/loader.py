@@ -44,8 +44,12 @@ def problems(patch: object) -> list[str]:
         found.append(f"name {patch.name!r} is not a slug (lower-case letters, digits, '-')")
     if not patch.title:
         found.append("title is empty")
-    if not (isinstance(patch.file, str) and patch.file.startswith("speculators/") and patch.file.endswith(".py")
-            and ".." not in patch.file.split("/")):
+    if not (
+        isinstance(patch.file, str)
+        and patch.file.startswith("speculators/")
+        and patch.file.endswith(".py")
+        and ".." not in patch.file.split("/")
+    ):
         found.append(f"file {patch.file!r} is not a speculators/....py path")
     try:
         SpecifierSet(patch.speculators)
@@ -120,8 +124,11 @@ def _from_entry_point(ep: metadata.EntryPoint) -> list[Patch]:
         file = Path(getattr(module, "__file__", "") or "")
         digest = _sha256(file) if file.is_file() else ""
         version = ep.dist.version if ep.dist else "?"
-        patches.append(dataclasses.replace(patch, origin="package", source=f"{ep.dist.name if ep.dist else '?'} {version}",
-                                           source_sha256=digest))
+        patches.append(
+            dataclasses.replace(
+                patch, origin="package", source=f"{ep.dist.name if ep.dist else '?'} {version}", source_sha256=digest
+            )
+        )
     return patches
 
 

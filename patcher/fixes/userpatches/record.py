@@ -19,8 +19,15 @@ KEY = "user_patches"
 
 def entry(patch: Patch) -> dict:
     """The manifest record of a user patch applied now."""
-    return {"name": patch.name, "version": patch.version, "title": patch.title, "file": patch.file,
-            "origin": patch.origin, "source": patch.source, "sha256": patch.source_sha256}
+    return {
+        "name": patch.name,
+        "version": patch.version,
+        "title": patch.title,
+        "file": patch.file,
+        "origin": patch.origin,
+        "source": patch.source,
+        "sha256": patch.source_sha256,
+    }
 
 
 def records(manifest: dict | None) -> dict[str, dict]:
@@ -51,8 +58,13 @@ def stand_in(pid: str, record: dict | None, file: str, version: int) -> Patch:
     naming the way out."""
     record = record or {}
     source = record.get("source") or "an unknown source"
-    hint = (f"--patch-file {source}" if record.get("origin") == "file"
-            else f"install {source}" if record.get("origin") == "package" else "--patch-file <its file>")
+    hint = (
+        f"--patch-file {source}"
+        if record.get("origin") == "file"
+        else f"install {source}"
+        if record.get("origin") == "package"
+        else "--patch-file <its file>"
+    )
 
     from patcher.fixes.patch import PatchCodemod, PatchRefused  # libcst: only when a stand-in is built
 
@@ -60,10 +72,18 @@ def stand_in(pid: str, record: dict | None, file: str, version: int) -> Patch:
         def transform_module_impl(self, tree):
             raise PatchRefused(f"{pid} was applied from {source}, which this run has not loaded: pass {hint}")
 
-    return Patch(id=pid, name=str(record.get("name") or pid.lower()), version=int(record.get("version") or version),
-                 title=str(record.get("title") or f"user patch {pid}"), file=str(record.get("file") or file),
-                 codemod=Unavailable, speculators=">=0", origin="recorded",
-                 source=f"{record.get('origin', 'unknown origin')} {source}", source_sha256=str(record.get("sha256") or ""))
+    return Patch(
+        id=pid,
+        name=str(record.get("name") or pid.lower()),
+        version=int(record.get("version") or version),
+        title=str(record.get("title") or f"user patch {pid}"),
+        file=str(record.get("file") or file),
+        codemod=Unavailable,
+        speculators=">=0",
+        origin="recorded",
+        source=f"{record.get('origin', 'unknown origin')} {source}",
+        source_sha256=str(record.get("sha256") or ""),
+    )
 
 
 def source_changes(manifest: dict | None, loaded: list[Patch], applied: set[str]) -> list[dict]:
@@ -74,7 +94,13 @@ def source_changes(manifest: dict | None, loaded: list[Patch], applied: set[str]
     for patch in loaded:
         rec = old.get(patch.id)
         if patch.id in applied and rec and rec.get("sha256") and rec["sha256"] != patch.source_sha256:
-            out.append({"id": patch.id, "source": patch.source, "recorded_sha256": rec["sha256"],
-                        "sha256": patch.source_sha256, "recorded_source": rec.get("source")})
+            out.append(
+                {
+                    "id": patch.id,
+                    "source": patch.source,
+                    "recorded_sha256": rec["sha256"],
+                    "sha256": patch.source_sha256,
+                    "recorded_source": rec.get("source"),
+                }
+            )
     return out
-

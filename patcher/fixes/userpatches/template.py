@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from patcher.errors import UserError
-from patcher.fixes.userpatches.loader import USER_ID, RESERVED_PREFIX
+from patcher.fixes.userpatches.loader import RESERVED_PREFIX, USER_ID
 
 PATCH_TEMPLATE = '''\
 """{id}: <one line: what breaks, and what this changes>.
@@ -111,8 +111,15 @@ def test_refuses_code_it_does_not_know():
 
 def render(patch_id: str, file: str, name: str, speculators: str = "0.3.0") -> tuple[str, str]:
     """The patch file's and its test file's source (``name``: the patch file's name)."""
-    fields = {"id": patch_id, "file": file, "name": name, "test_name": f"test_{name}", "speculators": speculators,
-              "cls": patch_id.capitalize() + "Codemod", "slug": patch_id.lower()}
+    fields = {
+        "id": patch_id,
+        "file": file,
+        "name": name,
+        "test_name": f"test_{name}",
+        "speculators": speculators,
+        "cls": patch_id.capitalize() + "Codemod",
+        "slug": patch_id.lower(),
+    }
     return PATCH_TEMPLATE.format(**fields), TEST_TEMPLATE.format(**fields)
 
 
@@ -123,11 +130,15 @@ def write(patch_id: str, file: str, output: str, speculators: str = "0.3.0", for
     (unless ``force``).
     """
     if not USER_ID.fullmatch(patch_id) or re.fullmatch(rf"{RESERVED_PREFIX}[0-9]+", patch_id):
-        raise UserError(f"patch id {patch_id!r}: letters then digits, not starting with {RESERVED_PREFIX} "
-                        f"(reserved for shipped patches), e.g. FIX001")
+        raise UserError(
+            f"patch id {patch_id!r}: letters then digits, not starting with {RESERVED_PREFIX} "
+            f"(reserved for shipped patches), e.g. FIX001"
+        )
     if not (file.startswith("speculators/") and file.endswith(".py") and ".." not in file.split("/")):
-        raise UserError(f"--file {file!r}: the speculators file to patch, e.g. "
-                        f"speculators/data_generation/vllm_hidden_states_generator.py")
+        raise UserError(
+            f"--file {file!r}: the speculators file to patch, e.g. "
+            f"speculators/data_generation/vllm_hidden_states_generator.py"
+        )
     out = Path(output)
     if out.suffix != ".py":
         raise UserError(f"-o {output!r}: the patch file must end in .py")

@@ -7,15 +7,20 @@ Reads the target through the agent (one module run: ``inspect``), then runs the 
 verbs (``patcher.commands``: apply or revert, with their refusals) with the speculators-patch
 installed here -- its plans from the plan cache the CLI uses when another host or worker
 already planned the same bytes -- and, unless in check mode, commits through the agent (a
-second module run: ``commit``, all-or-nothing under the lock on the host).
+second module run: ``commit``, all-or-nothing under the lock on the host). ``msg`` is the
+verb's own summary and ``warnings`` its notes on the install, in the CLI's words.
 """
 
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
-
 from ansible_collections.speculators.patch.plugins.plugin_utils import controller
-from ansible_collections.speculators.patch.plugins.plugin_utils.controller import plan_cache_state, run_task, task_target, text
+from ansible_collections.speculators.patch.plugins.plugin_utils.controller import (
+    plan_cache_state,
+    run_task,
+    task_target,
+    text,
+)
 
 MODULE = "speculators.patch.speculators_patch"
 
@@ -41,8 +46,9 @@ class ActionModule(ActionBase):
 
     def _work(self, args: dict, transport) -> dict:
         from patcher import engine
-        from patcher.commands.apply import apply
         from patcher.commands import session
+        from patcher.commands.apply import apply
+        from patcher.commands.common import notes
         from patcher.commands.status import revert
         from patcher.fixes.registry import select
 
@@ -55,37 +61,49 @@ class ActionModule(ActionBase):
         def attempt(snap):  # the CLI's verbs: apply (its checks on the result are verify's task) and revert
             if patched:
                 return apply(transport, snap, chosen, dry_run=check, verify_after=False)
-            return revert(transport, snap, select(only, skip, "dependents", snap.applied_ids()),
-                          partial=bool(only or skip), force=args["force"], dry_run=check)
+            return revert(
+                transport,
+                snap,
+                select(only, skip, "dependents", snap.applied_ids()),
+                partial=bool(only or skip),
+                force=args["force"],
+                dry_run=check,
+            )
 
         snap, done = session.run(transport, attempt)  # the CLI's read and retry
         outcome = done.result
         changing = [p for p in outcome.plans if p.changed]
         changed = bool(changing) if check else bool(outcome.written)
-        result = {**task_target(snap), "changed": changed, "written": outcome.written,
-                  "files": [{"path": p.path, "state": snap.file_state(p.path),
-                             "before_sha256": engine.sha256(p.before), "after_sha256": engine.sha256(p.after),
-                             "changed": p.changed} for p in outcome.plans]}
+        result = {
+            **task_target(snap),
+            "changed": changed,
+            "written": outcome.written,
+            "files": [
+                {
+                    "path": p.path,
+                    "state": snap.file_state(p.path),
+                    "before_sha256": engine.sha256(p.before),
+                    "after_sha256": engine.sha256(p.after),
+                    "changed": p.changed,
+                }
+                for p in outcome.plans
+            ],
+        }
         if patched:
             result["plan_cache"] = plan_cache_state(outcome.plans)
             result["patches"] = done.rows
         if self._task.diff and changing:
-            result["diff"] = [{"before_header": f"a/{p.path}", "after_header": f"b/{p.path}",
-                               "before": text(p.before), "after": text(p.after)} for p in changing]
-        verb = "patch" if args["state"] == "patched" else "restore"
-        paths = ", ".join(p.path for p in changing)
-        if not changing:
-            result["msg"] = ("nothing to do: every needed patch is already applied" if args["state"] == "patched"
-                             else "nothing to revert: no file needed restoring")
-        elif check:
-            result["msg"] = f"would {verb} {len(changing)} file(s) under {snap.speculators_root}: {paths}"
-        else:
-            result["msg"] = f"{verb}ed {len(outcome.written)} file(s) under {snap.speculators_root}: {', '.join(outcome.written)}"
-        warnings = []
-        if snap.editable_source:
-            warnings.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
-        if snap.recovered:
-            warnings.append("an interrupted commit was found and rolled back before reading")
+            result["diff"] = [
+                {
+                    "before_header": f"a/{p.path}",
+                    "after_header": f"b/{p.path}",
+                    "before": text(p.before),
+                    "after": text(p.after),
+                }
+                for p in changing
+            ]
+        result["msg"] = done.summary  # the CLI's words, as apply/revert (--dry-run in check mode) print them
+        warnings = notes(snap)
         if warnings:
             result["warnings"] = warnings
         return result

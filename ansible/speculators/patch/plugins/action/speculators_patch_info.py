@@ -5,15 +5,20 @@
 
 Reads the target through the agent (``inspect``; with ``verify`` also ``sources``), then
 computes what ``speculators-patch status --json`` and ``verify --json`` report, with the
-same verbs (``patcher.commands``). Never commits: the info module refuses every write request.
+same verbs (``patcher.commands``); ``msg`` is status's summary and verify's verdict, and
+``warnings`` the notes on the install, in the CLI's words. Never commits: the info module
+refuses every write request.
 """
 
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
-
 from ansible_collections.speculators.patch.plugins.plugin_utils import controller
-from ansible_collections.speculators.patch.plugins.plugin_utils.controller import plan_cache_state, run_task, task_target
+from ansible_collections.speculators.patch.plugins.plugin_utils.controller import (
+    plan_cache_state,
+    run_task,
+    task_target,
+)
 
 MODULE = "speculators.patch.speculators_patch_info"
 
@@ -41,6 +46,7 @@ class ActionModule(ActionBase):
 
     def _work(self, args: dict, transport) -> dict:
         from patcher.commands import session
+        from patcher.commands.common import notes
         from patcher.commands.status import status
         from patcher.commands.verify import verify
         from patcher.fixes.registry import select
@@ -49,14 +55,19 @@ class ActionModule(ActionBase):
         chosen = select(tuple(args["only"]), tuple(args["skip"]))
         snap, found = session.run(transport, lambda snap: status(snap, chosen))  # the CLI's status, as the CLI runs it
         patches = found.rows
-        result = {**task_target(snap), "changed": False, "plan_cache": plan_cache_state(found.plans),
-                  "status": {"files": found.files, "patches": patches}}
+        result = {
+            **task_target(snap),
+            "changed": False,
+            "plan_cache": plan_cache_state(found.plans),
+            "status": {"files": found.files, "patches": patches},
+        }
+        said = [found.summary]
         if args["verify"]:
-            _, data = verify(transport, snap, chosen)
+            check, data = verify(transport, snap, chosen)
             result["verify"] = {k: v for k, v in data.items() if k not in _DESCRIBE}
-        pending = sorted(r["id"] for r in patches if r["state"] == "pending")
-        ok = result.get("verify", {}).get("ok")
-        result["msg"] = (f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: "
-                         + (f"{len(pending)} patch(es) pending ({', '.join(pending)})" if pending else "every needed patch applied")
-                         + ("" if ok is None else "; verify: OK" if ok else "; verify: FAILED"))
+            said.append(check.summary)
+        result["msg"] = "; ".join(said)  # status's summary, then verify's verdict: the CLI's words
+        warnings = notes(snap)
+        if warnings:
+            result["warnings"] = warnings
         return result

@@ -40,22 +40,28 @@ def relay(module, writes_allowed):
     params = module.params
     request = params["_request"]
     if not request or not params["_agent"] or not params["_bootstrap"]:
-        module.fail_json(msg="this module runs through its action plugin on the controller, which needs "
-                             "speculators-patch installed there (pip install 'speculators-patch[ansible]')")
+        module.fail_json(
+            msg="this module runs through its action plugin on the controller, which needs "
+            "speculators-patch installed there (pip install 'speculators-patch[ansible]')"
+        )
     op = request.get("op")
     if op not in READ_ONLY_OPS and (module.check_mode or not writes_allowed):
-        module.fail_json(msg="refusing agent request %r: %s" % (op, "check mode" if module.check_mode else "read-only module"))
+        module.fail_json(
+            msg="refusing agent request %r: %s" % (op, "check mode" if module.check_mode else "read-only module")
+        )
     where = params["_where"] or "managed host"
     marker = "speculators-patch-agent-%s" % os.urandom(8).hex()
-    header = json.dumps({"target": params["target"], "agent": params["_agent"], "where": where,
-                         "marker": marker}).encode("utf-8")
+    header = json.dumps(
+        {"target": params["target"], "agent": params["_agent"], "where": where, "marker": marker}
+    ).encode("utf-8")
     stdin = b"%d\n" % len(header) + header + json.dumps(request).encode("utf-8") + b"\n"
-    rc, out, err = module.run_command([sys.executable, "-c", params["_bootstrap"]], data=stdin,
-                                      binary_data=True, encoding=None)
+    rc, out, err = module.run_command(
+        [sys.executable, "-c", params["_bootstrap"]], data=stdin, binary_data=True, encoding=None
+    )
     lines = out.splitlines()
     answer = None
     if marker.encode() in lines:
-        rest = [line for line in lines[lines.index(marker.encode()) + 1:] if line.strip()]
+        rest = [line for line in lines[lines.index(marker.encode()) + 1 :] if line.strip()]
         if rest:
             try:
                 answer = json.loads(rest[0].decode("utf-8"))
@@ -63,6 +69,8 @@ def relay(module, writes_allowed):
                 answer = None
     if answer is None:
         last = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
-        module.fail_json(msg="%s: the agent ended (status %d) without answering %s: %s"
-                             % (where, rc, op, last[-1] if last else "no output"))
+        module.fail_json(
+            msg="%s: the agent ended (status %d) without answering %s: %s"
+            % (where, rc, op, last[-1] if last else "no output")
+        )
     module.exit_json(changed=False, answer=answer)

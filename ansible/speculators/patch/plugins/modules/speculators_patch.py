@@ -163,7 +163,7 @@ def main():
             skip=dict(type="list", elements="str", default=[]),
             patch_files=dict(type="list", elements="path", default=[]),
             force=dict(type="bool", default=False),
-            **RELAY_ARGS
+            **RELAY_ARGS,
         ),
         supports_check_mode=True,
     )

@@ -111,7 +111,7 @@ def main():
             skip=dict(type="list", elements="str", default=[]),
             patch_files=dict(type="list", elements="path", default=[]),
             verify=dict(type="bool", default=True),
-            **RELAY_ARGS
+            **RELAY_ARGS,
         ),
         supports_check_mode=True,
     )

@@ -21,8 +21,10 @@ try:
     from patcher.connect.transport import Transport
     from patcher.errors import UserError
 except ImportError as e:  # pragma: no cover - reported as a task failure
-    IMPORT_ERROR = (f"speculators-patch is not installed in the Python that runs Ansible on the controller "
-                    f"({e}); install it there: pip install 'speculators-patch[ansible]'")
+    IMPORT_ERROR = (
+        f"speculators-patch is not installed in the Python that runs Ansible on the controller "
+        f"({e}); install it there: pip install 'speculators-patch[ansible]'"
+    )
     Transport = object
 else:
     IMPORT_ERROR = None
@@ -57,8 +59,13 @@ class AnsibleTransport(Transport):
         self.exchanges += 1
         result = self.action._execute_module(
             module_name=self.module,
-            module_args={"target": self.target, "_agent": AGENT_PROGRAM, "_bootstrap": BOOTSTRAP,
-                         "_request": {"op": op, **payload}, "_where": self.host},
+            module_args={
+                "target": self.target,
+                "_agent": AGENT_PROGRAM,
+                "_bootstrap": BOOTSTRAP,
+                "_request": {"op": op, **payload},
+                "_where": self.host,
+            },
             task_vars=self.task_vars,
         )
         if result.get("failed") or "answer" not in result:
@@ -75,10 +82,16 @@ def task_target(snap) -> dict:
     from patcher.commands.common import describe
 
     where = describe(snap)
-    return {"python": where["python"], "site_packages": where["site_packages"],
-            "speculators": {"version": where["speculators"], "root": where["speculators_root"],
-                            "editable_source": where["editable_source"]},
-            "vllm": where["vllm"]}
+    return {
+        "python": where["python"],
+        "site_packages": where["site_packages"],
+        "speculators": {
+            "version": where["speculators"],
+            "root": where["speculators_root"],
+            "editable_source": where["editable_source"],
+        },
+        "vllm": where["vllm"],
+    }
 
 
 def plan_cache_state(plans) -> str:

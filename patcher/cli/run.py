@@ -1,0 +1,223 @@
+"""One verb on one target, as the command line runs it: a ``Verb`` is the named functions
+that call a ``patcher.commands`` verb with this run's ``Options`` and turn its answer into a
+``Report``; ``run_on_target`` connects and runs one; ``all_hosts`` is every target a run
+names. ``--target`` and ``--only``/``--skip`` go down from here by name: ``connect`` to
+``patcher.connect.choose.transport_for``, ``select`` to ``patcher.fixes.registry.select``."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from patcher.cli import reports
+from patcher.cli.options import Advice, Options
+from patcher.cli.render import Report
+from patcher.commands import session
+from patcher.commands.common import notes
+from patcher.errors import UserError
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import Snapshot
+
+
+# --- One target, or several ---------------------------------------------------------------
+
+
+class Verb(NamedTuple):
+    """One verb as the command line runs it on a target: ``run(opts, advice, snap)`` calls
+    the ``patcher.commands`` verb (through ``commands.session.run``: the first snapshot, and
+    a fresh one when a file changed between the read and the commit, unless not ``retry``);
+    ``report(advice, snap, done)`` turns its answer into a ``Report``."""
+
+    run: Callable[[Options, Advice, Snapshot], Any]
+    report: Callable[[Advice, Snapshot, Any], Report]
+    retry: bool = True
+
+
+def connect(opts: Options, host: str | None) -> Transport:
+    """The transport to the target's agent (``patcher.connect.choose.transport_for``), with
+    this run's waits and ``--ssh-persist``. ``host`` is an SSH host, an ``--exec`` command
+    (``patcher.connect.exec.ExecTarget``), or None for this machine."""
+    from patcher.connect.choose import transport_for
+
+    return transport_for(
+        opts.target, host, opts.ssh_config, opts.ssh_persist, connect_timeout=opts.connect_timeout, timeout=opts.timeout
+    )
+
+
+def run_on_target(opts: Options, verb: Verb, host: str | None) -> Report:
+    """Connect to ``host`` (None: this machine), run ``verb`` there and report its answer,
+    with the notes on the install and the number of exchanges it took."""
+    transport = connect(opts, host)
+    with transport:
+        advice = Advice(transport, opts)
+        snap, done = session.run(transport, functools.partial(verb.run, opts, advice), verb.retry)
+        shown = verb.report(advice, snap, done)
+        shown.notes = notes(snap)
+        shown.data["exchanges"] = transport.exchanges
+        return shown
+
+
+def read_hosts_file(path: str) -> list[str]:
+    """One host per line; blank lines and ``#`` comments (whole-line or trailing) ignored.
+    Raises ``UserError`` naming ``FILE:LINE`` for a line that is not text or not a host."""
+    from patcher.connect.ssh import parse_host
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read hosts file {path}: {e.strerror}") from None
+    hosts = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}:{number}: not UTF-8 text") from None
+        if "\0" in text:
+            raise UserError(f"{path}:{number}: not text (a NUL byte)")
+        host = text.split("#", 1)[0].strip()
+        if host:
+            try:
+                parse_host(host)
+            except UserError as e:
+                raise UserError(f"{path}:{number}: {e}") from None
+            hosts.append(host)
+    return hosts
+
+
+def all_hosts(opts: Options) -> list:
+    """Every host of this run: ``--host``, ``--hosts-file``, then ``--exec`` commands, each
+    checked before any is contacted; the SSH options refused where no host uses them."""
+    hosts = list(opts.hosts)
+    if opts.hosts_file:
+        listed = read_hosts_file(opts.hosts_file)
+        if not listed:
+            raise UserError(f"no hosts in {opts.hosts_file}")
+        hosts += listed
+    if hosts:
+        from patcher.connect.ssh import parse_host
+
+        for host in hosts:
+            parse_host(host)
+    if not hosts and opts.ssh_config:
+        raise UserError(
+            "--ssh-config is only used with --host or --hosts-file; "
+            + ("--exec targets do not use SSH" if opts.exec_commands else "no host was given")
+        )
+    if not hosts and opts.ssh_persist_given:
+        raise UserError("--ssh-persist is only used with --host or --hosts-file; no host was given")
+    if opts.exec_commands:
+        from patcher.connect.exec import ExecTarget, split_command
+
+        for command in opts.exec_commands:
+            split_command(command)  # an unsplittable command is refused before any target is touched
+        hosts += [ExecTarget(c) for c in opts.exec_commands]
+    return hosts
+
+
+def load_patch_files(opts: Options) -> None:
+    """Load this run's ``--patch-file`` files into the registry (``UserError`` on a bad one)."""
+    if opts.patch_files:
+        from patcher.fixes.registry import use_patch_files
+
+        use_patch_files(opts.patch_files)
+
+
+# --- The verbs, as the command line runs them ----------------------------------------------
+
+
+def select(opts: Options, keep: str | None = None, applied: set[str] | None = None):
+    """The patches ``--only``/``--skip`` choose (``patcher.fixes.registry.select``), keeping
+    what they ``requires`` or their ``dependents`` together."""
+    from patcher.fixes.registry import select as chosen
+
+    return chosen(opts.only, opts.skip, keep, applied)
+
+
+def apply_on(opts: Options, advice: Advice, snap: Snapshot):
+    """``commands.apply.apply`` with this run's choice and flags."""
+    from patcher.commands.apply import apply as verb
+
+    return verb(
+        advice.transport,
+        snap,
+        select(opts, "requires"),
+        opts.dry_run,
+        opts.adopt,
+        advise=advice.advise,
+        allow_partial=opts.allow_partial,
+    )
+
+
+def diff_on(opts: Options, advice: Advice, snap: Snapshot):
+    """``commands.apply.diff`` with this run's choice."""
+    from patcher.commands.apply import diff as verb
+
+    return verb(advice.transport, snap, select(opts, "requires"), advise=advice.advise)
+
+
+def status_on(opts: Options, advice: Advice, snap: Snapshot):
+    """``commands.status.status`` with this run's choice."""
+    from patcher.commands.status import status as verb
+
+    return verb(snap, select(opts))
+
+
+def verify_on(opts: Options, advice: Advice, snap: Snapshot):
+    """``commands.verify.verify`` with this run's choice and ``--runtime``."""
+    from patcher.commands.verify import verify as verb
+
+    return verb(advice.transport, snap, select(opts), opts.runtime, advise=advice.advise)
+
+
+def revert_on(opts: Options, advice: Advice, snap: Snapshot):
+    """``commands.status.revert``: every patch, or with ``--only``/``--skip`` the chosen ones
+    (and what depends on them)."""
+    from patcher.commands.status import revert as verb
+
+    chosen = select(opts, "dependents", snap.applied_ids())
+    return verb(
+        advice.transport, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run, advise=advice.advise
+    )
+
+
+APPLY = Verb(apply_on, reports.apply_report)
+DIFF = Verb(diff_on, reports.diff_report)
+STATUS = Verb(status_on, reports.status_report)
+VERIFY = Verb(verify_on, reports.verify_report)
+REVERT = Verb(revert_on, reports.revert_report)
+
+
+def repair_on(opts: Options, host: str | None) -> Report:
+    """``commands.repair.repair`` on one target: it reads the target itself, before and
+    after the agent's repair (no first snapshot of ``commands.session``)."""
+    from patcher.commands.repair import repair as verb
+
+    transport = connect(opts, host)
+    with transport:
+        shown = reports.repair_report(verb(transport))
+        shown.data["exchanges"] = transport.exchanges
+        return shown
+
+
+class SelftestRun(NamedTuple):
+    """``commands.selftest.selftest`` on one host with this run's request and its own time
+    limit; it relays the check's progress lines as they arrive (``host: `` first when a host
+    was named)."""
+
+    request: dict
+    limit: float
+    host: str | None
+
+    def __call__(self, opts: Options, advice: Advice, snap: Snapshot) -> dict:
+        from patcher.commands.selftest import selftest as verb
+
+        reports.relay_progress(advice.transport, self.host)
+        return verb(advice.transport, snap, self.request, self.limit)
+
+
+def selftest_on(opts: Options, request: dict, limit: float, host: str | None) -> Report:
+    """``selftest`` on one host (None: this machine)."""
+    return run_on_target(opts, Verb(SelftestRun(request, limit, host), reports.selftest_report), host)
