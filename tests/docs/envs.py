@@ -1,7 +1,7 @@
 """Environments and files the docs' unshown set-up lines make (``<!-- docs-test: setup ... -->``).
 
-    python $REPO/tests/docs/envs.py engine DEST [VLLM]   # a venv: real speculators 0.3.0 + the vLLM CPU engine
-    python $REPO/tests/docs/envs.py fix001 DEST          # the worked example's FIX001, as a user fills it in
+python $REPO/tests/docs/envs.py engine DEST [VLLM]   # a venv: real speculators 0.3.0 + the vLLM CPU engine
+python $REPO/tests/docs/envs.py fix001 DEST          # the worked example's FIX001, as a user fills it in
 """
 
 from __future__ import annotations

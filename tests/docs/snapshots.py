@@ -95,7 +95,7 @@ def blocks(path: Path) -> list[Block]:
         indent, fence, info = opening.groups()
         body, j = [], i + 1
         while j < len(lines) and not re.match(rf"^\s*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]):
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
         block = Block(path, i + 1, info, body)
         k = i - 1
@@ -150,7 +150,7 @@ def items(lines: list[str]) -> list[str]:
         elif ROW.match(line):
             cells = ["".join(cell.split()) for cell in re.split(r"[│┃]", line.strip())[1:-1]]
             if row is not None and cells and not cells[0] and len(cells) == len(row):
-                row = [a + b for a, b in zip(row, cells)]  # a wrapped row continues
+                row = [a + b for a, b in zip(row, cells, strict=False)]  # a wrapped row continues
             else:
                 flush()
                 row = cells
@@ -177,7 +177,7 @@ def segments(expected: list[str]) -> list[list[str] | None]:
 
 def _find(haystack: list[str], needle: list[str], start: int) -> int:
     for i in range(start, len(haystack) - len(needle) + 1):
-        if haystack[i] == needle[0] and haystack[i:i + len(needle)] == needle:
+        if haystack[i] == needle[0] and haystack[i : i + len(needle)] == needle:
             return i
     return -1
 
@@ -197,11 +197,11 @@ def matches(expected: list[str], actual: str) -> str | None:
             if got != part:
                 return _first_difference(part, got)
         elif n == 0:
-            if got[:len(part)] != part:
-                return "the start differs: " + _first_difference(part, got[:len(part)])
+            if got[: len(part)] != part:
+                return "the start differs: " + _first_difference(part, got[: len(part)])
             pos = len(part)
         elif n == len(parts) - 1:
-            if len(got) - len(part) < pos or got[len(got) - len(part):] != part:
+            if len(got) - len(part) < pos or got[len(got) - len(part) :] != part:
                 return "the end differs: " + _first_difference(part[::-1], got[pos:][::-1], backwards=True)
         else:
             found = _find(got, part, pos)
@@ -216,14 +216,15 @@ def _show(part: list[str]) -> str:
 
 
 def _first_difference(want: list[str], got: list[str], backwards: bool = False) -> str:
-    i = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-    shown, real = want[max(0, i - 30):i + 30], got[max(0, i - 30):i + 30]
+    i = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
+    shown, real = want[max(0, i - 30) : i + 30], got[max(0, i - 30) : i + 30]
     if backwards:
         shown, real = shown[::-1], real[::-1]
     return f"shown ...{_show(shown)}...\n  real  ...{_show(real)}..."
 
 
 # --- running ------------------------------------------------------------------------------
+
 
 @dataclass
 class Session:
@@ -239,20 +240,35 @@ class Session:
         self.bin.mkdir(parents=True, exist_ok=True)
         (self.home / "fixtures").symlink_to(ROOT / "fixtures")
         # This checkout's CLI and interpreter, whatever is installed elsewhere on PATH.
-        for name, line in (("speculators-patch", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m patcher "$@"'),
-                           ("python", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" "$@"'),
-                           ("python3", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" "$@"')):
+        for name, line in (
+            ("speculators-patch", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m patcher "$@"'),
+            ("python", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" "$@"'),
+            ("python3", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" "$@"'),
+        ):
             script = self.bin / name
             script.write_text(f"#!/bin/sh\n{line}\n")
             script.chmod(0o755)
         keep = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")}
-        self.env = {**keep, "PATH": f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}", "COLUMNS": "120",
-                    "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "TERM": "dumb", "REPO": str(ROOT),
-                    "SPECULATORS_PATCH_SSH_PERSIST": "0"}
+        self.env = {
+            **keep,
+            "PATH": f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "COLUMNS": "120",
+            "PYTHONUNBUFFERED": "1",
+            "NO_COLOR": "1",
+            "TERM": "dumb",
+            "REPO": str(ROOT),
+            "SPECULATORS_PATCH_SSH_PERSIST": "0",
+        }
 
     def shell(self, command: str, timeout: float = 600) -> tuple[int, str]:
-        proc = subprocess.run(["bash", "-c", f"(exit {self.last_rc}); {command}"], cwd=self.home, env=self.env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        proc = subprocess.run(
+            ["bash", "-c", f"(exit {self.last_rc}); {command}"],
+            cwd=self.home,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+        )
         text = proc.stdout.decode("utf-8", "replace")
         for real in {str(self.home.resolve()), str(self.home)}:
             text = text.replace(real, SHOWN_HOME)
@@ -271,8 +287,10 @@ class Session:
             self.last_rc = rc
             difference = matches(command.expected, out)
             if difference:
-                problems.append(f"{block.path.relative_to(ROOT)}:{command.line}: $ {command.text}\n  {difference}\n"
-                                f"  real output (exit {rc}):\n" + "\n".join("    " + line for line in out.splitlines()))
+                problems.append(
+                    f"{block.path.relative_to(ROOT)}:{command.line}: $ {command.text}\n  {difference}\n"
+                    f"  real output (exit {rc}):\n" + "\n".join("    " + line for line in out.splitlines())
+                )
         return problems
 
     def close(self) -> None:
@@ -297,4 +315,7 @@ if __name__ == "__main__":
                 for command in block.commands():
                     rc, out = session.shell(command.text)
                     session.last_rc = rc
-                    print(f"--- {block.path.relative_to(ROOT)}:{command.line} (exit {rc})\n$ {command.text}\n{out}", end="")
+                    print(
+                        f"--- {block.path.relative_to(ROOT)}:{command.line} (exit {rc})\n$ {command.text}\n{out}",
+                        end="",
+                    )

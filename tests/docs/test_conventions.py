@@ -26,8 +26,13 @@ def test_commands_are_shown_only_in_console_blocks(doc):
     """A `$ ` line or a `speculators-patch ...` line outside a ```console block would be a
     command no test runs (a ```text block holds a recorded output, whose rows may start with
     the tool's name)."""
-    stray = [f"{block.where}: {line.strip()}" for block in blocks(doc) if block.info != "console"
-             for line in block.body if COMMAND.match(line) and not (block.info == "text" and line[0] != "$")]
+    stray = [
+        f"{block.where}: {line.strip()}"
+        for block in blocks(doc)
+        if block.info != "console"
+        for line in block.body
+        if COMMAND.match(line) and not (block.info == "text" and line[0] != "$")
+    ]
     assert not stray, "commands outside ```console blocks (the docs tier runs only those):\n" + "\n".join(stray)
 
 

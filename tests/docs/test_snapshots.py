@@ -19,8 +19,7 @@ from snapshots import ROOT, Session, console_blocks, documents  # noqa: E402
 
 
 def _runnable(engine: bool) -> list[Path]:
-    return [doc for doc in documents()
-            if any(b.skip is None and b.engine == engine for b in console_blocks(doc))]
+    return [doc for doc in documents() if any(b.skip is None and b.engine == engine for b in console_blocks(doc))]
 
 
 def _run(doc: Path, engine: bool) -> None:
