@@ -23,6 +23,17 @@ PYDANTIC_UTILS = "speculators/utils/pydantic_utils.py"  # SP019
 # What a full apply rewrites in speculators 0.3.0, whatever the vLLM release.
 PATCHED_FILES = sorted([GENERATOR, WORKER, EAGLE, PYDANTIC_UTILS])
 CLI = [sys.executable, "-m", "patcher"]
+# The patches that keep hidden states attributed to the right request (SP010, SP012, SP022), and
+# those that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): left out together.
+CAPTURE_FIXES = ("SP010", "SP012", "SP022", "SP027", "SP028", "SP029")
+# "The API fixes only": every fix of 0.3.0's own capture logic left out (SP009 too).
+API_FIXES_ONLY = ("SP009", *CAPTURE_FIXES)
+
+
+def skipping(ids) -> list[str]:
+    """``--skip ID`` for each of ``ids``."""
+    return [arg for pid in ids for arg in ("--skip", pid)]
+
 
 # Figures a tier prints at the end of the run (the fault tier's tallies: kill points tried,
 # kinds clean), filled through the ``figures`` fixture; tests/conftest.py prints them and,

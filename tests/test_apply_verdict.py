@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from sandbox import make_sandbox
-from support import WORKER, run_cli, run_json
+from support import CAPTURE_FIXES, WORKER, run_cli, run_json, skipping
 
 # vLLM 0.33.0 with its two fixes left out (SP023, SP024): the install issue 23 met, where apply
 # wrote four files and said nothing while verify found four call breaks.
@@ -45,23 +45,9 @@ def test_apply_on_a_release_with_known_breaks_ends_with_verifys_verdict(v33):
     assert whole.returncode == 1 and _verdict(whole) == _verdict(run_cli("verify", "--target", str(v33)))
 
 
-# Issue 30 item 1: the three patches that keep hidden states attributed to the right request, and
-# the ones that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): a selection that
-# splits them is refused first (test_selection.py).
-SKIP_CAPTURE = (
-    "--skip",
-    "SP010",
-    "--skip",
-    "SP012",
-    "--skip",
-    "SP022",
-    "--skip",
-    "SP027",
-    "--skip",
-    "SP028",
-    "--skip",
-    "SP029",
-)
+# Issue 30 item 1: the patches that keep hidden states attributed to the right request, with
+# those that build on them (a selection that splits them is refused first, test_selection.py).
+SKIP_CAPTURE = tuple(skipping(CAPTURE_FIXES))
 
 
 def test_a_skipped_needed_patch_is_named_and_fails_the_apply(sandbox):

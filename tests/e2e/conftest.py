@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import API_FIXES_ONLY, skipping
 from targets import (
     applied,
     cli,
@@ -92,25 +93,7 @@ def patched(apply_output, models_dir, tmp_path_factory) -> EngineRuns:
 def api_fixes_only(engine_env, speculators_wheel, models_dir, tmp_path_factory) -> EngineRuns:
     """Worker runs on a target with the API fixes only (SP009, SP010, SP012 skipped, and SP022 and SP027-SP029, which build on them)."""
     target = make_target(tmp_path_factory.mktemp("api-only") / "env", speculators_wheel)
-    proc = cli(
-        "apply",
-        "--target",
-        str(target),
-        "--skip",
-        "SP009",
-        "--skip",
-        "SP010",
-        "--skip",
-        "SP012",
-        "--skip",
-        "SP022",
-        "--skip",
-        "SP027",
-        "--skip",
-        "SP028",
-        "--skip",
-        "SP029",
-    )
+    proc = cli("apply", "--target", str(target), *skipping(API_FIXES_ONLY))
     assert applied(proc, partial=True), proc.stdout + proc.stderr
     return EngineRuns(target, models_dir, tmp_path_factory.mktemp("api-only-runs"))
 

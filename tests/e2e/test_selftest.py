@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import API_FIXES_ONLY, skipping
 from targets import (
     ROOT,
     SELFTEST_TIMEOUT,
@@ -104,24 +105,7 @@ def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
 
 def test_selftest_fails_with_figures_when_only_api_fixes_are_applied(tmp_path_factory):
     """0.3.0's own capture logic on a chunked batch: runs, raises nothing, wrong data."""
-    target = patched_target(
-        tmp_path_factory,
-        "0.16.0",
-        "--skip",
-        "SP009",
-        "--skip",
-        "SP010",
-        "--skip",
-        "SP012",
-        "--skip",
-        "SP022",
-        "--skip",
-        "SP027",
-        "--skip",
-        "SP028",
-        "--skip",
-        "SP029",
-    )
+    target = patched_target(tmp_path_factory, "0.16.0", *skipping(API_FIXES_ONLY))
     code, data, _ = selftest(target)
     report = data["selftest"]
     assert code == 1 and not report["ok"]
