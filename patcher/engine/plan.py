@@ -8,6 +8,7 @@ from patcher.engine.file_plan import FilePlan, Outcome, plan_file
 from patcher.engine.snapshot import Snapshot, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
+from patcher.fixes.registry import all_patches
 
 
 def plan(
@@ -61,12 +62,46 @@ def plan(
                 )
                 continue
             known = fast_path.outcomes(snap, path, source, chosen, recorded)
-            plans.append(
+            planned = (
                 plan_cache.plan_file(snap, path, source, chosen, recorded)
                 if known is None
                 else FilePlan(path, source, source, known, reused=True)
             )
+            plans.append(replayed(snap, planned, recorded) or planned)
     return plans
+
+
+def replayed(snap: Snapshot, planned: FilePlan, recorded: dict[str, int]) -> FilePlan | None:
+    """``planned`` with its bytes made from the pristine copy: the recorded patches and the
+    pending ones (or refused on what the recorded ones wrote) run in order, as one ``apply``
+    would have run them all. None when nothing is pending on a file we patched, or when a
+    recorded patch is not at hand at its recorded version (a user patch without its source,
+    another version): the file's own bytes are then patched as they are.
+
+    A patch put back after ``revert --only`` would otherwise run on what later patches
+    wrote: SP004 refused SP026's ``CacheConfig(..., **_FIXED_KV_CACHE)`` on vLLM 0.34 and
+    left the install stuck as partial, and others wrote their code in another place than
+    a full apply (bytes no engine ever proved). Raises nothing; a refusal is an outcome."""
+    pending = [o.patch for o in planned.outcomes if o.state in ("pending", "refused") and o.patch.id not in recorded]
+    original = snap.pristine.get(planned.path)
+    if not (pending and recorded) or original is None:
+        return None
+    at_hand = {p.id: p for p in all_patches() if p.file == planned.path}
+    kept = [at_hand.get(pid) for pid in recorded]
+    if any(p is None or p.origin == "recorded" or p.version != recorded[p.id] for p in kept):
+        return None
+    in_order = tuple(sorted([*kept, *pending], key=lambda p: (p.order, p.id)))
+    replay = plan_file(snap, planned.path, original, in_order, {}, only_needed=False)
+    refused = {o.patch.id: o.detail for o in replay.outcomes if o.state == "refused"}
+    if refused:  # shown as the replay found it: nothing is written
+        first = next(iter(refused.values()))
+        outcomes = [
+            Outcome(o.patch, "refused", refused.get(o.patch.id, first)) if o.patch in pending else o
+            for o in planned.outcomes
+        ]
+        return FilePlan(planned.path, planned.before, planned.before, outcomes)
+    outcomes = [Outcome(o.patch, "pending") if o.patch in pending else o for o in planned.outcomes]
+    return FilePlan(planned.path, planned.before, replay.after, outcomes)
 
 
 def refusals(plans: list[FilePlan]) -> list[str]:

@@ -387,3 +387,23 @@ def test_034_without_sp026_fails_the_life_cycle_check(envs, tmp_path):
     code, report = cli("verify", "--target", str(env))
     assert code == 0 and report["lifecycle"]["findings"] == []
     assert {s["name"]: s["how"] for s in report["lifecycle"]["steps"]}["extend_kv_cache"] == "handled"
+
+
+def test_a_patch_put_back_after_revert_only_gives_the_full_apply_bytes(envs, tmp_path):
+    """``revert --only P`` then ``apply`` on vLLM 0.34: the install is whole again, byte for byte
+    what one apply wrote. SP004 used to refuse SP026's ``CacheConfig(..., **_FIXED_KV_CACHE)``
+    there (the install stayed partial, every later apply exit 2); SP005, SP013 and SP021, run
+    on what later patches wrote, put their code in other places than a full apply. (Each of
+    the 25 patches put back in turn also passes: 7 min, so these four stand for them.)"""
+    from support import tree_digest
+
+    env = copy_env(envs["0.34.0"], tmp_path / "env")
+    site = site_packages(env) / "speculators"
+    code, report = cli("apply", "--target", str(env))
+    assert code == 0 and {"SP004", "SP005", "SP013", "SP021", "SP026"} <= {p["id"] for p in report["patches"]}
+    whole = tree_digest(site)
+    for pid in ("SP004", "SP005", "SP013", "SP021"):
+        code, _ = cli("revert", "--target", str(env), "--only", pid)
+        assert code == 0 and tree_digest(site) != whole, pid
+        code, report = cli("apply", "--target", str(env))
+        assert (code, tree_digest(site)) == (0, whole), (pid, report.get("error"), report.get("summary"))
