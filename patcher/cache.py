@@ -130,6 +130,10 @@ def store_blob(data: bytes) -> str:
     """Keep ``data`` under its sha256 (hex, returned), atomically, once; never raises."""
     digest = hashlib.sha256(data).hexdigest()
     path = directory() / "blobs" / digest[:2] / digest
-    if enabled() and not path.exists():
+    try:
+        kept = path.exists()  # EACCES (a cache folder of another user) is raised, not False
+    except OSError:
+        return digest
+    if enabled() and not kept:
         _write(path, data)
     return digest

@@ -225,3 +225,16 @@ def test_a_call_check_stored_by_another_run_during_apply_costs_no_exchange(tmp_p
         _, done = session.run(transport, lambda snap: apply_verb(transport, snap, select((), (), "requires"), False))
     assert done.result.written and done.check.ok and done.exit_code == 0, done.check.failing
     assert transport.exchanges == 2
+
+
+def test_a_cache_that_cannot_be_read_only_costs_time(sandbox: Path, tmp_path: Path) -> None:
+    """``~/.cache/speculators-patch`` of another user (``sudo -u`` keeping HOME) answered
+    EACCES to the blob store's ``exists()``, and every verb, ``status`` too, ended in a
+    67-line traceback. Tests run as root, which no mode bit stops: a cache path the kernel
+    refuses to look up (ENAMETOOLONG) stands in. Each verb answers as with a working cache."""
+    unreadable = {"SPECULATORS_PATCH_CACHE": str(tmp_path / ("x" * 300))}
+    stock = tree_digest(site_packages(sandbox) / "speculators")
+    for verb, code in (("status", 0), ("diff", 1), ("apply", 0), ("verify", 0), ("revert", 0)):
+        result = run_cli(verb, "--target", str(sandbox), env=unreadable)
+        assert result.returncode == code and "Traceback" not in result.stderr, (verb, result.stderr[-300:])
+    assert tree_digest(site_packages(sandbox) / "speculators") == stock
