@@ -67,6 +67,9 @@ class ExecTransport(BootstrapTransport):
     def _failure(self, op: str) -> str:
         code = self._exit_code()
         last = last_line(self.stderr_text())
+        if code in (126, 127):  # the shell's own word comes first: "pyenv: python2: command not found"
+            said = [ln.strip() for ln in self.stderr_text().splitlines() if ln.strip()]
+            last = said[0] if said else ("command not found" if code == 127 else "not executable")
         during = "while committing" if op == "commit" else "while reading"
         if code < 0:
             return (

@@ -162,6 +162,12 @@ BAD = [
         id="a shell, not Python",
     ),
     pytest.param(
+        "sh -c 'echo pyenv: python2: command not found >&2; echo its advice >&2; exit 127'",
+        "error: --exec \"sh -c 'echo pyenv: python2: command not found >&2; echo its advice >&2; exit 127'\": "
+        "the command ended (status 127) while reading: pyenv: python2: command not found;",
+        id="a wrapper that finds no such command (status 127): its first line, not its last",
+    ),
+    pytest.param(
         "'unclosed",
         'error: --exec "\'unclosed": cannot split it into arguments (No closing quotation)',
         id="unsplittable",
