@@ -122,16 +122,17 @@ def repair(transport: Transport) -> RepairResult:
     recorded_before = user_records.records(snap.manifest)
     loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
     manifest = new_manifest(snap, files, loaded)
-    transport.request(
-        "commit",
-        state_dir=snap.state_dir,
-        root=snap.speculators_root,
-        writes={},
-        pristine=pristine,
-        manifest=manifest,
-        manifest_expect_sha256=snap.manifest_sha256,
-        repair=True,
-    )
+    if snap.state_exists or manifest is not None:  # else no state, none to write: a read-only install is fine
+        transport.request(
+            "commit",
+            state_dir=snap.state_dir,
+            root=snap.speculators_root,
+            writes={},
+            pristine=pristine,
+            manifest=manifest,
+            manifest_expect_sha256=snap.manifest_sha256,
+            repair=True,
+        )
     unrestorable = [p for p in (snap.record_differs or []) if p not in files]
     for path in unrestorable:
         lines.append(

@@ -214,3 +214,25 @@ def test_a_refused_first_apply_leaves_nothing_and_revert_clears_an_older_leftove
     assert result.returncode == 0 and "which recorded nothing" in result.stdout, result.stdout
     assert not (site / ".speculators-patch").exists()
     figures["refused first apply"] = "no .speculators-patch left; an older leftover removed by revert"
+
+
+def test_repair_reads_a_read_only_install_it_has_nothing_to_write_to(sandbox, site, figures):
+    """A pristine install in a site-packages nobody may write (chattr +i: root is not
+    stopped by mode bits), no state: ``repair`` answers from reading alone, as ``status``
+    does, instead of "cannot write"; a file edited outside the tool is still named."""
+    import pytest
+
+    if subprocess.run(["chattr", "+i", str(site)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here (needs root and a file system with the flag)")
+    try:
+        clean = run_cli("repair", "--target", str(sandbox))
+        with open(site / "speculators" / "models" / "eagle.py", "a") as f:
+            f.write("# an edit\n")
+        edited = run_cli("repair", "--target", str(sandbox))
+    finally:
+        subprocess.run(["chattr", "-i", str(site)], check=True)
+    assert clean.returncode == 0 and "nothing to repair" in clean.stdout, clean.stderr
+    assert edited.returncode == 1, edited.stderr
+    assert "speculators/models/eagle.py: differs from what pip installed" in edited.stdout
+    assert not (site / ".speculators-patch").exists()
+    figures["repair, read-only install"] = "answered from reading alone, nothing written"
