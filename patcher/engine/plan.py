@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from patcher.engine import fast_path, plan_cache
 from patcher.engine.file_plan import FilePlan, Outcome, plan_file
-from patcher.engine.snapshot import Snapshot, written_for
+from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import all_patches
@@ -76,7 +76,8 @@ def replayed(snap: Snapshot, planned: FilePlan, recorded: dict[str, int]) -> Fil
     pending ones (or refused on what the recorded ones wrote) run in order, as one ``apply``
     would have run them all. None when nothing is pending on a file we patched, or when a
     recorded patch is not at hand at its recorded version (a user patch without its source,
-    another version): the file's own bytes are then patched as they are.
+    another version), or the pristine copy does not match its recorded sha256: the file's
+    own bytes are then patched as they are.
 
     A patch put back after ``revert --only`` would otherwise run on what later patches
     wrote: SP004 refused SP026's ``CacheConfig(..., **_FIXED_KV_CACHE)`` on vLLM 0.34 and
@@ -84,7 +85,8 @@ def replayed(snap: Snapshot, planned: FilePlan, recorded: dict[str, int]) -> Fil
     a full apply (bytes no engine ever proved). Raises nothing; a refusal is an outcome."""
     pending = [o.patch for o in planned.outcomes if o.state in ("pending", "refused") and o.patch.id not in recorded]
     original = snap.pristine.get(planned.path)
-    if not (pending and recorded) or original is None:
+    entry = (snap.manifest or {}).get("files", {}).get(planned.path) or {}
+    if not (pending and recorded) or original is None or sha256(original) != entry.get("pristine_sha256"):
         return None
     at_hand = {p.id: p for p in all_patches() if p.file == planned.path}
     kept = [at_hand.get(pid) for pid in recorded]
