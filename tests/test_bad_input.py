@@ -127,27 +127,12 @@ def test_hosts_file_missing_or_empty_never_falls_back_to_local(sandbox, site, tm
 
 
 def test_revert_after_upgrading_speculators_does_not_restore_old_files(sandbox, site):
-    import sys
 
-    from sandbox import wheel
+    from sandbox import pip_install
 
     run_cli("apply", "--target", str(sandbox))
     # pip acting on the sandbox's interpreter, as `pip install speculators==0.4.0` there would
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(sandbox / "bin/python"),
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-compile",
-            str(wheel("speculators", "0.4.0")),
-        ],
-        check=True,
-    )
+    pip_install(sandbox, "speculators", "0.4.0")
     before = tree_digest(site)
     for force in ((), ("--force",)):
         assert_refused(run_cli("revert", "--target", str(sandbox), *force), "speculators 0.4.0 is installed")

@@ -145,28 +145,11 @@ def test_failure_mid_write_leaves_install_untouched(sandbox, site):
 
 
 def test_reinstall_is_detected_and_apply_works_again(sandbox, site):
-    from sandbox import wheel
+    from sandbox import pip_install
 
     run_cli("apply", "--target", str(sandbox))
-    import subprocess
-    import sys
 
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(sandbox / "bin/python"),
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--force-reinstall",
-            "--no-compile",
-            str(wheel("speculators", "0.3.0")),
-        ],
-        check=True,
-    )
+    pip_install(sandbox, "speculators", "0.3.0", force=True)
     _, status = run_json("status", "--target", str(sandbox))
     assert set(status["files"].values()) == {"reinstalled"}
     assert states(status) == {"pending"}

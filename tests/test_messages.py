@@ -212,25 +212,10 @@ def test_diff_says_why_it_shows_nothing_on_a_file_changed_after_patching(sandbox
 def test_revert_after_a_pip_upgrade_names_repair_which_cleans_it_up(sandbox, site):
     """Issue 30 item 8: after `pip install --force-reinstall speculators==0.4.0.1` over a patched
     0.3.0, revert refuses (no 0.3.0 bytes over 0.4.0.1) and names repair, which drops the record."""
-    from sandbox import wheel
+    from sandbox import pip_install
 
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(sandbox / "bin/python"),
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-compile",
-            "--force-reinstall",
-            str(wheel("speculators", "0.4.0.1")),
-        ],
-        check=True,
-    )
+    pip_install(sandbox, "speculators", "0.4.0.1", force=True)
     result = run_cli("revert", "--target", str(sandbox))
     assert result.returncode == 2 and f"`speculators-patch repair --target {sandbox}` drops that record" in _one_line(
         result

@@ -149,27 +149,12 @@ def test_adopt_takes_the_updated_source_as_pristine(sandbox, site):
 
 def test_killed_apply_then_another_version_is_refused_and_repairable(sandbox, site):
     """Issue 10 item 4: recovery never writes 0.3.0 bytes over a 0.4.0 reinstall."""
-    from sandbox import wheel
+    from sandbox import pip_install
 
     env = {"SPECULATORS_PATCH_FAULT": "kill@30"}
     run_cli("apply", "--target", str(sandbox), env=env)
     assert (site / ".speculators-patch" / "journal.json").exists()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(sandbox / "bin/python"),
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-compile",
-            "--force-reinstall",
-            str(wheel("speculators", "0.4.0")),
-        ],
-        check=True,
-    )
+    pip_install(sandbox, "speculators", "0.4.0", force=True)
     from support import tree_digest
 
     def sources():  # the installed files, without the killed commit's temporary files and links
