@@ -30,6 +30,9 @@ def inspect(request):
     request: {"site_packages": str|None (set when the target is a bare directory),
               "speculators_files": [path relative to speculators' import root],
               "vllm_files": [path relative to vLLM's import root, e.g. vllm/config/cache.py],
+              "library_files": [path of another library's file, relative to its import root,
+                                e.g. transformers/configuration_utils.py; the library is the
+                                first component],
               "have": optional [sha256 hex] of contents the caller already holds}
     Returns a JSON-able dict (file contents base64, ``{"sha256": hex}`` for contents in
     ``have``, ``None`` for a missing file), with
@@ -90,6 +93,7 @@ def inspect(request):
                 for p in request.get("vllm_files", [])
             },
         },
+        "libraries": _libraries(request.get("library_files", []), search, have),
         "manifest": loaded.manifest,
         "manifest_sha256": loaded.manifest_sha256,
         "pristine": {p: content_or_digest(d, have) for p, d in loaded.pristine.items()},
@@ -101,6 +105,23 @@ def inspect(request):
         "unfinished": unfinished,
         "record_differs": _record_differs(spec_root, dist_dir) if request.get("record_check") else None,
     }
+
+
+def _libraries(paths, search, have):
+    """{library: {"root", "versions", "files"}} for the libraries other than vLLM whose files
+    patch facts read (transformers, torch): each file read from its library's import root
+    (None when the library or the file is missing; "root" None when it is not installed)."""
+    out = {}
+    for path in paths:
+        name = path.split("/", 1)[0]
+        if name not in out:
+            root = package_root(name)
+            versions = sorted({v for _, v in dist_infos(name, search) if v})
+            out[name] = {"root": root, "versions": versions, "files": {}}
+        root = out[name]["root"]
+        data = read_bytes(os.path.join(root, path)) if root is not None else None
+        out[name]["files"][path] = content_or_digest(data, have)
+    return out
 
 
 def _record_differs(spec_root, dist_info):

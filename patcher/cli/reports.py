@@ -119,6 +119,17 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
     return Report(done.data, 0, render)
 
 
+LIBRARY_NAMES = {"vllm": "vLLM"}  # how the facts' title names a library (others: as imported)
+
+
+def facts_title(snap: Snapshot, facts: list) -> str:
+    """The facts table's title: each library the facts read, with its installed version
+    (``facts (static read of ...): vLLM 0.34.0, transformers 5.22.2``)."""
+    libraries = dict.fromkeys(["vllm", *(f.fact.library for f in facts)])
+    read = ", ".join(f"{LIBRARY_NAMES.get(lib, lib)} {snap.vllm.version_of(lib)}" for lib in libraries)
+    return f"facts (static read of {snap.vllm_root}): {read}"
+
+
 def verify_report(advice: Advice, snap: Snapshot, done: tuple[InstallCheck, dict]) -> Report:
     """``verify``: every check of ``commands.verify.check_install`` with its evidence; exit 1
     when one fails, ``UNPROVEN`` (3) when only the engine proof is missing."""
@@ -128,8 +139,8 @@ def verify_report(advice: Advice, snap: Snapshot, done: tuple[InstallCheck, dict
     def render(console: Console) -> None:
         from rich.table import Table
 
-        table = Table(title=f"vLLM {snap.vllm.version} facts (static read of {snap.vllm_root})", title_justify="left")
-        for col in ("patch", "vLLM symbol", "holds", "evidence", "found"):
+        table = Table(title=facts_title(snap, facts), title_justify="left")
+        for col in ("patch", "symbol", "holds", "evidence", "found"):
             table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
         for f in sorted(facts, key=lambda f: f.patch.id):
             mark = "[red]missing[/]" if f.evidence.missing else "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"

@@ -1,4 +1,4 @@
-"""``verify``: every check of an install -- the vLLM facts and patch verdicts, the calls,
+"""``verify``: every check of an install -- the library facts (vLLM, transformers, torch) and patch verdicts, the calls,
 the imports, the model runner, user patches edited since applied, files modified after
 patching, and the engine proof -- as data (``apply`` runs the same checks on what it wrote)."""
 
@@ -153,10 +153,13 @@ def verify(
     ok = check.ok
     data = {
         **describe(snap),
+        "libraries": {name: snap.vllm.version_of(name) for name in sorted(snap.vllm.libraries)},
         "ok": ok,
         "facts": [
             {
                 "patch": f.patch.id,
+                "library": f.fact.library,
+                "library_version": snap.vllm.version_of(f.fact.library),
                 "symbol": f.fact.symbol,
                 "summary": f.fact.summary,
                 "holds": f.evidence.holds,

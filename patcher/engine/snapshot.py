@@ -91,6 +91,9 @@ def _decode_contents(answer: dict) -> tuple[dict, set[str]]:
     contents = {
         "speculators": {k: _content(v, held) for k, v in answer["speculators"]["files"].items()},
         "vllm": {} if vllm is None else {k: _content(v, held) for k, v in vllm["files"].items()},
+        "libraries": {
+            k: _content(v, held) for lib in (answer.get("libraries") or {}).values() for k, v in lib["files"].items()
+        },
         "pristine": {k: _content(v, held) for k, v in answer["pristine"].items()},
         "backups": {k: [_content(d, held) for d in v] for k, v in answer.get("backups", {}).items()},
     }
@@ -177,9 +180,11 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
     ``repair``) when its state is inconsistent: one line naming the file at fault and the
     way out."""
     patches = all_patches()
+    fact_files = {m for p in patches for f in p.facts for m in f.modules}
     request = dict(
         speculators_files=sorted({p.file for p in patches}),
-        vllm_files=sorted({m for p in patches for f in p.facts for m in f.modules}),
+        vllm_files=sorted(m for m in fact_files if m.startswith("vllm/")),
+        library_files=sorted(m for m in fact_files if not m.startswith("vllm/")),
     )
     if record_check:
         request["record_check"] = True
@@ -187,7 +192,12 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
     spec, vllm = answer["speculators"], answer["vllm"]
     vllm_source = None
     if vllm is not None:
-        vllm_source = VllmSource(contents["vllm"], ", ".join(vllm["versions"]) or "unknown")
+        libraries = answer.get("libraries") or {}
+        vllm_source = VllmSource(
+            {**contents["vllm"], **contents["libraries"]},
+            ", ".join(vllm["versions"]) or "unknown",
+            {name: (", ".join(lib["versions"]) or "unknown") if lib["root"] else None for name, lib in libraries.items()},
+        )
     snap = Snapshot(
         label=transport.label,
         python=answer["python"],

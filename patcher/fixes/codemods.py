@@ -1,5 +1,5 @@
 """Declarative codemod bases for the most common fixes: a keyword argument added or removed,
-a statement or an expression replaced.
+a statement or an expression replaced, a method added to a class.
 
 A patch that only needs one of these sets a few class attributes; see ``patches/sp001_*``.
 """
@@ -9,7 +9,15 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.fixes.cst_helpers import append_keyword, calls_to, keyword, remove_keyword, replace_statements
+from patcher.fixes.cst_helpers import (
+    append_keyword,
+    calls_to,
+    keyword,
+    remove_keyword,
+    replace_statements,
+    same_code,
+    statements,
+)
 from patcher.fixes.patch import PatchCodemod
 
 
@@ -167,3 +175,46 @@ class _ReplaceExpressions(cst.CSTTransformer):
         if isinstance(updated, cst.BaseExpression) and m.matches(updated, self.matcher):
             return self.replacement
         return updated
+
+
+class AddMethod(PatchCodemod):
+    """Add the method ``METHOD`` (source of one ``def``, decorators and comments above it
+    included, written at column 0) to the module-level class ``CLASS``, just above its method
+    ``BEFORE``.
+
+    Already satisfied when the class defines a method of that name doing what ``METHOD``
+    does (the same ``ast``: layout and comments do not count); refused when the class defines
+    one of that name that does something else (it is the user's or another release's, and
+    never overwritten), or when ``CLASS`` or its ``BEFORE`` is not there exactly once.
+    """
+
+    CLASS: str = ""
+    BEFORE: str = ""
+    METHOD: str = ""
+
+    @property
+    def name(self) -> str:
+        node = cst.parse_statement(self.METHOD)
+        assert isinstance(node, cst.FunctionDef)
+        return node.name.value
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        classes = [s for s in tree.body if m.matches(s, m.ClassDef(name=m.Name(self.CLASS)))]
+        if len(classes) != 1:
+            self.refuse(classes[1] if classes else None, f"one module-level class {self.CLASS}")
+        cls = classes[0]
+        assert isinstance(cls, cst.ClassDef) and isinstance(cls.body, cst.IndentedBlock)
+        mine = [s for s in cls.body.body if m.matches(s, m.FunctionDef(name=m.Name(self.name)))]
+        if mine:
+            if len(mine) == 1 and same_code(mine[0], self.METHOD):
+                self.already_satisfied(f"{self.CLASS}.{self.name} is there")
+            self.refuse(mine[0], f"no {self.name} of its own in class {self.CLASS}")
+        anchors = [i for i, s in enumerate(cls.body.body) if m.matches(s, m.FunctionDef(name=m.Name(self.BEFORE)))]
+        if len(anchors) != 1:
+            self.refuse(cls, f"one method {self.BEFORE} in class {self.CLASS}")
+        method = statements(self.METHOD, [cst.EmptyLine(indent=False)]).nodes
+        body = list(cls.body.body)
+        at = anchors[0]
+        body[at:at] = method
+        new_cls = cls.with_changes(body=cls.body.with_changes(body=body))
+        return tree.with_changes(body=[new_cls if s is cls else s for s in tree.body])

@@ -1,4 +1,5 @@
-"""What a patch is: metadata, the vLLM facts it relies on, and its libcst codemod.
+"""What a patch is: metadata, the library facts it relies on (vLLM, transformers, torch), and
+its libcst codemod.
 
 A patch module in ``patches/`` defines one module-level ``PATCH = Patch(...)``. The engine
 (``patcher.engine``) knows nothing about any particular patch: it only reads these fields.
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from patcher.errors import PatchRefused
 
 # What a patch module imports from here (``PatchCodemod`` on first use: ``__getattr__`` below).
-__all__ = ["Patch", "PatchCodemod", "PatchRefused", "VllmFact"]
+__all__ = ["Fact", "Patch", "PatchCodemod", "PatchRefused", "VllmFact"]
 
 if TYPE_CHECKING:
     from patcher.fixes.codemod_base import PatchCodemod
@@ -20,20 +21,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class VllmFact:
-    """One fact about the installed vLLM's API that a patch depends on.
+class Fact:
+    """One fact about an installed library's API (vLLM, transformers or torch) that a patch
+    depends on.
 
     Attributes:
-        summary: what changed in vLLM, one line (e.g. "SchedulerConfig requires the
+        summary: what changed in the library, one line (e.g. "SchedulerConfig requires the
             init-only field is_encoder_decoder").
-        symbol: the vLLM symbol, e.g. ``SchedulerConfig.is_encoder_decoder``.
-        first_release: first vLLM release where the fact holds (so the patch is needed).
+        symbol: the library's symbol, e.g. ``SchedulerConfig.is_encoder_decoder``.
+        first_release: first release of that library where the fact holds (so the patch is
+            needed).
         probe: reads the static source and returns ``Evidence`` (holds, file, line, found).
-        modules: vLLM source files the probe reads, relative to site-packages
-            (e.g. ``("vllm/config/scheduler.py",)``). The probe may read no other file:
-            the engine fetches exactly these, in one batch, locally or over SSH. Taken from
-            the probe when it was built by ``patcher.fixes.probes`` (which knows the files
-            it reads); a probe of your own names them here.
+        modules: library source files the probe reads, relative to the library's import root
+            (``("vllm/config/scheduler.py",)``, ``("transformers/configuration_utils.py",)``);
+            the first component names the library, and one fact reads one library. The probe
+            may read no other file: the engine fetches exactly these, in one batch, locally or
+            over SSH. Taken from the probe when it was built by ``patcher.fixes.probes`` (which
+            knows the files it reads); a probe of your own names them here.
     """
 
     summary: str
@@ -46,12 +50,23 @@ class VllmFact:
         read = tuple(getattr(self.probe, "modules", ()))
         if not self.modules:
             if not read:
-                raise ValueError(f"{self.symbol}: its probe names no vLLM file; pass modules=(...) it reads")
+                raise ValueError(f"{self.symbol}: its probe names no library file; pass modules=(...) it reads")
             object.__setattr__(self, "modules", read)
         elif read and tuple(self.modules) != read:
             raise ValueError(
                 f"{self.symbol}: modules {tuple(self.modules)} differ from the files its probe reads {read}"
             )
+        if len({m.split("/", 1)[0] for m in self.modules}) != 1:
+            raise ValueError(f"{self.symbol}: modules {tuple(self.modules)} name more than one library")
+
+    @property
+    def library(self) -> str:
+        """The library the fact is about: ``vllm``, ``transformers`` or ``torch``."""
+        return self.modules[0].split("/", 1)[0]
+
+
+# The name patches (shipped and users') have always imported; every fact is a ``Fact``.
+VllmFact = Fact
 
 
 @dataclass(frozen=True)
@@ -67,8 +82,9 @@ class Patch:
             (``speculators/data_generation/...``).
         codemod: a ``PatchCodemod`` subclass; it rewrites, raises ``SkipFile`` when the
             fix is already there, or raises ``PatchRefused`` on unknown code.
-        facts: vLLM facts the patch depends on. The patch is needed when all hold; a patch
-            without facts (a correctness fix in speculators' own logic) is always needed.
+        facts: library facts (``Fact``: vLLM, transformers, torch) the patch depends on. The
+            patch is needed when all hold; a patch without facts (a correctness fix in
+            speculators' own logic) is always needed.
         speculators: the speculators versions the patch is written for (PEP 440 specifier);
             a speculators version no patch is written for is refused.
         order: position in the sequence applied to a file; lower runs first.
@@ -105,7 +121,7 @@ class Patch:
     title: str
     file: str
     codemod: type[PatchCodemod]
-    facts: tuple[VllmFact, ...] = ()
+    facts: tuple[Fact, ...] = ()
     speculators: str = "==0.3.0"
     order: int = 0
     portable: bool = False

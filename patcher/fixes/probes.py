@@ -236,3 +236,67 @@ def function_moved(old_path: str, new_path: str, name: str) -> Probe:
         return Evidence(True, new_path, new.lineno, f"{signature(new)}, no longer in {old_path.rsplit('/', 1)[-1]}")
 
     return probe
+
+
+def _absent_library(src: VllmSource, path: str) -> Evidence | None:
+    """The answer of a probe into a library the target does not have at all (transformers
+    or torch): the fact does not hold there, an ordinary answer; None when it is installed."""
+    library = path.split("/", 1)[0]
+    return None if src.installed(library) else Evidence(False, path, None, f"{library} is not installed")
+
+
+@_recorded
+def method_calls(path: str, cls: str, method: str, callee: str) -> Probe:
+    """Holds when class ``cls`` (a module-level alias followed) defines ``method`` and its body
+    calls ``callee`` (dotted source text: ``wrap_init_to_accept_kwargs``, ``self.validate``);
+    evidence: that call. The class defining no such method is an ordinary answer (the fact
+    does not hold); the class gone is ``Evidence.missing``."""
+
+    def probe(src: VllmSource) -> Evidence:
+        absent = _absent_library(src, path)
+        if absent is not None:
+            return absent
+        node = src.find_class(path, cls)
+        if node is None:
+            return _gone(path, cls)
+        fn = next(
+            (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method), None
+        )
+        if fn is None:
+            return Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
+        for call in ast.walk(fn):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == callee:
+                return Evidence(True, path, call.lineno, f"{node.name}.{method}: {ast.unparse(call)}")
+        return Evidence(False, path, fn.lineno, f"{node.name}.{method} does not call {callee}")
+
+    return probe
+
+
+@_recorded
+def field_annotation_mentions(path: str, cls: str, name: str, word: str) -> Probe:
+    """Holds when class ``cls`` (a module-level alias followed) declares the class-level
+    annotated field ``name`` and its annotation names ``word`` (e.g. ``torch``). The class
+    without that field is an ordinary answer; the class gone is ``Evidence.missing``."""
+
+    def probe(src: VllmSource) -> Evidence:
+        absent = _absent_library(src, path)
+        if absent is not None:
+            return absent
+        node = src.find_class(path, cls)
+        if node is None:
+            return _gone(path, cls)
+        for field in node.body:
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and field.target.id == name:
+                text = ast.unparse(field.annotation)
+                mentions = any(
+                    isinstance(n, ast.Name)
+                    and n.id == word
+                    or isinstance(n, ast.Constant)
+                    and isinstance(n.value, str)
+                    and word in n.value
+                    for n in ast.walk(field.annotation)
+                )
+                return Evidence(mentions, path, field.lineno, f"{node.name}.{name}: {text}")
+        return Evidence(False, path, node.lineno, f"class {node.name} declares no class-level field {name}")
+
+    return probe

@@ -1,8 +1,11 @@
-"""A static, import-free view of an installed vLLM's Python source.
+"""A static, import-free view of the installed vLLM's Python source, and of the other
+libraries patch facts read (transformers, torch).
 
-Reading vLLM's source with ``ast`` needs no GPU, no torch and no import of vLLM (which
+Reading their source with ``ast`` needs no GPU, no torch and no import of vLLM (which
 takes seconds and may fail on the machine running this tool). The files come from the
 target (local or over SSH) in one batch; probes may read only the files they declare.
+A path names its library by its first component (``vllm/config/cache.py``,
+``transformers/configuration_utils.py``).
 """
 
 from __future__ import annotations
@@ -38,17 +41,36 @@ class Evidence:
 
 
 class VllmSource:
-    """Parsed vLLM modules keyed by path relative to site-packages (``vllm/...py``).
+    """Parsed library modules keyed by path relative to their import root (``vllm/...py``,
+    ``transformers/...py``, ``torch/...py``).
 
     Args:
         files: path -> source bytes; a path missing from the install maps to ``None``.
         version: the version string(s) of the installed vLLM, for display only.
+        libraries: the other libraries read -> their installed version(s), ``None`` when
+            the library is not installed (its files then map to ``None``).
     """
 
-    def __init__(self, files: Mapping[str, bytes | None], version: str = "unknown") -> None:
+    def __init__(
+        self,
+        files: Mapping[str, bytes | None],
+        version: str = "unknown",
+        libraries: Mapping[str, str | None] | None = None,
+    ) -> None:
         self._files = dict(files)
         self._trees: dict[str, ast.Module | None] = {}
         self.version = version
+        self.libraries = dict(libraries or {})
+
+    def installed(self, library: str) -> bool:
+        """Whether ``library`` (``vllm``, ``transformers``, ``torch``) is installed on the target."""
+        return library == "vllm" or self.libraries.get(library, "") is not None
+
+    def version_of(self, library: str) -> str:
+        """The installed version of ``library`` for display (``vllm``: ``version``)."""
+        if library == "vllm":
+            return self.version
+        return self.libraries.get(library) or "not installed"
 
     @property
     def files(self) -> dict[str, bytes | None]:
@@ -79,12 +101,23 @@ class VllmSource:
         return self._trees[path]
 
     def find_class(self, path: str, name: str) -> ast.ClassDef | None:
+        """The module-level class ``name`` of ``path``, following one module-level alias
+        (``PretrainedConfig = PreTrainedConfig`` in transformers 5); None when absent."""
         tree = self.tree(path)
         if tree is None:
             return None
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return node
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Name)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            ):
+                return next(
+                    (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == node.value.id), None
+                )
         return None
 
     def find_function(self, path: str, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:

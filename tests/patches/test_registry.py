@@ -60,7 +60,9 @@ def test_metadata_is_complete(patch):
     assert patch.codemod.DESCRIPTION
     assert patch.name.replace("-", "_") in module.__name__, "module is named after the patch"
     for fact in patch.facts:
-        assert fact.modules and all(m.startswith("vllm/") and m.endswith(".py") for m in fact.modules)
+        # One library per fact: vLLM, or (the training half) transformers or torch.
+        assert fact.library in ("vllm", "transformers", "torch")
+        assert fact.modules and all(m.startswith(f"{fact.library}/") and m.endswith(".py") for m in fact.modules)
         Version(fact.first_release)
     # What a patch depends on is in its declaration: a vLLM fact, or in words (``list``).
     if patch.facts:
