@@ -35,4 +35,5 @@ PATCH = Patch(
         ),
     ),
     order=10,
+    symptoms=(r"is_encoder_decoder|max_model_len\s+Field required",),
 )

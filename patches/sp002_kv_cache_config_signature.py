@@ -42,4 +42,5 @@ PATCH = Patch(
         ),
     ),
     order=20,
+    symptoms=(r"kv_cache_specs",),
 )

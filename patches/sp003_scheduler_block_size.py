@@ -35,4 +35,5 @@ PATCH = Patch(
         ),
     ),
     order=30,
+    symptoms=(r"missing 1 required positional argument: 'block_size'|block_size",),
 )

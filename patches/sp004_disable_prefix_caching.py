@@ -36,4 +36,5 @@ PATCH = Patch(
     ),
     order=40,
     portable=True,
+    symptoms=(r"block_hashes",),
 )

@@ -73,4 +73,5 @@ PATCH = Patch(
     order=50,
     portable=True,
     engine_steps=("sample_tokens",),
+    symptoms=(r"sample_tokens\(\) must be called",),
 )

@@ -38,4 +38,5 @@ PATCH = Patch(
     ),
     order=60,
     portable=True,
+    symptoms=(r"truth value of a Tensor|ambiguous",),
 )

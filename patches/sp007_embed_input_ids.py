@@ -65,4 +65,5 @@ PATCH = Patch(
     ),
     order=70,
     portable=True,
+    symptoms=(r"get_input_embeddings",),
 )

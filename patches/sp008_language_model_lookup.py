@@ -96,4 +96,5 @@ PATCH = Patch(
     ),
     order=80,
     portable=True,
+    symptoms=(r"does not support hidden state extraction|has no attribute 'model'",),
 )

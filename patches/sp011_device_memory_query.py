@@ -52,4 +52,5 @@ PATCH = Patch(
     order=110,
     portable=True,
     engine_steps=("determine_available_memory",),
+    symptoms=(r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver",),
 )

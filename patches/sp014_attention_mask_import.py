@@ -91,4 +91,5 @@ PATCH = Patch(
     order=10,
     portable=True,
     depends_on="at run time: whether transformers has modeling_attn_mask_utils (removed in transformers 5.24)",
+    symptoms=(r"modeling_attn_mask_utils",),
 )

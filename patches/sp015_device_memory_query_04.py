@@ -43,4 +43,5 @@ PATCH = Patch(
     speculators=">=0.4.0,<0.4.1",
     order=110,
     portable=True,
+    symptoms=(r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver",),
 )

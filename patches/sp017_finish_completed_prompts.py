@@ -97,4 +97,5 @@ PATCH = Patch(
     speculators=">=0.4.0,<0.4.1",
     order=140,
     portable=True,
+    symptoms=(r"not found in captured states",),
 )

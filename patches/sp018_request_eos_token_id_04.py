@@ -31,4 +31,5 @@ PATCH = Patch(
     order=57,
     portable=True,
     depends_on="at run time: whether Request.__init__ takes eos_token_id (vllm/v1/request.py; removed in 0.17)",
+    symptoms=(r"eos_token_id",),
 )

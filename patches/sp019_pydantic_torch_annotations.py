@@ -61,4 +61,5 @@ PATCH = Patch(
     order=10,
     portable=True,
     depends_on="transformers 5 annotations naming torch (PretrainedConfig); the added import is right on every version",
+    symptoms=(r"name 'torch' is not defined",),
 )

@@ -58,4 +58,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=10,
     portable=True,
+    symptoms=(r"__pydantic_fields_set__",),
 )

@@ -59,4 +59,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=20,
     portable=True,
+    symptoms=(r"is not fully defined; you should define `torch`",),
 )

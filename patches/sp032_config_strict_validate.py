@@ -53,4 +53,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=30,
     portable=True,
+    symptoms=(r"BaseModel\.validate\(\) missing 1 required positional argument",),
 )

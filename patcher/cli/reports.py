@@ -337,4 +337,43 @@ def render_selftest(report: dict, console: Console) -> None:
                 lines = lines[:6] + (["…"] if len(lines) > 6 else [])
             for line in lines:
                 console.print(f"    {line}", markup=False, highlight=False)
+        if arch.get("training"):
+            render_training(arch["training"], console)
     console.print(verdict(report))
+
+
+def render_training(training: dict, console: Console) -> None:
+    """selftest's training stage of one architecture (``patcher/agent/selftest/training.py``):
+    what ran, the loss against the plain-torch reference, the checkpoint, or what failed."""
+    if "skipped" in training:
+        console.print(f"  training: not run: {training['skipped']}", markup=False, highlight=False)
+        return
+    if "error" in training:
+        e = training["error"]
+        fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+        console.print(f"  [red]training failed at {escape(e['stage'])}[/red]{fix}:", highlight=False)
+        for line in f"{e['type']}: {e['message']}".splitlines()[:6]:
+            console.print(f"    {line}", markup=False, highlight=False)
+        return
+    trained = training.get("trained")
+    ran = (
+        f"{trained['steps']} optimizer steps, step loss {trained['first_step_loss']} -> {trained['last_step_loss']}, "
+        f"fixed batch {trained['fixed_batch_loss_before']} -> {trained['fixed_batch_loss_after']}"
+        if trained
+        else "forward and loss (the CPU has no FlexAttention backward: no optimizer steps)"
+    )
+    console.print(f"  training ({training['samples']} captured sequences): {ran}", highlight=False)
+    for when in ("before", "after"):
+        ref = training.get(when)
+        if ref:
+            mark = "" if ref["ok"] else "[red]differs[/red] "
+            console.print(
+                f"  {mark}loss {'at start' if when == 'before' else 'after reload'}: speculators "
+                f"{ref['speculators_loss']}, plain-torch reference {ref['reference_loss']} (worst step "
+                f"{ref['worst_relative_difference']:.1e} relative, tokens agree {min(ref['token_agreement']):.4f})",
+                highlight=False,
+            )
+    reload = training.get("reload") or {}
+    if reload:
+        kept = "every tensor as saved (bf16)" if reload["ok"] else f"[red]differs[/red]: {reload['tensors_differing']}"
+        console.print(f"  checkpoint {reload['checkpoint']} reloaded: {kept}", highlight=False)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from patcher.agent.selftest import tiny_models
 from patcher.agent.selftest.run import NOISE_LIMIT
+from patcher.agent.selftest.training import LOSS_TOLERANCE as TRAINING_TOLERANCE
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -35,44 +36,27 @@ ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build (the CLI's --
 COSINE_FLOOR = 0.999
 ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 
-# What a failing generator says -> the patch that fixes it (vLLM / speculators source named
-# in each patch module); the first of the ids written for the installed speculators.
-SYMPTOMS = (
-    (r"is_encoder_decoder|max_model_len\s+Field required", ("SP001",)),
-    (r"kv_cache_specs", ("SP002",)),
-    (r"missing 1 required positional argument: 'block_size'|block_size", ("SP003",)),
-    (r"block_hashes", ("SP004",)),
-    (r"sample_tokens\(\) must be called", ("SP005",)),
-    (r"truth value of a Tensor|ambiguous", ("SP006",)),
-    (r"get_input_embeddings", ("SP007",)),
-    (r"does not support hidden state extraction|has no attribute 'model'", ("SP008",)),
-    (r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver", ("SP011", "SP015")),
-    (r"modeling_attn_mask_utils", ("SP014",)),
-    (r"eos_token_id", ("SP013", "SP018")),
-    (r"not found in captured states", ("SP017",)),
-)
-
-
 def modules() -> dict[str, str]:
     """The remote package's sources, by file name (``launch.py`` is the script itself)."""
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(REMOTE.glob("*.py")) if p.name != "launch.py"}
 
 
 def diagnose(error: dict, speculators: str | None = None) -> str | None:
-    """The patch id whose fix addresses a generator ``error`` ({"type", "message", ...}) in
-    the installed ``speculators`` release (any release when it is unknown)."""
+    """The patch whose fix addresses a failure ``error`` ({"type", "message", "traceback",
+    "worker"}: the generator's or the training stage's) in the installed ``speculators``
+    release (any release when it is unknown): the first patch, by id, with a ``symptoms``
+    pattern found in the exception's own words, else in its tracebacks."""
     from patcher.engine import written_for
     from patcher.fixes.registry import all_patches
 
     worker = error.get("worker") or {}
-    text = (
-        f"{error.get('type')}: {error.get('message')}\n{error.get('traceback', '')}\n"
-        f"{worker.get('type')}: {worker.get('message')}\n{worker.get('raised', '')}"
-    )
-    fits = {p.id for p in written_for(speculators, all_patches())} if speculators else None
-    for pattern, patch_ids in SYMPTOMS:
-        if re.search(pattern, text):
-            return next((i for i in patch_ids if fits is None or i in fits), None)
+    said = f"{error.get('type')}: {error.get('message')}\n{worker.get('type')}: {worker.get('message')}"
+    tracebacks = f"{error.get('traceback', '')}\n{worker.get('raised', '')}"
+    patches = sorted(written_for(speculators, all_patches()) if speculators else all_patches(), key=lambda p: p.id)
+    for text in (said, tracebacks):
+        for patch in patches:
+            if any(re.search(pattern, text) for pattern in patch.symptoms):
+                return patch.id
     return None
 
 
@@ -138,16 +122,28 @@ def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) ->
 
 
 def summarize(report: dict) -> dict:
-    """Add verdicts: per architecture the failing patch hint, overall counts."""
-    captures = bad = 0
+    """Add verdicts: per architecture the patch that fixes a failure (of the generator or of
+    the training stage), overall counts."""
+    captures = bad = trained = attempted = 0
+    speculators = report.get("versions", {}).get("speculators")
     for arch in report["archs"]:
         if "error" in arch:
-            arch["error"]["patch"] = diagnose(arch["error"], report.get("versions", {}).get("speculators"))
+            arch["error"]["patch"] = diagnose(arch["error"], speculators)
+        training = arch.get("training") or {}
+        if "error" in training:
+            training["error"]["patch"] = diagnose(training["error"], speculators)
+        attempted += bool(training) and "skipped" not in training
+        trained += bool(training.get("ok")) and "skipped" not in training
         for case in arch["cases"]:
             captures += case.get("prompts", 0) * len(arch["layers"])
             bad += len(case.get("bad", []))
     report["captures"], report["bad_captures"] = captures, bad
+    report["drafts_ok"], report["drafts"] = trained, attempted
     return report
+
+
+# What selftest's training stage does with a draft, by device (the CPU has no FlexAttention backward).
+DRAFT_RUNS = {"cpu": "built and run (forward and loss; training needs a GPU)", "cuda": "trained by speculators' Trainer"}
 
 
 def verdict(report: dict) -> str:
@@ -156,5 +152,7 @@ def verdict(report: dict) -> str:
     return (
         f"selftest: {said}: {len(report['archs'])} architecture(s), {report['captures']} captures, "
         f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
-        f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT})"
+        f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT}); "
+        f"{report['drafts_ok']} of {report['drafts']} EAGLE-3 draft(s) {DRAFT_RUNS.get(report['device'], DRAFT_RUNS['cuda'])}, saved, "
+        f"reloaded, loss matching a plain-torch reference (within {TRAINING_TOLERANCE:g})"
     )

@@ -106,6 +106,10 @@ class Patch:
         risk: what goes wrong where the installed vLLM needs this patch and it is left out
             (one line, e.g. "hidden states can be attributed to the wrong request"); ``apply``
             names it when ``--only``/``--skip`` leave a needed patch out. Empty: the title.
+        symptoms: regular expressions (``re.search``) of what the failure this patch fixes
+            says where it is missing (an exception's type and message, a traceback line);
+            ``selftest`` names the patch when its generator or its training stage fails with
+            one. Empty: no symptom of its own (a silent error, or one another patch's names).
         origin: where the patch comes from, set by the loader, not by its author:
             ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
             pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
@@ -129,6 +133,7 @@ class Patch:
     depends_on: str = ""
     engine_steps: tuple[str, ...] = ()
     risk: str = ""
+    symptoms: tuple[str, ...] = ()
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

@@ -75,6 +75,7 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
                 "depends_on": p.depends_on,
                 "engine_steps": list(p.engine_steps),
                 "risk": p.risk,
+                "symptoms": list(p.symptoms),
             }
         )
     return rows
@@ -110,6 +111,7 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
                 depends_on=r["depends_on"],
                 engine_steps=tuple(r["engine_steps"]),
                 risk=r["risk"],
+                symptoms=tuple(r["symptoms"]),
             )
         )
     return tuple(patches)
