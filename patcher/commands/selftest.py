@@ -36,6 +36,7 @@ ARCHS = tuple(tiny_models.ARCHS)  # what the target side can build (the CLI's --
 COSINE_FLOOR = 0.999
 ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 
+
 def modules() -> dict[str, str]:
     """The remote package's sources, by file name (``launch.py`` is the script itself)."""
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(REMOTE.glob("*.py")) if p.name != "launch.py"}
@@ -143,7 +144,10 @@ def summarize(report: dict) -> dict:
 
 
 # What selftest's training stage does with a draft, by device (the CPU has no FlexAttention backward).
-DRAFT_RUNS = {"cpu": "built and run (forward and loss; training needs a GPU)", "cuda": "trained by speculators' Trainer"}
+DRAFT_RUNS = {
+    "cpu": "built and run (forward and loss; training needs a GPU)",
+    "cuda": "trained by speculators' Trainer",
+}
 
 
 def verdict(report: dict) -> str:

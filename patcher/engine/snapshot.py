@@ -196,7 +196,10 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
         vllm_source = VllmSource(
             {**contents["vllm"], **contents["libraries"]},
             ", ".join(vllm["versions"]) or "unknown",
-            {name: (", ".join(lib["versions"]) or "unknown") if lib["root"] else None for name, lib in libraries.items()},
+            {
+                name: (", ".join(lib["versions"]) or "unknown") if lib["root"] else None
+                for name, lib in libraries.items()
+            },
         )
     snap = Snapshot(
         label=transport.label,

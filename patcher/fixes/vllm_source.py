@@ -115,9 +115,7 @@ class VllmSource:
                 and isinstance(node.value, ast.Name)
                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
             ):
-                return next(
-                    (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == node.value.id), None
-                )
+                return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == node.value.id), None)
         return None
 
     def find_function(self, path: str, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:

@@ -102,3 +102,13 @@ def api_fixes_only(engine_env, speculators_wheel, models_dir, tmp_path_factory) 
 def target_016(tmp_path_factory) -> Path:
     """speculators 0.3.0 patched on the vLLM 0.16.0 engine, once per session."""
     return patched_target(tmp_path_factory, "0.16.0")
+
+
+@pytest.fixture(scope="session")
+def all_archs_032(tmp_path_factory):
+    """``selftest`` of the three architectures on a patched target of the vLLM 0.32.0 CPU engine
+    (torch 2.13.0, transformers 5.19.0): the tier's transformers-5 stack."""
+    from targets import patched_target, selftest
+
+    target = patched_target(tmp_path_factory, "0.32.0")
+    return selftest(target, "--arch", "llama", "--arch", "deepseek_v3", "--arch", "kimi_k25", vllm="0.32.0")

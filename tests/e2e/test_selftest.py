@@ -50,6 +50,12 @@ def test_selftest_passes_on_patched_016(all_archs_016):
     assert_all_within_bound(*all_archs_016, ["llama", "deepseek_v3", "kimi_k25"])
 
 
+def test_selftest_passes_on_patched_032(all_archs_032):
+    """vLLM 0.32.0's CPU engine: torch 2.13.0, transformers 5.19.0 (SP014, SP019, SP030-SP032)."""
+    assert_all_within_bound(*all_archs_032, ["llama", "deepseek_v3", "kimi_k25"])
+
+
+@pytest.mark.newer_engine
 def test_selftest_passes_on_patched_018(all_archs_018):
     assert_all_within_bound(*all_archs_018, ["llama", "deepseek_v3", "kimi_k25"])
 
@@ -173,11 +179,12 @@ def test_interrupted_selftest_removes_its_directory(target_016, tmp_path):
     assert list(tmp_path.glob("speculators-patch-selftest-*")) == []
 
 
-def test_selftest_names_the_kimi_failure_verify_used_to_miss_on_018(tmp_path_factory):
-    """vLLM 0.18 gives the wrappers SupportsEagle3; without SP008's lookup the worker reaches
+@pytest.mark.parametrize("vllm", ["0.32.0", pytest.param("0.18.1", marks=pytest.mark.newer_engine)])
+def test_selftest_names_the_kimi_failure_verify_used_to_miss(tmp_path_factory, vllm):
+    """vLLM 0.18+ gives the wrappers SupportsEagle3; without SP008's lookup the worker reaches
     for ``model.model`` on KimiK25ForConditionalGeneration. selftest shows the real error."""
-    target = patched_target(tmp_path_factory, "0.18.1", "--skip", "SP008")
-    code, data, _ = selftest(target, "--arch", "kimi_k25", vllm="0.18.1")
+    target = patched_target(tmp_path_factory, vllm, "--skip", "SP008")
+    code, data, _ = selftest(target, "--arch", "kimi_k25", vllm=vllm)
     error = data["selftest"]["archs"][0]["error"]
     assert code == 1 and error["stage"] == "start"
     assert "'KimiK25ForConditionalGeneration' object has no attribute 'model'" in error["message"]
@@ -231,6 +238,7 @@ def test_selftest_model_with_unsupported_architecture_is_bad_input(tmp_path, tar
     assert len(lines) == 1 and lines[0].startswith("error:") and "MixtralForCausalLM" in lines[0]
 
 
+@pytest.mark.newer_engine
 def test_install_patched_on_016_runs_unchanged_on_018(tmp_path_factory, target_016):
     """The patches are portable: still extracting correctly after an upgrade to 0.18.1."""
     target = install_patched_on_016_moved_to(tmp_path_factory, target_016, "0.18.1")

@@ -6,7 +6,8 @@ to one hidden state; each test-time-training (TTT) step feeds ``[embed(token), h
 draft's decoder layers (the first one normalises both halves and attends from ``2 * hidden``), with
 attention over the packed sequences (causal, within each sequence) plus, for the keys of earlier TTT
 steps, only the same position; the loss of step ``s`` is the KL divergence from the verifier's
-distribution ``softmax(verifier_lm_head(last hidden))`` to the draft's, over positions shifted by
+distribution ``softmax(verifier_lm_head(last hidden))`` (0.4: of the verifier's final norm of it)
+to the draft's, over positions shifted by
 ``s``, weighted by the loss mask. The next step's token is the draft's own argmax mapped to the
 verifier's vocabulary with ``d2t``.
 """
@@ -113,7 +114,9 @@ def forward(weights: dict, batch: dict, shape: dict, ttt_steps: int, given_token
         batch: ``hidden_states`` [1, T, 3*hidden], ``input_ids`` [1, T], ``lengths`` [n],
             ``loss_mask`` [1, T], ``position_ids`` [1, T], ``verifier_last_hidden_states`` [1, T, hidden].
         shape: ``layers``, ``heads``, ``kv_heads``, ``head_dim``, ``eps``, ``rope_theta``,
-            ``norm_before_residual``.
+            ``norm_before_residual``, ``verifier_eps`` (the verifier's RMS norm epsilon, for a
+            draft that normalises the verifier's last hidden state, ``verifier_norm.weight``:
+            speculators 0.4).
         given_tokens: the draft tokens of each step to feed the next one ([1, T] each); None:
             this implementation's own argmax.
     Returns: ``loss`` (a tensor, differentiable), ``step_losses`` (floats), ``tokens`` (argmax per step).
@@ -126,7 +129,10 @@ def forward(weights: dict, batch: dict, shape: dict, ttt_steps: int, given_token
     document = torch.cat([document, document.new_full((n - document.shape[0],), -1)])
     mask_ = batch["loss_mask"][0].float()
     positions = batch["position_ids"][0]
-    targets = batch["verifier_last_hidden_states"][0] @ weights["verifier_lm_head.weight"].T
+    last = batch["verifier_last_hidden_states"][0]
+    if "verifier_norm.weight" in weights:  # speculators 0.4: the verifier's final norm first, as the verifier does
+        last = rms_norm(last, weights["verifier_norm.weight"], shape["verifier_eps"])
+    targets = last @ weights["verifier_lm_head.weight"].T
     layers = [
         Layer(weights, f"layers.{i}.", shape["heads"], shape["kv_heads"], shape["head_dim"], shape["eps"])
         for i in range(shape["layers"])

@@ -384,7 +384,9 @@ def run_arch(
 # speculators' Eagle3DraftModel reads the verifier's model.embed_tokens.weight and lm_head.weight;
 # Kimi-K2.5's checkpoint keeps its text model under language_model.*: 0.3.0's trainer cannot
 # start from it as is (a limit of that release, not of the installed libraries).
-NOT_TRAINABLE = {"kimi_k25": "speculators' draft reads model.embed_tokens.weight, which Kimi-K2.5 keeps under language_model."}
+NOT_TRAINABLE = {
+    "kimi_k25": "speculators' draft reads model.embed_tokens.weight, which Kimi-K2.5 keeps under language_model."
+}
 
 
 def run_training(arch: str, outputs: dict, model_dir: Path, text_config: dict, device: str, workdir: Path) -> dict:

@@ -87,7 +87,9 @@ def write_data(outputs: dict, datadir: Path) -> list[str]:
                 continue
             states = [h.contiguous() for h in result["hidden_states"]]
             path = datadir / f"{name}-{i}.pt"
-            torch.save({"input_ids": ids, "hidden_states": [*states, states[-1]], "loss_mask": torch.ones_like(ids)}, path)
+            torch.save(
+                {"input_ids": ids, "hidden_states": [*states, states[-1]], "loss_mask": torch.ones_like(ids)}, path
+            )
             files.append(str(path))
     return files
 
@@ -161,9 +163,10 @@ def loader(files: list[str]):
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=create_collate_fn(SEQ_LEN))
 
 
-def _shape(config) -> dict:
+def _shape(config, text_config: dict) -> dict:
     layer = config.transformer_layer_config
     return {
+        "verifier_eps": text_config.get("rms_norm_eps", 1e-6),
         "layers": layer.num_hidden_layers,
         "heads": layer.num_attention_heads,
         "kv_heads": layer.num_key_value_heads,
@@ -196,7 +199,7 @@ def speculators_loss(model, batch: dict) -> tuple[float, list[float], list]:
 
 
 @_stage("reference check")
-def reference_check(model, batch: dict, config) -> dict:
+def reference_check(model, batch: dict, config, text_config: dict) -> dict:
     """speculators' loss against ``eagle3_reference`` on the same weights and batch."""
     import torch
 
@@ -205,7 +208,7 @@ def reference_check(model, batch: dict, config) -> dict:
     total, steps, tokens = speculators_loss(model, batch)
     weights = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
     with torch.no_grad():
-        ref = eagle3_reference.forward(weights, batch, _shape(config), TTT_STEPS, given_tokens=tokens)
+        ref = eagle3_reference.forward(weights, batch, _shape(config, text_config), TTT_STEPS, given_tokens=tokens)
     agreement = [float((a[0] == b).float().mean()) for a, b in zip(tokens, ref["tokens"])]
     worst = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(steps, ref["step_losses"]))
     return {
@@ -297,7 +300,9 @@ def reload(save_path: Path, d2t, t2d, device: str):
     if device == "cuda":
         saved.load_model_state_dict(model)
     else:
-        state = ck.convert_float_dtype(ck.load_safetensors_state_dict(saved.model_path(saved.previous_epoch), "cpu"), model.dtype)
+        state = ck.convert_float_dtype(
+            ck.load_safetensors_state_dict(saved.model_path(saved.previous_epoch), "cpu"), model.dtype
+        )
         model.load_state_dict(state, strict=False)
     return model, saved.prev_path
 
@@ -353,7 +358,7 @@ def _run(outputs, model_dir, text_config, device, workdir, progress, report) -> 
     fixed = _on(next(iter(batches)), device)
     report.update(samples=len(files), draft={"layers": 1, "draft_vocab": DRAFT_VOCAB, "ttt_steps": TTT_STEPS})
     progress(f"training: {len(files)} captured sequences, draft {DRAFT_VOCAB} tokens, {TTT_STEPS} TTT steps, {device}")
-    report["before"] = reference_check(model, fixed, config)
+    report["before"] = reference_check(model, fixed, config, text_config)
     save_path = workdir / "draft"
     t = time.time()
     if device == "cuda":
@@ -361,7 +366,9 @@ def _run(outputs, model_dir, text_config, device, workdir, progress, report) -> 
         train_on_gpu(model, batches, save_path, seen)
         report["trained"] = _trained(seen, report["before"]["speculators_loss"], speculators_loss(model, fixed)[0])
         progress(
-            f"training: {len(seen)} optimizer steps, loss {seen[0]:.4f} -> {seen[-1]:.4f}" if seen else "training: no steps"
+            f"training: {len(seen)} optimizer steps, loss {seen[0]:.4f} -> {seen[-1]:.4f}"
+            if seen
+            else "training: no steps"
         )
     else:
         save_on_cpu(model, save_path)
@@ -369,7 +376,7 @@ def _run(outputs, model_dir, text_config, device, workdir, progress, report) -> 
     reloaded, where = reload(save_path, d2t, t2d, device)
     differ = _bf16_equal(model.state_dict(), reloaded.state_dict())
     report["reload"] = {"checkpoint": Path(where).name, "tensors_differing": differ, "ok": not differ}
-    report["after"] = reference_check(reloaded, fixed, config)
+    report["after"] = reference_check(reloaded, fixed, config, text_config)
     progress(
         f"training: reloaded checkpoint {Path(where).name}: loss {report['after']['speculators_loss']:.6f}, "
         f"plain-torch reference {report['after']['reference_loss']:.6f}"
