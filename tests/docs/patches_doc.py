@@ -28,6 +28,9 @@ def _module(patch_id: str) -> str:
     return "../" + next((ROOT / "patches").glob(f"{patch_id.lower()}_*.py")).relative_to(ROOT).as_posix()
 
 
+LIBRARIES = {"vllm": "vLLM"}  # how a fact's library is named (others as imported)
+
+
 def _speculators(spec: str) -> str:
     return spec[2:] if spec.startswith("==") else f"`{spec}`"
 
@@ -35,8 +38,9 @@ def _speculators(spec: str) -> str:
 def _fixes(patch) -> str:
     text = patch.title.rstrip(".")
     if patch.facts:
+        library = LIBRARIES.get(patch.facts[0].library, patch.facts[0].library)
         facts = "; ".join(f"`{fact.symbol}` (from {fact.first_release})" for fact in patch.facts)
-        return f"{text}. vLLM: {facts}"
+        return f"{text}. {library}: {facts}"
     if patch.depends_on:
         return f"{text}. Depends on: {patch.depends_on}"
     return f"{text}. speculators' own logic, every vLLM release"

@@ -205,10 +205,11 @@ def reference_check(model, batch: dict, config, text_config: dict) -> dict:
 
     from . import eagle3_reference  # torch at import: only on the target
 
-    total, steps, tokens = speculators_loss(model, batch)
-    weights = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        ref = eagle3_reference.forward(weights, batch, _shape(config, text_config), TTT_STEPS, given_tokens=tokens)
+    with _full_fp32():
+        total, steps, tokens = speculators_loss(model, batch)
+        weights = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            ref = eagle3_reference.forward(weights, batch, _shape(config, text_config), TTT_STEPS, given_tokens=tokens)
     agreement = [float((a[0] == b).float().mean()) for a, b in zip(tokens, ref["tokens"])]
     worst = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(steps, ref["step_losses"]))
     return {
@@ -220,6 +221,22 @@ def reference_check(model, batch: dict, config, text_config: dict) -> dict:
         "token_agreement": [round(a, 5) for a in agreement],
         "ok": worst <= LOSS_TOLERANCE and min(agreement) >= TOKEN_AGREEMENT,
     }
+
+
+class _full_fp32:
+    """Both implementations in full fp32 while they are compared: no TF32 matrix products
+    (``torch.set_float32_matmul_precision``, which a GPU job may have lowered), restored after."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.set_float32_matmul_precision(self.before)
 
 
 def _stance(device: str):
