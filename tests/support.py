@@ -20,8 +20,10 @@ GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"
 EAGLE = "speculators/models/eagle.py"  # SP014
 PYDANTIC_UTILS = "speculators/utils/pydantic_utils.py"  # SP019
-# What a full apply rewrites in speculators 0.3.0, whatever the vLLM release.
-PATCHED_FILES = sorted([GENERATOR, WORKER, EAGLE, PYDANTIC_UTILS])
+PREPROCESSING = "speculators/data_generation/preprocessing.py"  # SP033
+# What a full apply rewrites in speculators 0.3.0 on the sandbox's stack (vLLM 0.16, transformers
+# 4.57.6: SP030-SP032, for transformers 5.4+, are not needed there).
+PATCHED_FILES = sorted([GENERATOR, WORKER, EAGLE, PYDANTIC_UTILS, PREPROCESSING])
 CLI = [sys.executable, "-m", "patcher"]
 # The patches that keep hidden states attributed to the right request (SP010, SP012, SP022), and
 # those that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): left out together.
