@@ -9,6 +9,7 @@ with the agent and imported by the controller as ``patcher.agent.pysource``.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 
@@ -28,6 +29,23 @@ def _lazy_import(name):
 
 
 ast = _lazy_import("ast")
+
+
+class gc_paused(object):
+    """``with gc_paused():`` the cyclic garbage collector off for a bulk parse, as it was
+    after. Parsed trees hold no cycles (reference counting frees them), but their millions
+    of objects set off full collections that cost more than the parsing itself (measured:
+    the training half's 160 library files, 1.0 s with the collector, 0.45 s without)."""
+
+    def __enter__(self):
+        self.was = gc.isenabled()
+        gc.disable()
+        return self
+
+    def __exit__(self, *exc):
+        if self.was:
+            gc.enable()
+        return False
 
 
 MAX_SOURCE_FILES = 400
@@ -456,23 +474,38 @@ def slim(data, tree=None):
             return data
     lines = data.split(b"\n")
     spans = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+
+    def functions(body):  # the outermost functions: module and class level, under if/try/with
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield node
+            elif isinstance(node, ast.ClassDef):
+                for sub in functions(node.body):
+                    yield sub
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                inner = node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+                inner += [s for h in getattr(node, "handlers", []) for s in h.body]
+                for sub in functions(inner):
+                    yield sub
+
+    for node in functions(tree.body):
+        if not node.body:
             continue
-        first, last = node.body[0].lineno, node.end_lineno
+        first = min([node.body[0].lineno] + [d.lineno for d in getattr(node.body[0], "decorator_list", [])])
+        last = node.end_lineno
         head = lines[first - 1][: node.body[0].col_offset]
         if first <= node.lineno or head.strip() or last is None or last < first:
             continue
-        spans.append((first, last, node.body[0].col_offset))
+        spans.append((first, last, head))
     spans.sort()
     end = 0
-    for first, last, col in spans:
+    for first, last, head in spans:
         if first <= end:
             continue  # nested in a body already elided
         if b"dataclass" in b"\n".join(lines[first - 1 : last]):
             end = last
             continue
-        lines[first - 1] = b" " * col + b"..."
+        lines[first - 1] = head + b"..."  # the body's own indentation
         for i in range(first, last):
             lines[i] = b""
         end = last

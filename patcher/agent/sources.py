@@ -11,6 +11,7 @@ from .pysource import (
     ast,
     attributes_read,
     collect_sources,
+    gc_paused,
     library_references,
     slim,
     speculators_vllm_imports,
@@ -103,6 +104,12 @@ def _relative_listing(names, top):
 
 
 def sources(request):
+    """``_sources`` with the garbage collector paused (``gc_paused``)."""
+    with gc_paused():
+        return _sources(request)
+
+
+def _sources(request):
     """Files for the call-site check: speculators' modules and the vLLM files they need.
 
     request: {"site_packages": str|None, "speculators_dir": path under speculators' import

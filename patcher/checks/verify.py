@@ -198,9 +198,12 @@ def verify_calls(
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
     agent confirms that nothing they were computed from changed (``patcher.checks.calls_cache``)."""
+    from patcher.agent.pysource import gc_paused
+
     request, earlier = sent_ahead if sent_ahead is not None and not runtime else _first_reader(transport, snap, runtime)
     try:
-        return _verify_calls(transport, snap, runtime, request, earlier)
+        with gc_paused():  # hundreds of files parsed: the collector's passes cost more than parsing
+            return _verify_calls(transport, snap, runtime, request, earlier)
     finally:  # what was read is stored (or failed): hosts waiting for it go on
         while getattr(transport, "held", None):
             transport.held.pop().__exit__(None, None, None)
