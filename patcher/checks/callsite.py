@@ -135,7 +135,9 @@ class Signature:
 
 @dataclass(frozen=True)
 class Symbol:
-    """A definition in vLLM: its module, file and node (class, function or assignment)."""
+    """A definition in vLLM: its module, file and node (class, function or assignment; an
+    ``ast.alias`` for a name the module imports from outside the packages read, which is
+    bound but not followed)."""
 
     module: str
     file: str
@@ -207,6 +209,8 @@ class Index:
         if hit[0] == "import" and hit[1] == module:  # ``from torch import nn`` in torch: the submodule
             sub = self.module(f"{module}.{hit[2]}")
             return Symbol(f"{module}.{hit[2]}", sub[2], sub[0]) if sub else None
+        if hit[1].split(".")[0] not in self.packages:  # bound from outside (``from typing import Unpack``)
+            return Symbol(hit[1], path, ast.alias(name=hit[2] if hit[0] == "import" else hit[1]))
         if hit[0] == "import":
             return self.resolve(hit[1], hit[2], depth + 1)
         sub = self.module(hit[1])
@@ -401,7 +405,7 @@ def dataclass_fields(cls: ast.ClassDef) -> Iterator[Param]:
 
 
 @dataclass
-class _Module:
+class SpecModule:
     path: str
     tree: ast.Module
     imports: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # local -> (module, name, line)
@@ -426,7 +430,7 @@ def check(
             tree = ast.parse(data, filename=path)
         except SyntaxError:
             continue
-        mod = _Module(path, tree, vllm_imports(tree, index))
+        mod = SpecModule(path, tree, vllm_imports(tree, index))
         if mod.imports:
             modules.append(mod)
     extensions = worker_extensions(speculators)
@@ -507,7 +511,7 @@ def worker_extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str
 
 
 def resolve_imports(
-    index: Index, mod: _Module, record: list[Checked], library: Callable[[str], str] = lambda module: "vLLM"
+    index: Index, mod: SpecModule, record: list[Checked], library: Callable[[str], str] = lambda module: "vLLM"
 ) -> tuple[list[Finding], dict[str, Symbol]]:
     """Each name ``mod`` imports (``mod.imports``) resolved in ``index``: the findings
     (``missing-import``; ``unreadable``, a note, when a file of the package does not parse
@@ -566,7 +570,7 @@ def callee_signature(index: Index, sym: Symbol, label: str) -> Signature | None:
 
 
 def _check_module(
-    index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]], record: list[Checked]
+    index: Index, mod: SpecModule, extensions: list[tuple[str, ast.ClassDef]], record: list[Checked]
 ) -> list[Finding]:
     findings, symbols = resolve_imports(index, mod, record)
     # self.<attr> = <vLLM class>(...) anywhere in the module: the attribute's class.
@@ -578,7 +582,7 @@ def _check_module(
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         attrs[t.attr] = (sym, node.value.func.id)
-    for call, guards in _calls(mod.tree):
+    for call, guards in guarded_calls(mod.tree):
         func = call.func
         line = call.lineno
         if isinstance(func, ast.Name) and func.id in symbols:
@@ -642,7 +646,7 @@ def _check_module(
     return findings
 
 
-def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
+def guarded_calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
     """Every call, with the ``hasattr(obj, "name")`` guards (as (dump(obj), name)) above it."""
 
     def guards_of(test: ast.AST) -> set:

@@ -43,12 +43,12 @@ from patcher.checks.callsite import (
     Checked,
     Finding,
     Index,
+    SpecModule,
     Symbol,
-    _calls,
-    _Module,
     callee_signature,
     check_call,
     function_signature,
+    guarded_calls,
     resolve_imports,
     vllm_imports,
 )
@@ -134,15 +134,15 @@ def check(
             tree = ast.parse(data, filename=path)
         except SyntaxError:
             continue  # the patch check reports a file that does not parse
-        mod = _Module(path, tree, vllm_imports(tree, index, installed))
+        mod = SpecModule(path, tree, vllm_imports(tree, index, installed))
         findings += _check_module(index, mod, module_aliases(tree, installed), record)
     return sorted(set(findings), key=lambda f: (f.file, f.line, f.kind, f.detail))
 
 
-def _check_module(index: Index, mod: _Module, aliases: dict[str, str], record: list[Checked]) -> list[Finding]:
+def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record: list[Checked]) -> list[Finding]:
     findings, symbols = resolve_imports(index, mod, record, library_of)
     supers = _super_calls(mod.tree, symbols)
-    for call, guards in _calls(mod.tree):
+    for call, guards in guarded_calls(mod.tree):
         target = supers.get(id(call)) or _target(index, call.func, symbols, aliases)
         if target is None:
             continue
