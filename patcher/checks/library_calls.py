@@ -16,8 +16,8 @@ source, and a name found only there is not checked (neither reported nor counted
 Checked, each with the speculators ``file:line`` and the callee's ``file:line``:
 
 - ``missing-import``: ``from transformers.X import Y`` (anywhere in a module, functions
-  included; a ``try``/``except ImportError`` fallback judged as it runs) where the installed
-  library defines no ``Y`` there;
+  included) where the installed library defines no ``Y`` there; not one in a ``try`` whose
+  handler catches ImportError (the module has a fallback: SP014's mask builder);
 - a call of an imported name, ``Name(...)``; of a method on an imported class,
   ``AutoConfig.from_pretrained(...)`` (``missing-method`` when neither the class nor its
   bases define it and none of its bases lies outside the files read); of a function through
@@ -38,7 +38,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from patcher.agent.pysource import dotted_parts, module_aliases
+from patcher.agent.pysource import catches_import_error, dotted_parts, module_aliases
 from patcher.checks.callsite import (
     Checked,
     Finding,
@@ -141,6 +141,10 @@ def check(
 
 def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record: list[Checked]) -> list[Finding]:
     findings, symbols = resolve_imports(index, mod, record, library_of)
+    # an import with a fallback (``try: ... except ImportError:``, e.g. SP014's own mask
+    # builder where transformers 5.24 removed modeling_attn_mask_utils) breaks nothing
+    fallback = _guarded_imports(mod.tree)
+    findings = [f for f in findings if not (f.kind == "missing-import" and (f.line, f.subject) in fallback)]
     supers = _super_calls(mod.tree, symbols)
     for call, guards in guarded_calls(mod.tree):
         target = supers.get(id(call)) or _target(index, call.func, symbols, aliases)
@@ -186,6 +190,19 @@ def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record
         record.append(Checked(mod.path, call.lineno, label, (*where, method), call, sig))
         findings += check_call(mod.path, call.lineno, label, call, sig, library)
     return findings
+
+
+def _guarded_imports(tree: ast.Module) -> set[tuple[int, str]]:
+    """(line, name) of every ``from ... import name`` in the body of a ``try`` whose handler
+    catches ImportError: the module runs on without it."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(catches_import_error(h) for h in node.handlers):
+            for stmt in node.body:
+                for sub in ast.walk(stmt):
+                    if isinstance(sub, ast.ImportFrom):
+                        found.update((sub.lineno, a.name) for a in sub.names)
+    return found
 
 
 def _static(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
