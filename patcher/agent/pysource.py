@@ -274,12 +274,15 @@ def collect_sources(read, seeds, package="vllm", follow=frozenset(), limit=MAX_S
         hit = names.get(name)
         if hit is None:
             # the star imports, depth first, up to the first that binds the name; else a
-            # submodule. transformers' ``from .models import *`` reaches hundreds of models,
-            # whose names are unique: the likely one is tried first, and the resolver, which
-            # tries the stars in order, skips those not read.
+            # submodule. transformers' ``from .models import *`` (transformers/__init__.py:794
+            # in 4.57.6, under TYPE_CHECKING) reaches some 400 model packages, whose names are
+            # unique: the likely one is tried first, and the resolver, which tries the stars
+            # in order, skips those not read.
             star = next((s for s in likely_first(stars, name) if defines(s, name)), None)
             queue.append((star, name, *tail) if star is not None else (module + "." + name, None))
-        elif hit[0] == "import" and hit[1] == module:  # ``from torch import nn`` in torch: the submodule
+        elif (
+            hit[0] == "import" and hit[1] == module
+        ):  # torch/__init__.py:2318 (2.13.0) ``from torch import (nn as nn)``
             queue.append((module + "." + hit[2], None))
         elif hit[0] == "import":
             queue.append((hit[1], hit[2], *tail))

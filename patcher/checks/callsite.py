@@ -206,10 +206,12 @@ class Index:
             return Symbol(f"{module}.{name}", sub[2], sub[0]) if sub else None
         if hit[0] == "def":
             return Symbol(module, path, hit[1])
-        if hit[0] == "import" and hit[1] == module:  # ``from torch import nn`` in torch: the submodule
+        if hit[0] == "import" and hit[1] == module:  # torch/__init__.py:2318 (2.13.0) ``from torch import (nn as nn)``
             sub = self.module(f"{module}.{hit[2]}")
             return Symbol(f"{module}.{hit[2]}", sub[2], sub[0]) if sub else None
-        if hit[1].split(".")[0] not in self.packages:  # bound from outside (``from typing import Unpack``)
+        # bound from outside the packages read, e.g. transformers/processing_utils.py:28 (5.22.2)
+        # ``from typing import ..., Unpack``: the name exists, its definition is not followed
+        if hit[1].split(".")[0] not in self.packages:
             return Symbol(hit[1], path, ast.alias(name=hit[2] if hit[0] == "import" else hit[1]))
         if hit[0] == "import":
             return self.resolve(hit[1], hit[2], depth + 1)

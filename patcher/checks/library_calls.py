@@ -194,7 +194,9 @@ def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record
 
 def _guarded_imports(tree: ast.Module) -> set[tuple[int, str]]:
     """(line, name) of every ``from ... import name`` in the body of a ``try`` whose handler
-    catches ImportError: the module runs on without it."""
+    catches ImportError: the module runs on without it. Such an import is SP014's in
+    speculators/models/eagle.py: transformers 5.24.0 has no transformers/modeling_attn_mask_utils.py
+    (4.57.6 and 5.22.2 have it, with ``_prepare_4d_causal_attention_mask``)."""
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Try) and any(catches_import_error(h) for h in node.handlers):
