@@ -440,6 +440,11 @@ def library_references(tree, packages):
     files defining the callee are read whatever part of the path is a module."""
     found = []
     aliases = module_aliases(tree, packages)
+    # ``from torch import nn``: ``nn.Linear(...)`` may go through a module too
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in packages:
+            for a in node.names:
+                aliases.setdefault(a.asname or a.name, node.module + "." + a.name)
     used = set()  # names called (``Name(...)``, ``Name.method(...)``) or derived from: bases matter
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):

@@ -232,7 +232,9 @@ def _target(
         return None
     label = ".".join(parts) + "(...)"
     head, rest = parts[0], parts[1:]
-    if head in symbols:
+    if head in symbols and isinstance(symbols[head].node, ast.Module):  # ``from torch import nn``
+        aliases = {head: symbols[head].module}
+    elif head in symbols:
         sym = symbols[head]
         where = (sym.module, sym.node.name if hasattr(sym.node, "name") else head)
         if not rest:
