@@ -262,10 +262,15 @@ class Index:
         return order, external
 
     def method(self, sym: Symbol, name: str) -> tuple[Symbol, ast.FunctionDef] | None:
+        """The first class in the MRO that defines ``name``, and its definition: the last in
+        the class body, as at runtime (``@overload`` stubs come before the implementation,
+        e.g. torch/nn/modules/module.py ``Module.to`` in torch 2.13)."""
         for cls in self.mro(sym)[0]:
-            for node in cls.node.body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                    return cls, node
+            found = [
+                n for n in cls.node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+            ]
+            if found:
+                return cls, found[-1]
         return None
 
     def dataclass_kind(self, sym: Symbol) -> str | None:
@@ -309,7 +314,8 @@ class Index:
         """
         classes, external = self.mro(sym)
         for i, cls in enumerate(classes):
-            init = next((n for n in cls.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            inits = [n for n in cls.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+            init = inits[-1] if inits else None  # the last definition wins, as at runtime
             if init is not None:
                 return function_signature(init, cls.file, f"{cls.node.name}.__init__", method=True)
             kind = self.dataclass_kind(cls)

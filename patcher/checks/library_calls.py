@@ -152,17 +152,16 @@ def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record
             continue
         label, sym, method, where = target
         library = library_of(sym.module)
-        if method is None:
-            sig = callee_signature(index, sym, label.removesuffix("(...)"))
-            record.append(Checked(mod.path, call.lineno, label, (*where, None), call, sig))
-            if sig is not None:
-                findings += check_call(mod.path, call.lineno, label, call, sig, library)
-            continue
-        if method == "__init__":  # super().__init__(...): the constructor, as Class(...) would run it
-            sig = index.constructor(sym)
+        if method is None or method == "__init__":  # a call, or super().__init__(...): as Class(...) runs it
+            sig = (
+                callee_signature(index, sym, label.removesuffix("(...)")) if method is None else index.constructor(sym)
+            )
             record.append(Checked(mod.path, call.lineno, label, (*where, method), call, sig))
             if sig is not None:
-                findings += check_call(mod.path, call.lineno, label, call, sig, library)
+                fn = sym.node if isinstance(sym.node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+                if sym.is_class:
+                    fn = (index.method(sym, "__init__") or (None, None))[1]
+                findings += _accepted(check_call(mod.path, call.lineno, label, call, sig, library), fn)
             continue
         found = index.method(sym, method)
         guarded = isinstance(call.func, ast.Attribute) and (ast.dump(call.func.value), method) in guards
@@ -188,8 +187,26 @@ def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record
         owner, fn = found
         sig = function_signature(fn, owner.file, f"{owner.node.name}.{fn.name}", method=not _static(fn))
         record.append(Checked(mod.path, call.lineno, label, (*where, method), call, sig))
-        findings += check_call(mod.path, call.lineno, label, call, sig, library)
+        findings += _accepted(check_call(mod.path, call.lineno, label, call, sig, library), fn)
     return findings
+
+
+def _accepted(findings: list[Finding], fn: ast.FunctionDef | ast.AsyncFunctionDef | None) -> list[Finding]:
+    """``findings`` less the unknown keywords that ``fn``'s ``@deprecate_kwarg("old", ...)``
+    decorators still take and rename (transformers/utils/deprecation.py ``deprecate_kwarg``,
+    transformers 4.57.6; e.g. ``LlamaDecoderLayer.forward``'s ``past_key_value``)."""
+    if fn is None:
+        return findings
+    renamed = {
+        d.args[0].value
+        for d in fn.decorator_list
+        if isinstance(d, ast.Call)
+        and (dotted_parts(d.func) or [""])[-1] == "deprecate_kwarg"
+        and d.args
+        and isinstance(d.args[0], ast.Constant)
+        and isinstance(d.args[0].value, str)
+    }
+    return [f for f in findings if not (f.kind == "unknown-keyword" and f.subject in renamed)]
 
 
 def _guarded_imports(tree: ast.Module) -> set[tuple[int, str]]:

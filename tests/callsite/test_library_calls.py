@@ -253,3 +253,70 @@ def test_the_agent_reads_only_what_the_training_half_reaches(tmp_path):
     # the record the calls cache keys on names every library file read
     record = {name.partition(":")[2] for name in reads.as_dict()["files"]}
     assert set(files) <= record
+
+
+LAYER = """\
+from typing import overload
+
+from .utils import deprecate_kwarg
+
+
+class Layer:
+    def __init__(self, size, *, bias=True): ...
+
+    @overload
+    def to(self, device): ...
+    @overload
+    def to(self, dtype, copy): ...
+    def to(self, *args, **kwargs): ...
+
+    @classmethod
+    @deprecate_kwarg("past_key_value", new_name="past_key_values", version="4.58")
+    def build(cls, past_key_values=None): ...
+
+
+@deprecate_kwarg("cache", new_name="caches", version="5.0")
+def build(caches=None): ...
+"""
+
+TRAINING = """\
+import transformers.layer as tl
+from transformers import Layer, build
+
+
+class Mine(Layer):
+    def __init__(self):
+        super().__init__(4, bias=False, extra=1)
+
+
+Layer.to(None, "cpu", True, False)
+Layer.build(past_key_value=1)
+Layer.build(nope=1)
+build(cache=1)
+build(other=1)
+Layer(1, 2)
+tl.build(other=2)
+"""
+
+
+def test_calls_read_as_they_run():
+    """On small synthetic library sources, each call is judged as Python would run it: the
+    last definition of an overloaded method, keywords a ``@deprecate_kwarg`` decorator still
+    renames (transformers' own), a class method, ``super().__init__`` of a library base, a
+    function through an imported module alias."""
+    files = {
+        "transformers/__init__.py": b"from .layer import Layer, build\n",
+        "transformers/layer.py": LAYER.encode(),
+        "transformers/utils.py": b"def deprecate_kwarg(old_name, version, new_name=None):\n    return lambda f: f\n",
+    }
+    training = {"speculators/train/x.py": TRAINING.encode()}
+    record: list = []
+    found = library_calls.check(training, {p: slim(d) for p, d in files.items()}, record, installed=("transformers",))
+    assert {(f.kind, f.line, f.subject, f.vllm_file, f.library) for f in found} == {
+        ("unknown-keyword", 7, "extra", "transformers/layer.py", "transformers"),
+        ("unknown-keyword", 12, "nope", "transformers/layer.py", "transformers"),
+        ("unknown-keyword", 14, "other", "transformers/layer.py", "transformers"),
+        ("too-many-positional", 15, "2", "transformers/layer.py", "transformers"),
+        ("unknown-keyword", 16, "other", "transformers/layer.py", "transformers"),
+    }
+    assert {c.line for c in record if c.call is not None} == {7, 10, 11, 12, 13, 14, 15, 16}
