@@ -320,3 +320,18 @@ def test_calls_read_as_they_run():
         ("unknown-keyword", 16, "other", "transformers/layer.py", "transformers"),
     }
     assert {c.line for c in record if c.call is not None} == {7, 10, 11, 12, 13, 14, 15, 16}
+
+
+def test_a_name_only_compiled_code_binds_is_not_a_break():
+    """torch/__init__.py star-imports its compiled extension (``from torch._C import *``):
+    a name not found in torch's Python files may be bound there, so importing it is no
+    finding; a module without such a star import is judged as usual."""
+    files = {
+        "torch/__init__.py": b"from torch._C import *\nfrom torch import nn as nn\n",
+        "torch/nn/__init__.py": b"class Linear:\n    def __init__(self, n): ...\n",
+    }
+    training = {"speculators/train/x.py": b"from torch import float32\nfrom torch.nn import Linear, Conv9d\n"}
+    found = library_calls.check(training, files, [], installed=("torch",))
+    assert [(f.kind, f.line, f.subject, f.vllm_file) for f in found] == [
+        ("missing-import", 2, "Conv9d", "torch/nn/__init__.py")
+    ]
