@@ -6,8 +6,17 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import AgentError, digest_of, package_root, read_bytes, sha256, site_dir_of, to_b64
-from .pysource import ast, attributes_read, collect_sources, speculators_vllm_imports, walk_import_path
+from .common import AgentError, digest_of, dist_infos, package_root, read_bytes, sha256, site_dir_of, to_b64
+from .pysource import (
+    ast,
+    attributes_read,
+    collect_sources,
+    gc_paused,
+    library_references,
+    slim,
+    speculators_vllm_imports,
+    walk_import_path,
+)
 
 
 class _Reads(object):
@@ -95,6 +104,12 @@ def _relative_listing(names, top):
 
 
 def sources(request):
+    """``_sources`` with the garbage collector paused (``gc_paused``)."""
+    with gc_paused():
+        return _sources(request)
+
+
+def _sources(request):
     """Files for the call-site check: speculators' modules and the vLLM files they need.
 
     request: {"site_packages": str|None, "speculators_dir": path under speculators' import
@@ -104,6 +119,9 @@ def sources(request):
               "env": optional [variable names] whose values in this process are returned,
               "follow_attributes": optional bool: also the vLLM classes of the attributes
               speculators reads (see collect_sources),
+              "libraries": optional {"start": [speculators module], "packages": [name],
+              "limit": max files}: speculators' modules those import (see libraries) and
+              the files of ``packages`` (transformers, torch) their calls need,
               "expect": optional, the "reads" of an earlier answer}
     Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}, "reads": what
     the answer was computed from} plus "import_path" and "env" when asked; or, when
@@ -117,11 +135,15 @@ def sources(request):
     roots = {"speculators": spec_root, "vllm": vllm_root}
     for package in (request.get("import_path") or {}).get("packages", []):
         roots[package] = package_root(package)
+    for package in (request.get("libraries") or {}).get("packages", []):
+        roots[package] = package_root(package)
     env = {name: os.environ.get(name) for name in request.get("env") or []}
     if request.get("expect") and _still(request["expect"], roots):
         answer = {"unchanged": True}
         if request.get("env"):
             answer["env"] = env
+        if request.get("libraries"):
+            answer["library_versions"] = _versions(request["libraries"], roots)
         return answer
     reads = _Reads(roots)
     spec_dir = os.path.join(spec_root, request["speculators_dir"])
@@ -146,8 +168,68 @@ def sources(request):
         answer["import_path"] = import_path(request["import_path"], reads)
     if request.get("env"):
         answer["env"] = env
+    if request.get("libraries"):
+        answer["libraries"] = libraries(request["libraries"], reads, roots)
+        answer["library_versions"] = _versions(request["libraries"], roots)
     answer["reads"] = reads.as_dict()
     return answer
+
+
+def _versions(request, roots):
+    """{package: [installed version]} of the ``libraries`` request's packages (None: not
+    installed), from the dist-info next to each import root."""
+    out = {}
+    for package in request.get("packages", []):
+        root = roots.get(package)
+        out[package] = None if root is None else sorted({v for _, v in dist_infos(package, [root]) if v})
+    return out
+
+
+def libraries(request, reads, roots):
+    """For ``sources``: speculators' training-side modules and what they reach in other
+    libraries. From each ``start`` module (``pkg.*``: every module of that package), the speculators modules its imports run
+    (``walk_import_path``); then, for each package of ``packages`` installed, the files
+    that resolve every name those modules import from it or call through an imported
+    module (``library_references``), classes' bases followed across the packages (a
+    transformers layer derives from torch's ``nn.Module``).
+    Returns {"speculators": {path: base64}, "packages": {path: base64 or None}}: the
+    library files with their function bodies elided (``slim``; every line keeps its number)."""
+    spec_root = roots["speculators"]
+
+    def listdir(rel):
+        found = reads.listing("py_tree", os.path.join(spec_root, rel), _py_tree)
+        return sorted(os.path.relpath(p, spec_root) for p in found)
+
+    start = []
+    for module in request["start"]:
+        if module.endswith(".*"):  # every module of that package
+            for path in listdir(module[:-2].replace(".", "/")):
+                name = path[:-3].replace(os.sep, ".")
+                start.append(name[: -len(".__init__")] if name.endswith(".__init__") else name)
+        else:
+            start.append(module)
+    files, _ = walk_import_path(lambda p: reads.read(os.path.join(spec_root, p)), listdir, start)
+    packages = [p for p in request.get("packages", []) if roots.get(p)]
+    seeds = []
+    for data in files.values():
+        if data is None:
+            continue
+        try:
+            seeds += library_references(ast.parse(data), packages)
+        except (SyntaxError, ValueError):
+            pass
+
+    def read(path):
+        root = roots.get(path.split("/", 1)[0])
+        return reads.read(os.path.join(root, path)) if root else None
+
+    trees = {}
+    found = collect_sources(read, seeds, tuple(packages), limit=request.get("limit") or 1200, trees_out=trees)
+    return {
+        "speculators": {p: to_b64(d) for p, d in files.items() if d is not None},
+        # function bodies elided, line numbers kept (``slim``): the check reads no body
+        "packages": {p: to_b64(d if d is None or p not in trees else slim(d, trees[p])) for p, d in found.items()},
+    }
 
 
 def import_path(request, reads=None):

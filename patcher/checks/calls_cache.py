@@ -1,6 +1,7 @@
 """``verify``'s call-site and import-path findings, kept for the next run on the same target.
 
-Those checks read some 600 files of speculators, vLLM and transformers (about 3 MB): the
+Those checks read some 600 files of speculators, vLLM and transformers (about 3 MB), and
+the training half's check (``library_calls``) some 160 more of transformers and torch: the
 agent parses them to follow imports, sends them, and the controller parses them again,
 about 1.5 s on this 2-core machine. Their findings depend on nothing but those files, the
 package roots and two directory listings, which the agent reports with its answer

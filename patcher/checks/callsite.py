@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import base64
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from patcher.agent.pysource import bindings, catches_import_error, module_paths, speculators_vllm_imports
 from patcher.connect.transport import Transport
@@ -57,6 +57,7 @@ class Finding:
     vllm_found: str = ""
     severity: str = "error"
     subject: str = field(default="", compare=False)  # the parameter, keyword, name or method
+    library: str = "vLLM"  # whose callee: vLLM, transformers, torch (``vllm_*`` then name its file)
 
     @property
     def where(self) -> str:
@@ -84,6 +85,9 @@ class Finding:
             "vllm_file": self.vllm_file,
             "vllm_line": self.vllm_line,
             "vllm_found": self.vllm_found,
+            "library": self.library,
+            "callee_file": self.vllm_file,
+            "callee_line": self.vllm_line,
         }
 
 
@@ -131,7 +135,9 @@ class Signature:
 
 @dataclass(frozen=True)
 class Symbol:
-    """A definition in vLLM: its module, file and node (class, function or assignment)."""
+    """A definition in vLLM: its module, file and node (class, function or assignment; an
+    ``ast.alias`` for a name the module imports from outside the packages read, which is
+    bound but not followed)."""
 
     module: str
     file: str
@@ -157,10 +163,13 @@ class Checked:
 
 
 class Index:
-    """Resolve vLLM names to definitions over a set of source files (path -> bytes)."""
+    """Resolve names to definitions over a set of source files (path -> bytes) of the
+    top-level ``packages`` (vLLM's; ``patcher.checks.library_calls``: transformers' and
+    torch's together, so that a transformers class's torch bases resolve too)."""
 
-    def __init__(self, files: Mapping[str, bytes | None]) -> None:
+    def __init__(self, files: Mapping[str, bytes | None], packages: tuple[str, ...] = ("vllm",)) -> None:
         self.files = files
+        self.packages = packages
         self.unparsable: dict[str, str] = {}  # path -> why ast could not parse it
         self._modules: dict[str, tuple[ast.Module, bool, str, dict, list] | None] = {}
 
@@ -197,6 +206,13 @@ class Index:
             return Symbol(f"{module}.{name}", sub[2], sub[0]) if sub else None
         if hit[0] == "def":
             return Symbol(module, path, hit[1])
+        if hit[0] == "import" and hit[1] == module:  # torch/__init__.py:2318 (2.13.0) ``from torch import (nn as nn)``
+            sub = self.module(f"{module}.{hit[2]}")
+            return Symbol(f"{module}.{hit[2]}", sub[2], sub[0]) if sub else None
+        # bound from outside the packages read, e.g. transformers/processing_utils.py:28 (5.22.2)
+        # ``from typing import ..., Unpack``: the name exists, its definition is not followed
+        if hit[1].split(".")[0] not in self.packages:
+            return Symbol(hit[1], path, ast.alias(name=hit[2] if hit[0] == "import" else hit[1]))
         if hit[0] == "import":
             return self.resolve(hit[1], hit[2], depth + 1)
         sub = self.module(hit[1])
@@ -204,7 +220,7 @@ class Index:
 
     def resolve_dotted(self, module: str, dotted: str) -> Symbol | str | None:
         """A base or decorator written ``Name`` or ``mod.Name`` in ``module``: its Symbol,
-        or the dotted external name (``msgspec.Struct``) when it lives outside vLLM."""
+        or the dotted external name (``msgspec.Struct``) when it lives outside the packages."""
         mod = self.module(module)
         if mod is None:
             return None
@@ -218,7 +234,7 @@ class Index:
             target = f"{bound[1]}.{bound[2]}" + (f".{rest}" if rest else "")
         else:
             target = bound[1] + (f".{rest}" if rest else "")
-        if target.split(".")[0] != "vllm":
+        if target.split(".")[0] not in self.packages:
             return target
         parent, _, last = target.rpartition(".")
         return self.resolve(parent, last)
@@ -246,10 +262,15 @@ class Index:
         return order, external
 
     def method(self, sym: Symbol, name: str) -> tuple[Symbol, ast.FunctionDef] | None:
+        """The first class in the MRO that defines ``name``, and its definition: the last in
+        the class body, as at runtime (``@overload`` stubs come before the implementation,
+        e.g. torch/nn/modules/module.py ``Module.to`` in torch 2.13)."""
         for cls in self.mro(sym)[0]:
-            for node in cls.node.body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                    return cls, node
+            found = [
+                n for n in cls.node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+            ]
+            if found:
+                return cls, found[-1]
         return None
 
     def dataclass_kind(self, sym: Symbol) -> str | None:
@@ -293,7 +314,8 @@ class Index:
         """
         classes, external = self.mro(sym)
         for i, cls in enumerate(classes):
-            init = next((n for n in cls.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            inits = [n for n in cls.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+            init = inits[-1] if inits else None  # the last definition wins, as at runtime
             if init is not None:
                 return function_signature(init, cls.file, f"{cls.node.name}.__init__", method=True)
             kind = self.dataclass_kind(cls)
@@ -391,7 +413,7 @@ def dataclass_fields(cls: ast.ClassDef) -> Iterator[Param]:
 
 
 @dataclass
-class _Module:
+class SpecModule:
     path: str
     tree: ast.Module
     imports: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # local -> (module, name, line)
@@ -416,7 +438,7 @@ def check(
             tree = ast.parse(data, filename=path)
         except SyntaxError:
             continue
-        mod = _Module(path, tree, vllm_imports(tree, index))
+        mod = SpecModule(path, tree, vllm_imports(tree, index))
         if mod.imports:
             modules.append(mod)
     extensions = worker_extensions(speculators)
@@ -426,17 +448,19 @@ def check(
     return sorted(set(findings), key=lambda f: (f.file, f.line, f.kind, f.detail))
 
 
-def _from_vllm(node: ast.AST) -> list[ast.ImportFrom]:
+def _from_vllm(node: ast.AST, packages: tuple[str, ...] = ("vllm",)) -> list[ast.ImportFrom]:
     return [
         n
         for n in ast.walk(node)
-        if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "vllm"
+        if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] in packages
     ]
 
 
-def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, int]]:
-    """What each name a speculators module imports from vLLM is bound to when the module
-    runs on this vLLM: {local name: (module, name, line)}.
+def vllm_imports(
+    tree: ast.Module, index: Index, packages: tuple[str, ...] = ("vllm",)
+) -> dict[str, tuple[str, str, int]]:
+    """What each name a speculators module imports from vLLM (or from ``packages``) is bound
+    to when the module runs on this install: {local name: (module, name, line)}.
 
     Every ``from vllm... import`` counts, wherever it is. Under a ``try:`` whose handler
     catches ImportError, the handler's vLLM imports run only when one of the ``try`` body's
@@ -448,14 +472,16 @@ def vllm_imports(tree: ast.Module, index: Index) -> dict[str, tuple[str, str, in
     for node in ast.walk(tree):
         if not isinstance(node, ast.Try):
             continue
-        caught = [n for h in node.handlers if catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt)]
-        body = [n for stmt in node.body for n in _from_vllm(stmt)]
+        caught = [
+            n for h in node.handlers if catches_import_error(h) for stmt in h.body for n in _from_vllm(stmt, packages)
+        ]
+        body = [n for stmt in node.body for n in _from_vllm(stmt, packages)]
         if caught and body:
             fails = any(index.resolve(n.module, a.name) is None for n in body for a in n.names)
             (fallback if fails else unused).update(id(n) for n in caught)
     bound: dict[str, tuple[str, str, int]] = {}
     for replacing in (False, True):  # a fallback that runs rebinds what its try body bound
-        for node in _from_vllm(tree):
+        for node in _from_vllm(tree, packages):
             if id(node) not in unused and (id(node) in fallback) is replacing:
                 for a in node.names:
                     bound[a.asname or a.name] = (node.module, a.name, node.lineno)
@@ -492,12 +518,18 @@ def worker_extensions(speculators: Mapping[str, bytes | None]) -> list[tuple[str
     return found
 
 
-def _check_module(
-    index: Index, mod: _Module, extensions: list[tuple[str, ast.ClassDef]], record: list[Checked]
-) -> list[Finding]:
+def resolve_imports(
+    index: Index, mod: SpecModule, record: list[Checked], library: Callable[[str], str] = lambda module: "vLLM"
+) -> tuple[list[Finding], dict[str, Symbol]]:
+    """Each name ``mod`` imports (``mod.imports``) resolved in ``index``: the findings
+    (``missing-import``; ``unreadable``, a note, when a file of the package does not parse
+    here) and {local name: Symbol} of those that resolve. ``library(module)``: the name of
+    the package a module belongs to, for the findings (``vLLM``, ``transformers``,
+    ``torch``); each import is recorded as checked."""
     findings = []
     symbols: dict[str, Symbol] = {}
     for local, (module, name, line) in mod.imports.items():
+        lib = library(module)
         record.append(Checked(mod.path, line, f"from {module} import {name}", (module, name, None), None))
         sym = index.resolve(module, name)
         if sym is None and index.unparsable:
@@ -511,6 +543,7 @@ def _check_module(
                     f"not checked: this Python cannot parse {why}",
                     severity="note",
                     subject=name,
+                    library=lib,
                 )
             )
         elif sym is None:
@@ -521,15 +554,33 @@ def _check_module(
                     mod.path,
                     line,
                     f"from {module} import {name}",
-                    f"vLLM has no {name} in {module}" if mod_info else f"vLLM has no module {module}",
+                    f"{lib} has no {name} in {module}" if mod_info else f"{lib} has no module {module}",
                     mod_info[2] if mod_info else module_paths(module)[1],
                     None,
                     "name not defined" if mod_info else "file not found",
                     subject=name,
+                    library=lib,
                 )
             )
         else:
             symbols[local] = sym
+    return findings, symbols
+
+
+def callee_signature(index: Index, sym: Symbol, label: str) -> Signature | None:
+    """What calling ``sym`` accepts: a class's constructor, a function's parameters; None
+    when it cannot be known (an assignment, a constructor from outside the index)."""
+    if sym.is_class:
+        return index.constructor(sym)
+    if isinstance(sym.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return function_signature(sym.node, sym.file, label)
+    return None
+
+
+def _check_module(
+    index: Index, mod: SpecModule, extensions: list[tuple[str, ast.ClassDef]], record: list[Checked]
+) -> list[Finding]:
+    findings, symbols = resolve_imports(index, mod, record)
     # self.<attr> = <vLLM class>(...) anywhere in the module: the attribute's class.
     attrs: dict[str, tuple[Symbol, str]] = {}  # attribute -> (class, its local import name)
     for node in ast.walk(mod.tree):
@@ -539,17 +590,11 @@ def _check_module(
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         attrs[t.attr] = (sym, node.value.func.id)
-    for call, guards in _calls(mod.tree):
+    for call, guards in guarded_calls(mod.tree):
         func = call.func
         line = call.lineno
         if isinstance(func, ast.Name) and func.id in symbols:
-            sym = symbols[func.id]
-            if sym.is_class:
-                sig = index.constructor(sym)
-            elif isinstance(sym.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                sig = function_signature(sym.node, sym.file, func.id)
-            else:
-                sig = None
+            sig = callee_signature(index, symbols[func.id], func.id)
             module, name, _ = mod.imports[func.id]
             record.append(Checked(mod.path, line, f"{func.id}(...)", (module, name, None), call, sig))
             if sig is not None:
@@ -609,7 +654,7 @@ def _check_module(
     return findings
 
 
-def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
+def guarded_calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
     """Every call, with the ``hasattr(obj, "name")`` guards (as (dump(obj), name)) above it."""
 
     def guards_of(test: ast.AST) -> set:
@@ -644,7 +689,11 @@ def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, frozenset]]:
     yield from walk(tree, frozenset())
 
 
-def check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature) -> list[Finding]:
+def check_call(
+    path: str, line: int, label: str, call: ast.Call, sig: Signature, library: str = "vLLM"
+) -> list[Finding]:
+    """Does ``call`` fit ``sig``: positional count, keywords, required parameters.
+    ``library``: whose callee (named in the findings)."""
     findings = []
 
     def finding(kind: str, detail: str, p: Param | None = None, severity: str = "error", subject: str = "") -> Finding:
@@ -666,6 +715,7 @@ def check_call(path: str, line: int, label: str, call: ast.Call, sig: Signature)
             found,
             severity,
             subject or (p.name if p is not None else ""),
+            library,
         )
 
     splat = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)

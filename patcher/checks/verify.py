@@ -18,6 +18,7 @@ from patcher.fixes.vllm_source import Evidence
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding
     from patcher.checks.import_path import ImportPathCheck
+    from patcher.checks.library_calls import LibraryCalls
     from patcher.checks.model_runner import RunnerCheck
     from patcher.connect.transport import Transport
 
@@ -103,10 +104,16 @@ class CallsCheck:
     imports: ImportPathCheck | None = None
     runner: RunnerCheck | None = None
     vllm: dict | None = None  # the vLLM files the checks computed on each run read (lifecycle, model runner)
+    library: LibraryCalls | None = None  # the training half's calls into transformers and torch
+
+    @property
+    def all_findings(self) -> list[Finding]:
+        """The calls into vLLM's findings, then those into transformers and torch."""
+        return self.findings + (self.library.findings if self.library is not None else [])
 
     @property
     def ok(self) -> bool:
-        errors = [f for f in self.findings if f.severity == "error"]
+        errors = [f for f in self.all_findings if f.severity == "error"]
         if self.runtime is not None:
             errors += [f for f in self.runtime.findings if f.severity == "error"] + self.runtime.disagreements
         return not errors
@@ -129,7 +136,7 @@ def _v2_fix(snap: Snapshot) -> str | None:
 def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:
     """The ``sources`` request of ``verify_calls`` (without ``expect``) and the cached entry
     whose ``reads`` it sends as ``expect`` (None: read in full)."""
-    from patcher.checks import calls_cache, callsite, import_path, model_runner
+    from patcher.checks import calls_cache, callsite, import_path, library_calls, model_runner
 
     request = dict(
         site_packages=snap.site_packages,
@@ -143,6 +150,7 @@ def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict 
         import_path=import_path.request(),
         env=[model_runner.VARIABLE],
         follow_attributes=True,
+        libraries=library_calls.request(),
     )
     return request, None if runtime else calls_cache.lookup(snap, request)
 
@@ -190,9 +198,12 @@ def verify_calls(
 
     Without ``runtime`` the findings of an earlier run on this target are reused when the
     agent confirms that nothing they were computed from changed (``patcher.checks.calls_cache``)."""
+    from patcher.agent.pysource import gc_paused
+
     request, earlier = sent_ahead if sent_ahead is not None and not runtime else _first_reader(transport, snap, runtime)
     try:
-        return _verify_calls(transport, snap, runtime, request, earlier)
+        with gc_paused():  # hundreds of files parsed: the collector's passes cost more than parsing
+            return _verify_calls(transport, snap, runtime, request, earlier)
     finally:  # what was read is stored (or failed): hosts waiting for it go on
         while getattr(transport, "held", None):
             transport.held.pop().__exit__(None, None, None)
@@ -201,30 +212,60 @@ def verify_calls(
 def _verify_calls(
     transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None
 ) -> CallsCheck:
-    from patcher.checks import attribute_reads, calls_cache, callsite, import_path, model_runner
+    from patcher.checks import attribute_reads, calls_cache, callsite, import_path, library_calls, model_runner
 
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
+    versions = library_calls.versions(answer)
     if stored is not None:
         findings, checked, imports, vllm = stored
         runner = model_runner.check(
             vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION), _v2_fix(snap)
         )
-        return CallsCheck(findings, checked, None, imports, runner, vllm)
+        ours, library = _split(findings, checked, versions)
+        return CallsCheck(*ours, None, imports, runner, vllm, library)
     if answer.get("unchanged"):  # an entry that cannot be read back: read in full
         answer = transport.request("sources", **request)
+        versions = library_calls.versions(answer)
     speculators, vllm = callsite.decode(answer)
     checked: list[Checked] = []
     index = callsite.Index(vllm)  # each vLLM module parsed once for both checks
     findings = callsite.check(speculators, vllm, checked, index) + attribute_reads.check(speculators, vllm, index)
+    library = library_calls.LibraryCalls(versions)
+    training, library_files = library_calls.decode(answer)
+    installed = tuple(lib for lib, version in versions.items() if version is not None)
+    library.findings = library_calls.check(training, library_files, library.checked, installed=installed)
     imports = import_path.check(answer["import_path"])
     runner = model_runner.check(
         vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION), _v2_fix(snap)
     )
     if not runtime:
-        calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
-        return CallsCheck(findings, checked, None, imports, runner, vllm)
-    from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it
+        calls_cache.save(
+            snap,
+            request,
+            answer["reads"],
+            findings + library.findings,
+            checked + library.checked,
+            imports,
+            vllm,
+        )
+        return CallsCheck(findings, checked, None, imports, runner, vllm, library)
+    from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it (vLLM's calls)
 
     report = runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER)
-    return CallsCheck(findings, checked, report, imports, runner, vllm)
+    return CallsCheck(findings, checked, report, imports, runner, vllm, library)
+
+
+def _split(
+    findings: list[Finding], checked: list[Checked], versions: dict[str, str | None]
+) -> tuple[tuple[list[Finding], list[Checked]], LibraryCalls]:
+    """A cached entry's findings and checked calls, vLLM's apart from transformers' and torch's."""
+    from patcher.checks.library_calls import LibraryCalls, library_of
+
+    library = LibraryCalls(
+        versions,
+        [c for c in checked if library_of(c.target[0]) != "vLLM"],
+        [f for f in findings if f.library != "vLLM"],
+    )
+    ours = ([f for f in findings if f.library == "vLLM"], [c for c in checked if library_of(c.target[0]) == "vLLM"])
+    return ours, library

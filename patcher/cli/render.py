@@ -146,17 +146,28 @@ SELFTEST_HINT = (
 
 
 def render_calls(console: Console, calls: CallsCheck, snap: Snapshot) -> None:
-    """The call-site check: each call into vLLM that does not fit, with both file:lines."""
-    title = f"calls from speculators into vLLM {snap.vllm.version} ({len(calls.checked)} checked, static)"
-    errors = sum(f.severity == "error" for f in calls.findings)
-    if not calls.findings:
+    """The call-site checks: each call into vLLM, and from the training half into
+    transformers and torch, that does not fit, with both file:lines."""
+    names, checked, missing = [f"vLLM {snap.vllm.version}"], len(calls.checked), []
+    if calls.library is not None:
+        for lib, version in calls.library.versions.items():
+            if version is None:
+                missing.append(lib)
+            else:
+                names.append(f"{lib} {version}")
+        checked += len(calls.library.checked)
+    absent = f"; {' and '.join(missing)} not installed, not checked" if missing else ""
+    title = f"calls from speculators into {', '.join(names)} ({checked} checked, static{absent})"
+    findings = calls.all_findings
+    errors = sum(f.severity == "error" for f in findings)
+    if not findings:
         console.print(f"{title}: every call fits")
     else:
-        console.print(f"{title}: {errors} break(s), {len(calls.findings) - errors} note(s)")
-    for f in calls.findings:
+        console.print(f"{title}: {errors} break(s), {len(findings) - errors} note(s)")
+    for f in findings:
         mark = "[red]break[/]" if f.severity == "error" else "[dim]note[/]"
         console.print(f"  {mark} {escape(f'{f.where}: {f.call}: {f.detail}')}")
-        console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
+        console.print(f"        {f.library} {escape(f'{f.vllm_where}: {f.vllm_found}')}")
     if calls.runtime is not None:
         rt = calls.runtime
         console.print(

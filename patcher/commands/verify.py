@@ -174,8 +174,9 @@ def verify(
         "patches": rows,
         "calls": {
             "ok": calls.ok,
-            "checked": len(calls.checked),
-            "findings": [f.as_dict() for f in calls.findings],
+            "checked": len(calls.checked) + (len(calls.library.checked) if calls.library else 0),
+            "findings": [f.as_dict() for f in calls.all_findings],
+            "libraries": _libraries(calls, snap),
             "runtime": calls.runtime.as_dict() if calls.runtime else None,
         },
         "lifecycle": check.lifecycle.as_dict() if check.lifecycle else None,
@@ -204,3 +205,20 @@ def verify(
         },
     }
     return check, data
+
+
+def _libraries(calls: CallsCheck, snap: Snapshot) -> dict:
+    """Per library the calls check read (vLLM; transformers and torch, the training half's):
+    its version (None: not installed, nothing checked), calls and imports checked, breaks, notes."""
+    out = {}
+    versions = {"vLLM": snap.vllm.version if snap.vllm else None}
+    versions.update(calls.library.versions if calls.library else {})
+    for lib, version in versions.items():
+        findings = [f for f in calls.all_findings if f.library == lib]
+        out[lib] = {
+            "version": version,
+            "checked": len(calls.checked) if lib == "vLLM" else calls.library.count(lib),
+            "breaks": sum(f.severity == "error" for f in findings),
+            "notes": sum(f.severity != "error" for f in findings),
+        }
+    return out
