@@ -150,7 +150,8 @@ def timeout_option(f):
         metavar="SECONDS",
         envvar="SPECULATORS_PATCH_TIMEOUT",
         help="Give up when the target's agent does not answer a request within this time "
-        "(default 600; a commit keeps going on the target and finishes or rolls back).",
+        "(default 600), waiting for another run's lock included; a commit that holds the lock "
+        "is waited for 60 s more, and ended past that.",
     )(f)
 
 
