@@ -189,7 +189,7 @@ def attributes_read(trees):
     return {n.attr for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
 
 
-def collect_sources(read, seeds, package="vllm", follow=frozenset()):
+def collect_sources(read, seeds, package="vllm", follow=frozenset(), failed=None):
     """Every file of ``package`` needed to resolve ``seeds`` to their definitions.
 
     seeds: [(module, name or None)]; read(path) -> bytes or None. Follows re-exports, star
@@ -197,6 +197,8 @@ def collect_sources(read, seeds, package="vllm", follow=frozenset()):
     ``follow`` (attribute names), also the declared types of those attributes of each class
     (``attribute_types``), so that reads like ``runner.input_batch.req_id_to_index`` can be
     checked class by class. Returns {path: bytes or None} (None: the file does not exist).
+    ``failed``: a list to which the path of each file this interpreter cannot parse is added
+    (what was followed from it is then missing: the answer is partial).
     """
     files, trees = {}, {}
 
@@ -210,7 +212,8 @@ def collect_sources(read, seeds, package="vllm", follow=frozenset()):
                     try:
                         trees[module] = (ast.parse(files[path]), path.endswith("__init__.py"))
                     except (SyntaxError, ValueError):
-                        pass
+                        if failed is not None:
+                            failed.append(path)
                     break
         return trees[module]
 
@@ -309,12 +312,12 @@ def auto_packages(tree):
     return found
 
 
-def walk_import_path(read, listdir, start, own="speculators"):
+def walk_import_path(read, listdir, start, own="speculators", failed=None):
     """Follow what importing ``start`` runs inside package ``own``.
 
     read(path) -> bytes or None; listdir(package path) -> [relative .py paths under it].
     Returns ({path: bytes or None} of ``own``'s files read, [(importer path, module, name,
-    line, guarded)] of imports leaving ``own``).
+    line, guarded)] of imports leaving ``own``). ``failed``: as for ``collect_sources``.
     """
     files, external, seen = {}, [], set()
     queue = [start]
@@ -334,6 +337,8 @@ def walk_import_path(read, listdir, start, own="speculators"):
             try:
                 tree = ast.parse(data)
             except (SyntaxError, ValueError):
+                if failed is not None:
+                    failed.append(path)
                 break
             for pkg in auto_packages(tree):
                 for sub in listdir(pkg.replace(".", "/")):

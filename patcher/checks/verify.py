@@ -222,7 +222,7 @@ def _verify_calls(
         vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION), _v2_fix(snap)
     )
     if not runtime:
-        calls_cache.save(snap, request, answer["reads"], findings, checked, imports, vllm)
+        calls_cache.save(snap, request, answer.get("reads"), findings, checked, imports, vllm, answer.get("unparsed"))
         return CallsCheck(findings, checked, None, imports, runner, vllm)
     from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it
 
