@@ -9,34 +9,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from support import CLI, ROOT, digest, run_cli
-
-# Holds an exclusive record lock on argv[1] (as another speculators-patch would) until its
-# stdin closes; says "held" once it has it.
-HOLDER = (
-    "import fcntl, os, sys\n"
-    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
-    "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
-    "print('held', flush=True)\n"
-    "sys.stdin.read()\n"
-)
-
-
-def _hold(lock: Path) -> subprocess.Popen:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout.readline().strip() == "held"
-    return holder
-
-
-def _release(holder: subprocess.Popen) -> None:
-    holder.stdin.close()
-    holder.wait(timeout=30)
+from support import CLI, ROOT, digest, hold_lock, processes, release_lock, run_cli
 
 
 def _install(site: Path) -> dict[str, str]:
@@ -46,23 +22,8 @@ def _install(site: Path) -> dict[str, str]:
     return {str(p.relative_to(site)): digest(p) for t in top for p in sorted(t.rglob("*")) if p.is_file()}
 
 
-def _processes(*words: str) -> list[str]:
-    """The command lines of this machine's processes that hold every one of ``words``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if all(w in line for w in words):
-            found.append(f"{entry.name}: {line[:120]}")
-    return found
-
-
 def _agents_of(sandbox: Path) -> list[str]:
-    return _processes(f"{sandbox}/bin/python", "speculators-patch-agent-")
+    return processes(f"{sandbox}/bin/python", "speculators-patch-agent-")
 
 
 def _until(ready, seconds: float = 60) -> bool:
@@ -79,13 +40,13 @@ def test_a_revert_that_gave_up_on_the_lock_never_writes_later(sandbox, site):
     later the install is as it was and no agent is left."""
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     before = _install(site)
-    holder = _hold(site / ".speculators-patch" / "lock")
+    holder = hold_lock(site / ".speculators-patch" / "lock")
     try:
         started = time.monotonic()
         result = run_cli("revert", "--timeout", "2", "--target", str(sandbox))
         took = time.monotonic() - started
     finally:
-        _release(holder)
+        release_lock(holder)
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: {site}/.speculators-patch/lock is held by pid {holder.pid} ("), line
@@ -140,7 +101,7 @@ def test_an_agent_whose_command_was_killed_never_writes(sandbox, site):
     lock: the agent gives up, and the release of the lock writes nothing."""
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     before = _install(site)
-    holder = _hold(site / ".speculators-patch" / "lock")
+    holder = hold_lock(site / ".speculators-patch" / "lock")
     try:
         cli = subprocess.Popen(
             [*CLI, "revert", "--target", str(sandbox)],
@@ -155,7 +116,7 @@ def test_an_agent_whose_command_was_killed_never_writes(sandbox, site):
         cli.wait()
         assert _until(lambda: not _agents_of(sandbox), 10), _agents_of(sandbox)
     finally:
-        _release(holder)
+        release_lock(holder)
     time.sleep(3)
     assert _install(site) == before
     assert not _agents_of(sandbox)
@@ -168,7 +129,7 @@ def test_an_exec_command_that_never_starts_the_agent_is_ended_with_what_it_start
     try:
         assert result.returncode == 2, result.stderr
         assert "no answer within 3 s (--connect-timeout) while starting the agent" in result.stderr
-        assert _until(lambda: not _processes("sleep 1037"), 5), _processes("sleep 1037")
+        assert _until(lambda: not processes("sleep 1037"), 5), processes("sleep 1037")
     finally:
-        for line in _processes("sleep 1037"):
+        for line in processes("sleep 1037"):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)

@@ -13,45 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from support import run_cli
-
-# What the stand-in runs: the agent is started as ``python [-I -S] -c PROGRAM ARGS...``.
-FAKE = """#!{real}
-import os, sys, sysconfig  # the paths are computed before the version is changed
-sys.version_info = ({major}, {minor}, 99, "final", 0)
-REFUSE = {refuse!r}
-if REFUSE:
-    import ast
-
-    _parse = ast.parse
-
-    def parse(source, *args, **kwargs):
-        text = source if isinstance(source, bytes) else str(source).encode()
-        if REFUSE in text:
-            raise SyntaxError("invalid syntax (this parser is {major}.{minor}'s)")
-        return _parse(source, *args, **kwargs)
-
-    ast.parse = parse
-args = sys.argv[1:]
-while args and args[0] in ("-I", "-S"):
-    args = args[1:]
-if args[:1] != ["-c"]:
-    os.execv({real!r}, [{real!r}] + sys.argv[1:])
-sys.argv = ["-c"] + args[2:]
-exec(compile(args[1], "<string>", "exec"), {{"__name__": "__main__"}})
-"""
-
-
-def _pretend(env: Path, version: str, refuse: bytes = b"") -> Path:
-    """Make ``env/bin/python`` a stand-in that says it is Python ``version``, run by the venv's
-    own ``bin/python3.X`` (whose path is then its ``sys.executable``); returns the stand-in."""
-    python = env / "bin" / "python"
-    real = str(env / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    major, minor = version.split(".")
-    python.unlink()
-    python.write_text(FAKE.format(real=real, major=int(major), minor=int(minor), refuse=refuse))
-    python.chmod(0o755)
-    return python
+from support import pretend_python, run_cli
 
 
 def _install(site: Path) -> dict[str, bytes]:
@@ -60,7 +22,7 @@ def _install(site: Path) -> dict[str, bytes]:
 
 
 def test_a_python_37_target_is_refused_on_every_transport_with_nothing_written(sandbox, site):
-    python = _pretend(sandbox, "3.7")
+    python = pretend_python(sandbox, "3.7")
     before = _install(site)
     real = sandbox / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     refusal = f"error: the agent needs Python 3.8+: {real} is Python 3.7; nothing was read or changed"
@@ -85,7 +47,7 @@ def test_a_target_that_parses_less_never_spoils_a_healthy_targets_verify(tmp_pat
     from sandbox import make_sandbox
 
     odd, healthy = make_sandbox(tmp_path / "odd"), make_sandbox(tmp_path / "healthy")
-    _pretend(odd, "3.9", refuse=b":=")
+    pretend_python(odd, "3.9", refuse=b":=")
     cache = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
     assert "verify: FAILED (the calls)" in run_cli("apply", "--target", str(odd), env=cache).stdout
     result = run_cli("apply", "--target", str(healthy), env=cache)
