@@ -348,7 +348,6 @@ class SshTransport(BootstrapTransport):
         persist: seconds a shared connection outlives the run (``reuse_options``; 0: none).
     """
 
-    OWN_GROUP = False  # the connection master (--ssh-persist) must outlive the run
     tcp_connect_timeout = 15  # ssh's own ConnectTimeout (whole seconds); the handshake's is connect_timeout
     keepalive = (5, 3)  # ServerAliveInterval, ServerAliveCountMax: a dead peer is noticed in ~15 s
 

@@ -57,11 +57,13 @@ class Transport:
     # a wait for the install's lock, naming its holder) are for the user at once: passed to
     # ``on_notice``, which prints them on stderr after the target's label.
     NOTICE_PREFIX = b"[speculators-patch] "
-    # The agent runs in a process group of its own, so that a command that gives up on it ends
-    # it and everything it started (an ``--exec`` wrapper's children too), not only the first
-    # process; a Ctrl-C on the terminal is passed on to that group. SSH keeps the caller's
-    # group: its connection master (``--ssh-persist``) must outlive the run.
-    OWN_GROUP = True
+    # True: the process runs in a session of its own, so that a command that gives up on it
+    # ends everything it started, not only the first process (``--exec``: a wrapper's
+    # children); a Ctrl-C on the terminal is passed on to that group. False (a local agent,
+    # ssh): it stays in the caller's group, which the terminal's Ctrl-C (and a kill of the
+    # whole group) reaches as it reaches the caller; ssh's connection master (``--ssh-persist``)
+    # must outlive the run.
+    OWN_GROUP = False
     # Seconds to wait, past --timeout, for the answer to a commit that holds the install's lock
     # (the agent gives up waiting for the lock before --timeout, ``lock_wait``): it is writing,
     # and the command reports what it did rather than leave it running.
