@@ -594,8 +594,9 @@ def _sweep(state):
 def heal(state, root, request=None):
     """Before reading, finish or roll back a command that died mid-way (``kill -9``, power
     loss, a full disk), so every subcommand sees the install whole. Waits for a commit in
-    progress (the lock). Returns (rolled back?, problem or None); the problem is one line
-    (e.g. a read-only install, or files that are no longer what the journal expects)."""
+    progress (the lock, as long as ``request``'s ``lock_wait`` allows: ``_Lock``). Returns
+    (rolled back?, problem or None); the problem is one line (e.g. a read-only install, a
+    lock held past the wait, or files that are no longer what the journal expects)."""
     if not (
         os.path.exists(os.path.join(state, JOURNAL))
         or os.path.exists(os.path.join(state, CLEANUP))
