@@ -133,3 +133,39 @@ def test_an_exec_command_that_never_starts_the_agent_is_ended_with_what_it_start
     finally:
         for line in processes("sleep 1037"):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
+
+
+def test_ctrl_c_while_the_commit_waits_for_the_lock_says_nothing_changed_and_nothing_does(sandbox, site):
+    """Ctrl-C (SIGINT to the whole foreground group) while the commit still waits for the
+    lock: the agent stops waiting at once and says so; nothing is written, then or later."""
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    before = _install(site)
+    lock = site / ".speculators-patch" / "lock"
+    holder = hold_lock(lock)
+    try:
+        cli = subprocess.Popen(
+            [*CLI, "revert", "--target", str(sandbox), "--timeout", "20"],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        first = cli.stderr.readline()
+        assert "waiting for the lock" in first, first
+        os.killpg(cli.pid, signal.SIGINT)
+        _, err = cli.communicate(timeout=60)
+    finally:
+        release_lock(holder)
+    assert cli.returncode == 130, err
+    assert re.fullmatch(
+        rf"error: interrupted \(Ctrl-C\) while local: {re.escape(str(sandbox))}/bin/python was committing; the "
+        rf"commit did not happen \(it was still waiting for the lock on {re.escape(str(lock))}, held by pid "
+        rf"{holder.pid} \(.+\), another program\); nothing changed",
+        err.strip(),
+    ), err
+    time.sleep(3)
+    assert _install(site) == before
+    assert not _agents_of(sandbox)

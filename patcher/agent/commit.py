@@ -286,7 +286,7 @@ def _command_of(pid):
             words = f.read().split(b"\0")
     except OSError:
         return "command unknown"
-    text = " ".join(w.decode("utf-8", "replace") for w in words if w)
+    text = " ".join(" ".join(w.decode("utf-8", "replace").split()) for w in words if w)  # one line
     return text[:80] + ("..." if len(text) > 80 else "")
 
 
@@ -714,12 +714,12 @@ def commit(request):
     stops it (nothing changed: a failure after the first write is rolled back).
     """
     state, root = request["state_dir"], request["root"]
-    # All data is in hand: finish even if the SSH session that sent it drops now, or the
-    # user presses Ctrl-C (the terminal sends SIGINT to a local agent too): the caller
-    # then waits for, and reports, this commit's outcome.
-    for name in ("SIGHUP", "SIGINT"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # All data is in hand: finish even if the SSH session that sent it drops now, or, once
+    # the lock is held, the user presses Ctrl-C (the terminal sends SIGINT to a local agent
+    # too): the caller then waits for, and reports, this commit's outcome. A Ctrl-C while it
+    # still waits for the lock stops it there, having written nothing.
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
     for path in list(writes) + list(keep):
         check_relative(path)
@@ -730,13 +730,23 @@ def commit(request):
         made = env.makedirs(os.path.join(state, "pristine"))
     except OSError as e:
         raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror)) from None
+    lock, locker = None, _Lock(state, env, request)
     try:
-        lock = _Lock(state, env, request).__enter__()
-    except AgentError:
+        lock = locker.__enter__()
+        if hasattr(signal, "SIGINT"):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (AgentError, KeyboardInterrupt) as e:
+        if lock is not None:
+            lock.__exit__()
         for d in reversed(made):  # leave no empty state directory behind
             for n in os.listdir(d):
                 os.unlink(os.path.join(d, n))
             os.rmdir(d)
+        if isinstance(e, KeyboardInterrupt):
+            held = _holder(locker.fd) if lock is None and hasattr(locker, "fd") else None
+            raise AgentError(
+                "it was still waiting for the lock on %s%s" % (locker.path, ", held by " + held if held else "")
+            ) from None
         raise
     try:
         return _commit_locked(state, root, writes, keep, request, env, repair)
