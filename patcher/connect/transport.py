@@ -174,7 +174,7 @@ class Transport:
             self.held.pop().__exit__(None, None, None)
         if self._proc is None:
             return
-        if exc and isinstance(exc[1], KeyboardInterrupt) and self._proc.poll() is None:
+        if self.OWN_GROUP and exc and isinstance(exc[1], KeyboardInterrupt) and self._proc.poll() is None:
             self._kill(signal.SIGINT)  # Ctrl-C: what the terminal would have sent it in our group
         if self._writer is None or not self._writer.is_alive():  # else a stuck write keeps the descriptor
             try:
@@ -344,8 +344,8 @@ class Transport:
         return f"{self.label}: {self._argv()[0]}"
 
     def _timed_out(self, op: str, wait: float) -> str:
-        """The one line for a far side that did not answer in time; the process is killed,
-        except during a commit (the agent finishes or rolls back that by itself)."""
+        """The one line for a far side that did not answer in time; the process (with its
+        group, ``OWN_GROUP``) is killed. A commit gets here only past ``COMMIT_GRACE`` too."""
         where = self._where_text()
         if not self._synced:
             self._kill()
