@@ -104,9 +104,9 @@ class _Lock:
     LOCK_WAIT_SECONDS), and names what holds it: ``verb``. The holder writes who it is
     (pid, host, verb, since when) into the lock file once it has the lock; a waiter says
     who holds it on stderr within a second (``_say``); the holder empties the file as it
-    lets go. A waiter gives up -- having written
-    nothing -- at the deadline or as soon as the command that started it has ended (its
-    parent process changed: the controller gave up or was killed).
+    lets go. A waiter gives up -- having written nothing -- at the deadline or as soon as
+    the command that started it has ended (its parent process changed: the controller gave
+    up or was killed).
     Raises AgentError when the lock cannot be had (no write access, ENOLCK, timeout)."""
 
     def __init__(self, state, env=None, request=None):
@@ -114,7 +114,8 @@ class _Lock:
         self.env = env
         request = request or {}
         wait = request.get("lock_wait")
-        self.wait = LOCK_WAIT_SECONDS if not isinstance(wait, (int, float)) else max(0.0, min(wait, LOCK_WAIT_SECONDS))
+        self.bounded = isinstance(wait, (int, float))  # by the caller's --timeout
+        self.wait = max(0.0, min(wait, LOCK_WAIT_SECONDS)) if self.bounded else LOCK_WAIT_SECONDS
         self.verb = str(request.get("verb") or request.get("op") or "a command")
 
     def _open(self):
@@ -175,8 +176,8 @@ class _Lock:
                     holder = _holder(self.fd)
                     os.close(self.fd)
                     raise AgentError(
-                        "%s is held by %s; gave up after %s s waiting for it (--timeout); nothing changed"
-                        % (self.path, holder, _seconds(self.wait))
+                        "%s is held by %s; gave up after %s s waiting for it%s; nothing changed"
+                        % (self.path, holder, _seconds(self.wait), " (--timeout)" if self.bounded else "")
                     ) from None
                 if os.getppid() != parent:
                     os.close(self.fd)
