@@ -31,6 +31,12 @@ def base() -> Path:
     return Path(os.environ.get("SPECULATORS_PATCH_CACHE") or Path.home() / ".cache" / "speculators-patch")
 
 
+def disable() -> None:
+    """Turn this cache and every fast path off for this process (``--no-cache``): the same
+    switch as ``$SPECULATORS_PATCH_NO_FAST_PATH=1``."""
+    os.environ[NO_FAST_PATH] = "1"
+
+
 def directory() -> Path:
     """``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``); may not exist yet."""
     return base() / "fast"

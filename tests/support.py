@@ -61,3 +61,85 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def run_json(*args: str, **kw) -> tuple[int, dict]:
     result = run_cli(*args, "--json", **kw)
     return result.returncode, json.loads(result.stdout)
+
+
+# --- Odd targets and a held lock (issue 37) ---------------------------------------------
+
+# Holds an exclusive record lock on argv[1] (as another speculators-patch would) until its
+# stdin closes; says "held" once it has it.
+HOLDER = (
+    "import fcntl, os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def hold_lock(lock: Path) -> subprocess.Popen:
+    """A process holding ``lock`` as another run would (``HOLDER``), once it has it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def release_lock(holder: subprocess.Popen) -> None:
+    """Let ``hold_lock``'s process go, and wait for it."""
+    holder.stdin.close()
+    holder.wait(timeout=30)
+
+
+def processes(*words: str) -> list[str]:
+    """The command lines of this machine's processes that hold every one of ``words``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(w in line for w in words):
+            found.append(f"{entry.name}: {line[:120]}")
+    return found
+
+
+# What the stand-in runs: the agent is started as ``python [-I -S] -c PROGRAM ARGS...``.
+FAKE = """#!{real}
+import os, sys, sysconfig  # the paths are computed before the version is changed
+sys.version_info = ({major}, {minor}, 99, "final", 0)
+REFUSE = {refuse!r}
+if REFUSE:
+    import ast
+
+    _parse = ast.parse
+
+    def parse(source, *args, **kwargs):
+        text = source if isinstance(source, bytes) else str(source).encode()
+        if REFUSE in text:
+            raise SyntaxError("invalid syntax (this parser is {major}.{minor}'s)")
+        return _parse(source, *args, **kwargs)
+
+    ast.parse = parse
+args = sys.argv[1:]
+while args and args[0] in ("-I", "-S"):
+    args = args[1:]
+if args[:1] != ["-c"]:
+    os.execv({real!r}, [{real!r}] + sys.argv[1:])
+sys.argv = ["-c"] + args[2:]
+exec(compile(args[1], "<string>", "exec"), {{"__name__": "__main__"}})
+"""
+
+
+def pretend_python(env: Path, version: str, refuse: bytes = b"") -> Path:
+    """Make ``env/bin/python`` a stand-in that says it is Python ``version``, run by the venv's
+    own ``bin/python3.X`` (whose path is then its ``sys.executable``); returns the stand-in."""
+    python = env / "bin" / "python"
+    real = str(env / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    major, minor = version.split(".")
+    python.unlink()
+    python.write_text(FAKE.format(real=real, major=int(major), minor=int(minor), refuse=refuse))
+    python.chmod(0o755)
+    return python

@@ -138,10 +138,10 @@ def main():
         sys.stdout.flush()
         sys.exit(3)
 
-    if sys.version_info < (3, 8):
+    if sys.version_info[:2] < (3, 8):  # the words of ``loader.too_old``, which checks the agent's interpreter
         fail(
-            "%s: the agent needs Python 3.8+, %s is %d.%d"
-            % ((header["where"] or "local", sys.executable) + tuple(sys.version_info[:2]))
+            "the agent needs Python 3.8+: %s is Python %d.%d; nothing was read or changed"
+            % ((sys.executable or "this interpreter",) + tuple(sys.version_info[:2]))
         )
     try:
         python, flags, site_dir = resolve(header["target"], header["where"])

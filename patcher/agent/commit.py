@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import stat
 import sys
 import time
@@ -25,6 +26,7 @@ from .common import (
     JOURNAL,
     LOCK_WAIT_SECONDS,
     MANIFEST,
+    NOTICE_PREFIX,
     OLD,
     REPAIR_HINT,
     SPACE_MARGIN,
@@ -94,13 +96,27 @@ def _own_like(path, st):
 
 
 class _Lock:
-    """An exclusive POSIX record lock (``fcntl.lockf``) on ``<state>/lock``, waiting up to
-    LOCK_WAIT_SECONDS. Record locks work on NFS (through lockd), where ``flock`` may not.
+    """An exclusive POSIX record lock (``fcntl.lockf``) on ``<state>/lock``. Record locks
+    work on NFS (through lockd), where ``flock`` may not.
+
+    ``request`` (the agent's request, optional) bounds the wait: ``lock_wait`` seconds (the
+    controller sends what its ``--timeout`` leaves; at most, and by default,
+    LOCK_WAIT_SECONDS), and names what holds it: ``verb``. The holder writes who it is
+    (pid, host, verb, since when) into the lock file once it has the lock; a waiter says
+    who holds it on stderr within a second (``_say``); the holder empties the file as it
+    lets go. A waiter gives up -- having written nothing -- at the deadline or as soon as
+    the command that started it has ended (its parent process changed: the controller gave
+    up or was killed).
     Raises AgentError when the lock cannot be had (no write access, ENOLCK, timeout)."""
 
-    def __init__(self, state, env=None):
+    def __init__(self, state, env=None, request=None):
         self.path = os.path.join(state, "lock")
         self.env = env
+        request = request or {}
+        wait = request.get("lock_wait")
+        self.bounded = isinstance(wait, (int, float))  # by the caller's --timeout
+        self.wait = max(0.0, min(wait, LOCK_WAIT_SECONDS)) if self.bounded else LOCK_WAIT_SECONDS
+        self.verb = str(request.get("verb") or request.get("op") or "a command")
 
     def _open(self):
         created = not os.path.exists(self.path)
@@ -127,17 +143,24 @@ class _Lock:
 
     def __enter__(self):
         self._open()
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        parent = os.getppid()
+        start = time.monotonic()
+        deadline = start + self.wait
+        told = False
         while True:
             try:
                 if os.environ.get("SPECULATORS_PATCH_FAULT") == "enolck":
                     raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
                 fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if self._same_file():
-                    return self
-                os.close(self.fd)
-                self._open()
-                continue
+                if not self._same_file():
+                    os.close(self.fd)
+                    self._open()
+                    continue
+                if os.getppid() != parent:  # the caller gave up on us while we waited
+                    os.close(self.fd)
+                    raise AgentError(_GONE % self.path)
+                self._record()
+                return self
             except OSError as e:
                 if e.errno not in (errno.EACCES, errno.EAGAIN):
                     os.close(self.fd)
@@ -148,15 +171,124 @@ class _Lock:
                             "the tool on the machine that exports it" % self.path
                         ) from None
                     raise AgentError("cannot lock %s: %s (nothing changed)" % (self.path, e.strerror)) from None
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
+                    holder = _holder(self.fd)
                     os.close(self.fd)
                     raise AgentError(
-                        "another speculators-patch holds %s; gave up after %ds" % (self.path, LOCK_WAIT_SECONDS)
+                        "%s is held by %s; gave up after %s s waiting for it%s; nothing changed"
+                        % (self.path, holder, _seconds(self.wait), " (--timeout)" if self.bounded else "")
                     ) from None
+                if os.getppid() != parent:
+                    os.close(self.fd)
+                    raise AgentError(_GONE % self.path) from None
+                if not told and now - start >= 0.25:
+                    told = True
+                    _say(
+                        "waiting for the lock on %s: held by %s; giving up in %s s"
+                        % (self.path, _holder(self.fd), _seconds(max(0.0, deadline - now)))
+                    )
                 time.sleep(0.05)
 
+    def _record(self):
+        """Say in the lock file who holds it (read by ``_holder``); a failure to say is no failure."""
+        try:
+            data = json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "verb": self.verb, "since": time.time()}
+            ).encode()
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, data, 0)
+        except (OSError, AttributeError):
+            pass
+
     def __exit__(self, *exc):
+        try:
+            os.ftruncate(self.fd, 0)  # the lock file says who holds it only while someone does
+        except OSError:
+            pass
         os.close(self.fd)  # closing the descriptor releases the record lock
+
+
+_GONE = "the command that started this agent ended while it waited for %s; nothing changed"
+
+
+def _seconds(s):
+    return ("%.1f" % s).rstrip("0").rstrip(".")
+
+
+def _say(line):
+    """One line for the user while a command waits (the controller prints it on stderr)."""
+    try:
+        sys.stderr.write(NOTICE_PREFIX + line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _holder(fd):
+    """Who holds the lock on ``fd``, in words: what the holder wrote into the lock file
+    (pid, verb, since when), when that process still runs and is the one the kernel names;
+    else the pid the kernel names (Linux: /proc/locks) and its command; else that it did
+    not say."""
+    kernel = _kernel_holder(fd)
+    try:
+        record = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        pid, since = int(record["pid"]), float(record["since"])
+        here = record.get("host") == socket.gethostname()
+        if not here or (_alive(pid) and kernel in (None, pid)):
+            return "pid %d%s (speculators-patch %s, since %s UTC, %s s ago)" % (
+                pid,
+                "" if here else " on " + str(record.get("host")),
+                record.get("verb"),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(since)),
+                _seconds(max(0.0, time.time() - since)),
+            )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    if kernel is not None:
+        return "pid %d (%s), another program" % (kernel, _command_of(kernel))
+    return "another process (it did not say which)"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def _kernel_holder(fd):
+    """The pid holding a POSIX lock on ``fd``'s file, from /proc/locks (Linux), or None."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if "->" in parts or len(parts) < 6 or parts[1] != "POSIX":
+            continue
+        try:
+            pid, ident = int(parts[4]), parts[5].split(":")
+            if int(ident[-1]) == st.st_ino and pid != os.getpid():
+                return pid
+        except (ValueError, IndexError):
+            continue
+    return None
+
+
+def _command_of(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return "command unknown"
+    text = " ".join(" ".join(w.decode("utf-8", "replace").split()) for w in words if w)  # one line
+    return text[:80] + ("..." if len(text) > 80 else "")
 
 
 _STEPS = [0]
@@ -460,11 +592,12 @@ def _sweep(state):
                 _unlink(os.path.join(dirpath, n))
 
 
-def heal(state, root):
+def heal(state, root, request=None):
     """Before reading, finish or roll back a command that died mid-way (``kill -9``, power
     loss, a full disk), so every subcommand sees the install whole. Waits for a commit in
-    progress (the lock). Returns (rolled back?, problem or None); the problem is one line
-    (e.g. a read-only install, or files that are no longer what the journal expects)."""
+    progress (the lock, as long as ``request``'s ``lock_wait`` allows: ``_Lock``). Returns
+    (rolled back?, problem or None); the problem is one line (e.g. a read-only install, a
+    lock held past the wait, or files that are no longer what the journal expects)."""
     if not (
         os.path.exists(os.path.join(state, JOURNAL))
         or os.path.exists(os.path.join(state, CLEANUP))
@@ -472,7 +605,7 @@ def heal(state, root):
     ):
         return False, None, None
     try:
-        with _Lock(state, _Env(os.path.dirname(state))):
+        with _Lock(state, _Env(os.path.dirname(state)), request):
             done = _recover(state, root)
             _sweep(state)
             return done, None, None
@@ -582,12 +715,12 @@ def commit(request):
     stops it (nothing changed: a failure after the first write is rolled back).
     """
     state, root = request["state_dir"], request["root"]
-    # All data is in hand: finish even if the SSH session that sent it drops now, or the
-    # user presses Ctrl-C (the terminal sends SIGINT to a local agent too): the caller
-    # then waits for, and reports, this commit's outcome.
-    for name in ("SIGHUP", "SIGINT"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # All data is in hand: finish even if the SSH session that sent it drops now, or, once
+    # the lock is held, the user presses Ctrl-C (the terminal sends SIGINT to a local agent
+    # too): the caller then waits for, and reports, this commit's outcome. A Ctrl-C while it
+    # still waits for the lock stops it there, having written nothing.
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
     for path in list(writes) + list(keep):
         check_relative(path)
@@ -598,13 +731,23 @@ def commit(request):
         made = env.makedirs(os.path.join(state, "pristine"))
     except OSError as e:
         raise AgentError("cannot write to %s: %s (nothing changed)" % (os.path.dirname(state), e.strerror)) from None
+    lock, locker = None, _Lock(state, env, request)
     try:
-        lock = _Lock(state, env).__enter__()
-    except AgentError:
+        lock = locker.__enter__()
+        if hasattr(signal, "SIGINT"):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (AgentError, KeyboardInterrupt) as e:
+        if lock is not None:
+            lock.__exit__()
         for d in reversed(made):  # leave no empty state directory behind
             for n in os.listdir(d):
                 os.unlink(os.path.join(d, n))
             os.rmdir(d)
+        if isinstance(e, KeyboardInterrupt):
+            held = _holder(locker.fd) if lock is None and hasattr(locker, "fd") else None
+            raise AgentError(
+                "it was still waiting for the lock on %s%s" % (locker.path, ", held by " + held if held else "")
+            ) from None
         raise
     try:
         return _commit_locked(state, root, writes, keep, request, env, repair)
@@ -817,7 +960,7 @@ def repair(request):
     if not os.path.isdir(state):
         return {"salvaged": False}
     try:
-        with _Lock(state, _Env(os.path.dirname(state))):
+        with _Lock(state, _Env(os.path.dirname(state)), request):
             try:
                 done = _recover(state, root, salvage=False)
             except AgentError:

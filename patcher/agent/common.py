@@ -19,6 +19,11 @@ STATE_DIR = ".speculators-patch"
 LOCK_WAIT_SECONDS = 120.0
 
 
+# A line the agent writes on stderr with this prefix is for the user now (a wait for the lock):
+# the controller prints it as it arrives (``patcher.connect.transport``).
+NOTICE_PREFIX = "[speculators-patch] "
+
+
 TMP = ".speculators-patch.tmp"  # a file being written; never outlives a command
 
 

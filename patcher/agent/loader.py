@@ -70,6 +70,28 @@ def load(sources, digest):
     return package
 
 
+def too_old():
+    """The refusal of an interpreter older than 3.8, the same on every transport (the
+    bootstrap says it in the same words when its own Python is too old), or None."""
+    if _sys.version_info[:2] >= (3, 8):
+        return None
+    return "the agent needs Python 3.8+: %s is Python %d.%d; nothing was read or changed" % (
+        _sys.executable or "this interpreter",
+        _sys.version_info[0],
+        _sys.version_info[1],
+    )
+
+
 def run(sources, digest):
-    """Load the agent and answer requests until stdin ends."""
+    """Load the agent and answer requests until stdin ends. An interpreter older than 3.8
+    answers the marker and one JSON error line instead, before anything is compiled, read
+    or written (this file stays Python 2 parseable for that)."""
+    refusal = too_old()
+    if refusal is not None:
+        import json
+
+        marker = [a for a in _sys.argv[1:] if a.startswith("speculators-patch-agent-")]
+        _sys.stdout.write("\n%s\n%s\n" % (marker[0] if marker else "", json.dumps({"error": refusal})))
+        _sys.stdout.flush()
+        _sys.exit(3)
     load(sources, digest).main.main()

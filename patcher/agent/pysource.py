@@ -207,12 +207,15 @@ def attributes_read(trees):
     return {n.attr for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
 
 
-def collect_sources(read, seeds, package="vllm", follow=frozenset(), limit=MAX_SOURCE_FILES, trees_out=None):
+def collect_sources(
+    read, seeds, package="vllm", follow=frozenset(), limit=MAX_SOURCE_FILES, trees_out=None, failed=None
+):
     """Every file of ``package`` needed to resolve ``seeds`` to their definitions.
 
     ``package``: a top-level package name, or a tuple of them (transformers' classes derive
     from torch's: both are followed). ``limit``: at most this many files are read.
-    ``trees_out``: a dict that receives {path: tree} of each file parsed.
+    ``trees_out``: a dict that receives {path: tree} of each file parsed. ``failed``: a list
+    that receives the path of each file that does not parse.
 
     seeds: [(module, name or None)], or (module, name, "resolve") for a name only imported
     (its definition is found, a class's bases are not followed); read(path) -> bytes or
@@ -221,6 +224,8 @@ def collect_sources(read, seeds, package="vllm", follow=frozenset(), limit=MAX_S
     ``follow`` (attribute names), also the declared types of those attributes of each class
     (``attribute_types``), so that reads like ``runner.input_batch.req_id_to_index`` can be
     checked class by class. Returns {path: bytes or None} (None: the file does not exist).
+    ``failed``: a list to which the path of each file this interpreter cannot parse is added
+    (what was followed from it is then missing: the answer is partial).
     """
     files, trees = {}, {}
 
@@ -236,7 +241,8 @@ def collect_sources(read, seeds, package="vllm", follow=frozenset(), limit=MAX_S
                         if trees_out is not None:
                             trees_out[path] = trees[module][0]
                     except (SyntaxError, ValueError):
-                        pass
+                        if failed is not None:
+                            failed.append(path)
                     break
         return trees[module]
 
@@ -366,13 +372,13 @@ def auto_packages(tree):
     return found
 
 
-def walk_import_path(read, listdir, start, own="speculators"):
+def walk_import_path(read, listdir, start, own="speculators", failed=None):
     """Follow what importing ``start`` runs inside package ``own``.
 
     read(path) -> bytes or None; listdir(package path) -> [relative .py paths under it].
     ``start``: a module name, or a list of them.
     Returns ({path: bytes or None} of ``own``'s files read, [(importer path, module, name,
-    line, guarded)] of imports leaving ``own``).
+    line, guarded)] of imports leaving ``own``). ``failed``: as for ``collect_sources``.
     """
     files, external, seen = {}, [], set()
     queue = [start] if isinstance(start, str) else list(start)
@@ -392,6 +398,8 @@ def walk_import_path(read, listdir, start, own="speculators"):
             try:
                 tree = ast.parse(data)
             except (SyntaxError, ValueError):
+                if failed is not None:
+                    failed.append(path)
                 break
             for pkg in auto_packages(tree):
                 for sub in listdir(pkg.replace(".", "/")):

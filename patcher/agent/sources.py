@@ -19,13 +19,22 @@ from .pysource import (
 )
 
 
+def _interpreter():
+    """What parsed the files: the implementation and version of this interpreter (an older
+    one may not parse what a newer one does, and then follows fewer imports)."""
+    return "%s %d.%d.%d" % ((sys.implementation.name,) + tuple(sys.version_info[:3]))
+
+
 class _Reads(object):
-    """Everything a ``sources`` answer was computed from: the package roots, each file read
-    (its sha256, None when missing) and each directory listing. The answer is a function of
-    these alone, so when they are all unchanged the caller's copy of it still holds."""
+    """Everything a ``sources`` answer was computed from: the interpreter that parsed them,
+    the package roots, each file read (its sha256, None when missing) and each directory
+    listing. The answer is a function of these alone, so when they are all unchanged the
+    caller's copy of it still holds. ``unparsed``: the files this interpreter could not
+    parse (the answer is then partial, and the caller keeps none of it)."""
 
     def __init__(self, roots):
         self.roots, self.files, self.dirs = roots, {}, {}
+        self.unparsed = []
 
     def read(self, path):
         data = read_bytes(path)
@@ -42,6 +51,7 @@ class _Reads(object):
         record then fits any install of the same files wherever it lives, so a fresh copy
         of an environment, or a second host, is answered ``unchanged`` too."""
         return {
+            "python": _interpreter(),
             "roots": sorted(k for k, v in self.roots.items() if v),
             "files": {self._rel(p): d for p, d in self.files.items()},
             "dirs": {k.partition(":")[0] + ":" + self._rel(k.partition(":")[2]): v for k, v in self.dirs.items()},
@@ -85,6 +95,8 @@ def _still(expect, roots):
     this target: same roots, every file the same bytes, every listing the same names."""
     if not isinstance(expect, dict) or expect.get("roots") != sorted(k for k, v in roots.items() if v):
         return False
+    if expect.get("python") != _interpreter():
+        return False
     for name, digest in (expect.get("files") or {}).items():
         path = _absolute_read(name, roots)
         if path is None or digest_of(path) != digest:
@@ -124,7 +136,8 @@ def _sources(request):
               the files of ``packages`` (transformers, torch) their calls need,
               "expect": optional, the "reads" of an earlier answer}
     Returns {"speculators": {path: base64}, "vllm": {path: base64 or None}, "reads": what
-    the answer was computed from} plus "import_path" and "env" when asked; or, when
+    the answer was computed from} plus "import_path" and "env" when asked, and "unparsed":
+    the files this interpreter could not parse (a partial answer: not to be kept); or, when
     ``expect`` still holds (nothing it was computed from changed), {"unchanged": true}
     plus "env": the caller's earlier answer stands, nothing is parsed or sent.
     """
@@ -152,17 +165,19 @@ def _sources(request):
         spec[request["speculators_dir"] + "/" + entry] = reads.read(os.path.join(spec_dir, entry))
     seeds = [tuple(s) for s in request.get("symbols", [])]
     trees = []
-    for data in spec.values():
+    for path, data in spec.items():
         try:
             trees.append(ast.parse(data))
         except (SyntaxError, ValueError):
-            pass
+            reads.unparsed.append(path)
     for tree in trees:
         seeds += speculators_vllm_imports(tree)
     found = {}
     if vllm_root is not None:
         follow = attributes_read(trees) if request.get("follow_attributes") else frozenset()
-        found = collect_sources(lambda p: reads.read(os.path.join(vllm_root, p)), seeds, follow=follow)
+        found = collect_sources(
+            lambda p: reads.read(os.path.join(vllm_root, p)), seeds, follow=follow, failed=reads.unparsed
+        )
     answer = {"speculators": {p: to_b64(d) for p, d in spec.items()}, "vllm": {p: to_b64(d) for p, d in found.items()}}
     if request.get("import_path"):
         answer["import_path"] = import_path(request["import_path"], reads)
@@ -172,6 +187,8 @@ def _sources(request):
         answer["libraries"] = libraries(request["libraries"], reads, roots)
         answer["library_versions"] = _versions(request["libraries"], roots)
     answer["reads"] = reads.as_dict()
+    if reads.unparsed:
+        answer["unparsed"] = sorted(set(reads.unparsed))
     return answer
 
 
@@ -243,7 +260,9 @@ def import_path(request, reads=None):
         found = reads.listing("py_tree", os.path.join(spec_root, rel), _py_tree)
         return sorted(os.path.relpath(p, spec_root) for p in found)
 
-    files, external = walk_import_path(lambda p: reads.read(os.path.join(spec_root, p)), listdir, request["start"])
+    files, external = walk_import_path(
+        lambda p: reads.read(os.path.join(spec_root, p)), listdir, request["start"], failed=reads.unparsed
+    )
     packages = {}
     for package in request.get("packages", []):
         root = package_root(package)
@@ -257,6 +276,6 @@ def import_path(request, reads=None):
                 seeds += [(".".join(parts[:i]), None) for i in range(1, len(parts) + 1)]
                 if name is not None:
                     seeds.append((target, name))
-        found = collect_sources(lambda p, r=root: reads.read(os.path.join(r, p)), seeds, package)
+        found = collect_sources(lambda p, r=root: reads.read(os.path.join(r, p)), seeds, package, failed=reads.unparsed)
         packages[package] = {p: to_b64(d) for p, d in found.items()}
     return {"speculators": {p: to_b64(d) for p, d in files.items()}, "packages": packages}

@@ -13,6 +13,9 @@ always reads in full (it needs the parsed calls).
 
 The cache entry is named by the target (its label, interpreter, site-packages and roots),
 the request and the digest of the tool's code (``patcher.digest``); it lives in ``patcher.cache``.
+The ``reads`` name the interpreter that parsed the files (its version), so an entry answers
+only a target whose interpreter parses them alike; an answer from a partial read (a file
+that interpreter could not parse) is never stored.
 """
 
 from __future__ import annotations
@@ -76,9 +79,12 @@ def save(
     checked: list[Checked],
     imports: ImportPathCheck,
     vllm: dict[str, bytes | None],
+    unparsed: list[str] | None = None,
 ) -> None:
-    """Store what was found, with the ``reads`` it was computed from (none: nothing stored)."""
-    if not reads:
+    """Store what was found, with the ``reads`` it was computed from. Nothing is stored
+    without ``reads``, or from a partial read (``unparsed``: files the target's interpreter
+    could not parse, whose imports were then not followed)."""
+    if not reads or unparsed:
         return
     runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode() for p in KEPT}
     entry = {

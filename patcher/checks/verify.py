@@ -243,11 +243,12 @@ def _verify_calls(
         calls_cache.save(
             snap,
             request,
-            answer["reads"],
+            answer.get("reads"),
             findings + library.findings,
             checked + library.checked,
             imports,
             vllm,
+            answer.get("unparsed"),
         )
         return CallsCheck(findings, checked, None, imports, runner, vllm, library)
     from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it (vLLM's calls)

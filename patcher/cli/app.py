@@ -78,7 +78,13 @@ def _one_target(ctx, param, values: tuple[str, ...]) -> str | None:
 
 def connection_options(f):
     """Where the target is and how to reach it: ``--target``, ``--host``, ``--hosts-file``,
-    ``--exec``, ``--jobs``, the SSH options, ``--connect-timeout``, ``--json``."""
+    ``--exec``, ``--jobs``, the SSH options, ``--connect-timeout``, ``--json``, ``--no-cache``."""
+    f = click.option(
+        "--no-cache",
+        is_flag=True,
+        help="Compute every answer afresh: read and write nothing in this user's cache "
+        "(~/.cache/speculators-patch/fast) and use no record of an earlier run's checks.",
+    )(f)
     f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
     f = click.option(
         "--connect-timeout",
@@ -150,7 +156,8 @@ def timeout_option(f):
         metavar="SECONDS",
         envvar="SPECULATORS_PATCH_TIMEOUT",
         help="Give up when the target's agent does not answer a request within this time "
-        "(default 600; a commit keeps going on the target and finishes or rolls back).",
+        "(default 600), waiting for another run's lock included; a commit that holds the lock "
+        "is waited for 60 s more, and ended past that.",
     )(f)
 
 
@@ -194,6 +201,10 @@ def _main(opts: Options, command: Callable[[str | None], Report]) -> NoReturn:
     """Run ``command`` on the local target or one host; several hosts go to
     ``patcher.cli.fanout``. Prints the report (or the refusal) and exits with its code."""
     try:
+        if opts.no_cache:
+            from patcher import cache
+
+            cache.disable()
         load_patch_files(opts)
         hosts = all_hosts(opts)
         if len(hosts) > 1:

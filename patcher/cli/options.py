@@ -20,7 +20,7 @@ class Options:
     ``target`` (``--target``, once at most), the hosts (``--host``, ``--hosts-file``,
     ``--exec``), ``ssh_config``, ``patch_files``, the waits (``connect_timeout``,
     ``timeout``: None for the transport's defaults), ``ssh_persist`` (and whether it was given
-    on the command line: ``ssh_persist_given``), ``jobs``, ``as_json``, the patch choice
+    on the command line: ``ssh_persist_given``), ``jobs``, ``as_json``, ``no_cache``, the patch choice
     (``only``, ``skip``) and the verbs' own flags."""
 
     target: str | None = None
@@ -35,6 +35,7 @@ class Options:
     ssh_persist_given: bool = False
     jobs: int = DEFAULT_JOBS
     as_json: bool = False
+    no_cache: bool = False
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     dry_run: bool = False

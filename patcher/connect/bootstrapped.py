@@ -79,7 +79,7 @@ class BootstrapTransport(Transport):
         try:
             return self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            self._kill()
             return self._proc.wait()
 
     def _failure(self, op: str) -> str:

@@ -44,6 +44,8 @@ class ExecTransport(BootstrapTransport):
     Raises ``UserError`` (on entering) when the command cannot be started.
     """
 
+    OWN_GROUP = True  # a wrapper (``sh -c``, sudo) may leave children: they end with the run
+
     def __init__(self, command: str, target: str | None) -> None:
         self.command = command
         self.argv = split_command(command)

@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -52,10 +53,26 @@ class Transport:
     # Lines the agent's children write to stderr with this prefix are progress for the user
     # (selftest); they are passed to ``on_progress`` as they arrive.
     PROGRESS_PREFIX = b"[selftest] "
+    # Lines the agent itself writes to stderr with this prefix (``agent.common.NOTICE_PREFIX``:
+    # a wait for the install's lock, naming its holder) are for the user at once: passed to
+    # ``on_notice``, which prints them on stderr after the target's label.
+    NOTICE_PREFIX = b"[speculators-patch] "
+    # True: the process runs in a session of its own, so that a command that gives up on it
+    # ends everything it started, not only the first process (``--exec``: a wrapper's
+    # children); a Ctrl-C on the terminal is passed on to that group. False (a local agent,
+    # ssh): it stays in the caller's group, which the terminal's Ctrl-C (and a kill of the
+    # whole group) reaches as it reaches the caller; ssh's connection master (``--ssh-persist``)
+    # must outlive the run.
+    OWN_GROUP = False
+    # Seconds to wait, past --timeout, for the answer to a commit that holds the install's lock
+    # (the agent gives up waiting for the lock before --timeout, ``lock_wait``): it is writing,
+    # and the command reports what it did rather than leave it running.
+    COMMIT_GRACE = 60
 
     def __init__(self) -> None:
         self.exchanges = 0
         self.on_progress: Callable[[str], None] | None = None
+        self.on_notice: Callable[[str], None] = self._print_notice
         self.connect_timeout = DEFAULT_CONNECT_TIMEOUT
         self.timeout = DEFAULT_TIMEOUT
         self._proc: subprocess.Popen[bytes] | None = None
@@ -68,7 +85,6 @@ class Transport:
         self._noise: list[bytes] = []  # what the far side printed before the marker
         self.resolved: str | None = None  # the interpreter a bootstrap chose, once it says so
         self._started = 0.0
-        self._abandoned = False  # a commit outlived --timeout: leave the agent to finish it
         self._preamble = b""  # bytes to write before the first request (a bootstrap's header)
         self.held: list = []  # context managers (cache locks) this run holds until it ends
         self._ahead: list[dict] = []  # requests to send with the next one (``send_ahead``)
@@ -83,7 +99,12 @@ class Transport:
     def __enter__(self) -> "Transport":
         self._started = time.monotonic()
         self._proc = subprocess.Popen(
-            self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self._env()
+            self._argv(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self._env(),
+            start_new_session=self.OWN_GROUP,
         )
         # Drain stderr as it comes: a long child (selftest) would otherwise block on a full
         # pipe, and an SSH ControlPersist master may keep it open after ssh exits. Stdout is
@@ -104,8 +125,40 @@ class Transport:
         for line in iter(self._proc.stderr.readline, b""):
             if self.on_progress is not None and line.startswith(self.PROGRESS_PREFIX):
                 self.on_progress(line[len(self.PROGRESS_PREFIX) :].decode(errors="replace").rstrip())
+            elif line.startswith(self.NOTICE_PREFIX):
+                self.on_notice(line[len(self.NOTICE_PREFIX) :].decode(errors="replace").rstrip())
             else:
                 self._stderr.append(line)
+
+    def _print_notice(self, line: str) -> None:
+        import sys
+
+        try:
+            sys.stderr.write(f"{self.label}: {line}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the agent and everything it started (its process group)."""
+        if self._proc is None:
+            return
+        if self.OWN_GROUP:
+            try:
+                os.killpg(self._proc.pid, sig)
+                return
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self._proc.send_signal(sig)
+        except (ProcessLookupError, OSError):
+            pass
+
+    def lock_wait(self) -> float:
+        """Seconds the agent may wait for the install's lock: what ``timeout`` leaves for the
+        answer to arrive after the agent gave up (half of it, at most 5 s), so that a command
+        that gives up has never left an agent waiting to write."""
+        return max(0.0, self.timeout - min(5.0, self.timeout / 2))
 
     def stderr_text(self) -> str:
         """What the agent (and its children) wrote to stderr so far, progress lines excluded."""
@@ -121,17 +174,17 @@ class Transport:
             self.held.pop().__exit__(None, None, None)
         if self._proc is None:
             return
+        if self.OWN_GROUP and exc and isinstance(exc[1], KeyboardInterrupt) and self._proc.poll() is None:
+            self._kill(signal.SIGINT)  # Ctrl-C: what the terminal would have sent it in our group
         if self._writer is None or not self._writer.is_alive():  # else a stuck write keeps the descriptor
             try:
                 self._proc.stdin.close()
             except (BrokenPipeError, OSError):  # the agent is already gone; its error was reported
                 pass
-        if self._abandoned:
-            return
         try:
             self._proc.wait(timeout=self.EXIT_WAIT)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            self._kill()
             self._proc.wait()
 
     def _write(self, data: bytes, deadline: float) -> None:
@@ -195,6 +248,8 @@ class Transport:
         if ahead:
             message["then"] = ahead
         self.exchanges += 1
+        if op in ("inspect", "commit", "repair"):  # those that may wait for the install's lock
+            message["lock_wait"] = self.lock_wait()
         wait = self.timeout
         if op == "run_python":  # the agent bounds its child by the request's own timeout
             wait = max(wait, float(payload.get("timeout") or 600) + 60)
@@ -202,6 +257,8 @@ class Transport:
             line = self._exchange(op, json.dumps(message).encode() + b"\n", wait)
         except KeyboardInterrupt:
             if op != "commit":
+                if self.OWN_GROUP and self._proc.poll() is None:
+                    self._kill(signal.SIGINT)
                 raise
             raise Interrupted(self._interrupted_commit()) from None
         if not line:
@@ -209,7 +266,7 @@ class Transport:
         try:
             answer = json.loads(line)
         except ValueError:
-            self._proc.kill()
+            self._kill()
             raise UserError(self._not_json(line)) from None
         if "error" in answer:
             raise UserError(answer["error"])
@@ -231,7 +288,23 @@ class Transport:
                 return b""
             return self._next_line(time.monotonic() + wait)
         except _Deadline:
+            if op == "commit" and self._synced:
+                return self._late_commit(wait)
             raise UserError(self._timed_out(op, wait)) from None
+
+    def _late_commit(self, wait: float) -> bytes:
+        """A commit that did not answer within ``wait`` seconds holds the lock (the agent
+        gives up waiting for it before then) and is writing: wait ``COMMIT_GRACE`` more for
+        its answer, which the command then reports. Past that, end the agent: a local one's
+        commit is then rolled back by the next command; a remote one may still finish."""
+        self.on_notice(
+            f"no answer to the commit within {wait:g} s (--timeout): it holds the lock and is writing; "
+            f"waiting up to {self.COMMIT_GRACE} s more for it to finish"
+        )
+        try:
+            return self._next_line(time.monotonic() + self.COMMIT_GRACE)
+        except _Deadline:
+            raise UserError(self._timed_out("commit", wait + self.COMMIT_GRACE)) from None
 
     def _sync(self) -> bool:
         """Skip what the far side prints before the agent's marker line (login banners, a
@@ -245,7 +318,7 @@ class Transport:
             if self._consumed(line):
                 continue
             if self._is_echo(line):
-                self._proc.kill()
+                self._kill()
                 raise UserError(self._echoed())
             self._noise.append(line)
             self._synced = line.rstrip(b"\r\n") == self._marker
@@ -271,11 +344,11 @@ class Transport:
         return f"{self.label}: {self._argv()[0]}"
 
     def _timed_out(self, op: str, wait: float) -> str:
-        """The one line for a far side that did not answer in time; the process is killed,
-        except during a commit (the agent finishes or rolls back that by itself)."""
+        """The one line for a far side that did not answer in time; the process (with its
+        group, ``OWN_GROUP``) is killed. A commit gets here only past ``COMMIT_GRACE`` too."""
         where = self._where_text()
         if not self._synced:
-            self._proc.kill()
+            self._kill()
             seconds = self.connect_timeout
             if self.resolved is not None:
                 what = f"{self.resolved} (the target's interpreter there) started, but not the agent"
@@ -295,13 +368,14 @@ class Transport:
                 f"{where}: no answer within {seconds:g} s (--connect-timeout) while starting the agent: {what}; "
                 f"nothing was sent to the target, nothing changed"
             )
+        self._kill()
         if op == "commit":
-            self._abandoned = True
             return (
-                f"{where}: no answer to the commit within {wait:g} s (--timeout); a commit that had started "
-                f"finishes or rolls back on the target by itself: run `speculators-patch status` to see which"
+                f"{where}: no answer to the commit within {wait:g} s (--timeout and the wait for a commit in "
+                f"progress); its agent was stopped: a commit that had started is rolled back by the next "
+                f"speculators-patch command on the target (one that reached a remote target may still finish "
+                f"there): run `speculators-patch status` to see which"
             )
-        self._proc.kill()
         return f"{where}: no answer to {op} within {wait:g} s (--timeout); nothing was written by this run"
 
     # Seconds to wait, after Ctrl-C, for the answer to a commit in flight (a second Ctrl-C stops waiting).
@@ -341,7 +415,7 @@ class Transport:
         """The one-line message when the agent ended without answering ``op``."""
         printed = [n for n in self._noise if n.strip()]
         if not self._synced and printed:  # something that is not our agent talked back
-            self._proc.kill()
+            self._kill()
             return self._not_json(printed[0])
         try:
             self._proc.wait(timeout=self.EXIT_WAIT)

@@ -108,7 +108,7 @@ def apply(
         if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
             files[p.path]["checked"] = checked
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
-    result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans)
+    result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans, verb="apply")
     result.adopted = adopted
     return result
 
@@ -228,4 +228,4 @@ def revert(
     if dry_run or (not changed and same_record and not litter):
         return CommitResult([], plans)
     # (``litter``: a state directory recording nothing, left by an earlier run: the commit removes it)
-    return _commit(transport, snap, changed, {}, manifest, plans)
+    return _commit(transport, snap, changed, {}, manifest, plans, verb="revert")

@@ -132,6 +132,7 @@ def repair(transport: Transport) -> RepairResult:
             manifest=manifest,
             manifest_expect_sha256=snap.manifest_sha256,
             repair=True,
+            verb="repair",
         )
     unrestorable = [p for p in (snap.record_differs or []) if p not in files]
     for path in unrestorable:

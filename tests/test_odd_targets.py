@@ -1,0 +1,67 @@
+"""Issue 37, item 2: one odd target never spoils another. An interpreter older than 3.8 is
+refused the same way on every transport before anything is written; verify's cached call
+findings answer only a target whose interpreter read the same files alike, and are never
+kept from a partial read; ``--no-cache`` reads and writes no cache.
+
+No Python 3.7 can be installed on this machine (no Debian package; uv has no build of it for
+it), so the old interpreter is a stand-in: the sandbox's ``bin/python`` replaced by a script
+that runs its real Python with ``sys.version_info`` set to 3.7 (or 3.9) and, where asked, a
+parser that refuses the files an older parser would (here any file with ``:=``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from support import pretend_python, run_cli
+
+
+def _install(site: Path) -> dict[str, bytes]:
+    top = [site / "speculators", site / ".speculators-patch"]
+    return {str(p): p.read_bytes() for t in top for p in sorted(t.rglob("*")) if p.is_file()}
+
+
+def test_a_python_37_target_is_refused_on_every_transport_with_nothing_written(sandbox, site):
+    python = pretend_python(sandbox, "3.7")
+    before = _install(site)
+    real = sandbox / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    refusal = f"error: the agent needs Python 3.8+: {real} is Python 3.7; nothing was read or changed"
+    for where in (
+        ("--target", str(sandbox)),  # local: the agent under the target's interpreter
+        ("--target", str(python)),
+        ("--exec", str(python)),  # the bootstrap itself under 3.7
+        ("--exec", sys.executable, "--target", str(sandbox)),  # a new bootstrap choosing a 3.7 target
+    ):
+        for verb in ("apply", "revert", "status"):
+            result = run_cli(verb, *where)
+            assert result.returncode == 2, (where, verb, result.stderr)
+            assert result.stderr.strip() == refusal, (where, verb, result.stderr)
+            assert _install(site) == before, (where, verb)
+    assert not (site / ".speculators-patch").exists()
+
+
+def test_a_target_that_parses_less_never_spoils_a_healthy_targets_verify(tmp_path):
+    """A target whose interpreter cannot parse some of vLLM's files (a stand-in for an old
+    one) finds calls that do not fit; a healthy target with the very same files, checked
+    after it, is not answered from that run's findings."""
+    from sandbox import make_sandbox
+
+    odd, healthy = make_sandbox(tmp_path / "odd"), make_sandbox(tmp_path / "healthy")
+    pretend_python(odd, "3.9", refuse=b":=")
+    cache = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
+    assert "verify: FAILED (the calls)" in run_cli("apply", "--target", str(odd), env=cache).stdout
+    result = run_cli("apply", "--target", str(healthy), env=cache)
+    assert result.returncode == 0 and "FAILED" not in result.stdout, result.stdout[-2000:]
+    result = run_cli("verify", "--target", str(healthy), env=cache)
+    assert result.returncode == 0 and "verify: OK" in result.stdout, result.stdout[-2000:]
+
+
+def test_no_cache_reads_and_writes_no_cache(tmp_path, sandbox):
+    cache = tmp_path / "cache"
+    env = {"SPECULATORS_PATCH_CACHE": str(cache)}
+    for verb in ("apply", "verify", "status"):
+        result = run_cli(verb, "--no-cache", "--target", str(sandbox), env=env)
+        assert result.returncode == 0, (verb, result.stderr)
+    assert not (cache / "fast").exists(), sorted(p.name for p in (cache / "fast").iterdir())
+    assert run_cli("verify", "--target", str(sandbox), env=env).returncode == 0
+    assert (cache / "fast" / "verify-calls").is_dir()  # without it, the same run keeps its findings
