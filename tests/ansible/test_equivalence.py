@@ -17,8 +17,9 @@ import pytest
 from fleetplay import Fleet, recap
 from sandbox import site_packages
 from support import run_cli, tree_digest
-from patcher.fixes.registry import shipped_patches
 from userfix import FIX001, write_fix001
+
+from patcher.fixes.registry import shipped_patches
 
 pytestmark = pytest.mark.ssh
 
