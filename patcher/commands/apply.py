@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches
+from patcher.commands.status import stale_reason
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class Applied:
             pass
         elif self.modified:
             lines.append(f"nothing written: {', '.join(sorted(self.modified))} changed after patching (below)")
+        elif self.stale:
+            lines.append(f"nothing written: {stale_reason(self.stale, self.data['vllm'])}")
         elif self.left_out:
             lines.append(
                 f"nothing written: every chosen patch is applied, but "
@@ -69,6 +72,11 @@ class Applied:
         else:
             lines.append("nothing to do: every needed patch is already applied")
         return "\n".join(lines)
+
+    @property
+    def stale(self) -> list[str]:
+        """The patches applied by us for another vLLM release, wrong for the installed one."""
+        return sorted({r["id"] for r in self.rows if r["state"] == "stale"})
 
     @property
     def dry_run_modified(self) -> str | None:
@@ -101,7 +109,7 @@ def apply(
     Refuses an unsupported target, a vLLM change no patch covers, and a user patch whose
     file changed since it was applied."""
     from patcher import engine
-    from patcher.checks.verify import send_calls_ahead
+    from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
     from patcher.fixes.registry import all_patches
 
@@ -114,6 +122,9 @@ def apply(
         transport, snap, chosen, dry_run=dry_run, adopt=adopt, revert_command=advise("speculators-patch revert")
     )
     rows = outcome_rows(result.plans)
+    moved = recorded_states(snap, result.plans)  # applied by us for another vLLM release: shown as status shows them
+    for row in rows:
+        row["state"] = moved.get(row["id"], row["state"])
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]

@@ -105,3 +105,32 @@ def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
                 f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
                 f"'revert --only {row['id']}', then apply the new one"
             )
+
+
+# The states ``status`` gives an install (``commands.status.install_state``); a host whose
+# outcome is one of these was read (``unsupported`` too: its speculators or vLLM was).
+INSTALL_STATES = ("patched", "pristine", "partial", "stale", "modified", "unsupported")
+
+
+def hosts_summary(outcomes: list[str]) -> str:
+    """The last line of a run over several hosts, computed from each host's outcome alone:
+    ``N host(s): 2 patched, 1 failed``, and for ``status`` (outcomes that are install states)
+    a tail that says only what those outcomes show: some hosts read are patched and some not
+    (``the hosts disagree``), none of them is (``it is not patched`` for one host), or every
+    host read is patched but some could not be read; none when every host is patched."""
+    counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
+    line = f"{len(outcomes)} host{'' if len(outcomes) == 1 else 's'}: " + ", ".join(
+        f"{n} {o}" for o, n in counts.items()
+    )
+    read = [o for o in outcomes if o in INSTALL_STATES]
+    unread = len(outcomes) - len(read)
+    if not any(o in INSTALL_STATES and o != "unsupported" for o in outcomes):  # not status, or none read
+        return line
+    patched = read.count("patched")
+    if patched == len(read):
+        return line + (f": {unread} not read" if unread else "")
+    if patched:
+        return f"{line}: the hosts disagree"
+    if len(outcomes) == 1:
+        return f"{line}: it is not patched"
+    return f"{line}: none {'of those read ' if unread else ''}is patched"
