@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches
+from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches, refuse_lost_state
 from patcher.commands.status import stale_reason
 from patcher.errors import UserError
 
@@ -116,6 +116,10 @@ def apply(
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
+    if any(snap.file_state(path) == "edited" for path in snap.files):  # planning twice costs little (plan_cache)
+        plans = engine.plan(snap, chosen)
+        if not engine.refusals(plans):  # a codemod's refusal comes first, from engine.apply, as in diff
+            refuse_lost_state(snap, "apply", advise, plans)
     check_after = verify_after and not dry_run
     sent_ahead = send_calls_ahead(transport, snap) if check_after else None
     result = engine.apply(
@@ -199,6 +203,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     refused = engine.refusals(plans)
     if refused:
         raise UserError(refused[0])
+    refuse_lost_state(snap, "apply", advise, plans)  # as apply would refuse
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = unified_diff(plans)
     modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")

@@ -107,6 +107,35 @@ def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
             )
 
 
+def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] | None = None) -> None:
+    """Raise ``UserError`` when the target's state records no file but files this tool reads
+    differ from what pip installed (their ``RECORD``): ``revert`` cannot restore them, and an
+    ``apply`` that finds its fixes already in them would call the install patched. ``plans``
+    (``apply``): refuse only for files on which a needed fix is found already there
+    (``satisfied``), so a hand edit without the fixes is patched as before. ``advise``: a
+    way-out command as the caller words it."""
+    if ((snap.manifest or {}).get("files") or {}) or snap.state_problem:
+        return
+    edited = sorted(p for p in snap.files if snap.file_state(p) == "edited")
+    fixes = []
+    if plans is not None:
+        found = {p.path: sorted(o.patch.id for o in p.outcomes if o.state == "satisfied") for p in plans}
+        edited = [p for p in edited if found.get(p)]
+        fixes = sorted({pid for p in edited for pid in found[p]})
+        fixes = fixes[:3] + ([f"{len(fixes) - 3} more"] if len(fixes) > 3 else [])
+    if not edited:
+        return
+    one = len(edited) == 1
+    holding = f", with this tool's fixes already in ({', '.join(fixes)})," if fixes else ""
+    raise UserError(
+        f"{', '.join(edited)} {'differs' if one else 'differ'} from what pip installed ({'its' if one else 'their'} "
+        f"RECORD){holding} but {snap.state_dir} records no file: speculators-patch's state was lost (or the files "
+        f"were edited by hand), so {what} cannot tell what it wrote there; nothing was changed; "
+        f"`{advise('speculators-patch repair')}` says what each file is, and "
+        f"pip install --force-reinstall --no-deps speculators=={snap.speculators_version} restores them"
+    )
+
+
 # The states ``status`` gives an install (``commands.status.install_state``); a host whose
 # outcome is one of these was read (``unsupported`` too: its speculators or vLLM was).
 INSTALL_STATES = ("patched", "pristine", "partial", "stale", "modified", "unsupported")

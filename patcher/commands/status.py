@@ -10,6 +10,7 @@ from patcher.commands.common import (
     mark_edited,
     outcome_rows,
     refuse_edited_user_patches,
+    refuse_lost_state,
     source_changes,
 )
 
@@ -144,6 +145,7 @@ def revert(
     ``advise``: a way-out command as this caller words it (the CLI adds its target options)."""
     from patcher import engine
 
+    refuse_lost_state(snap, "revert", advise)
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
         ids = {p.id for p in chosen}
         entries = (snap.manifest or {}).get("files", {})
