@@ -17,5 +17,15 @@ class Interrupted(UserError):
 class PatchRefused(Exception):
     """A codemod met code it does not recognise and refuses to guess.
 
-    The message names the file, the line and the shape the codemod expected.
+    The message names the file, the line and the shape the codemod expected. ``where`` and
+    ``line`` (when the codemod knew them) let a caller name the line again in another text
+    (``at``): the user's file, when earlier codemods have rewritten the text this one read.
     """
+
+    def __init__(self, message: str, where: str | None = None, line: int | None = None, rest: str = ""):
+        super().__init__(message)
+        self.where, self.line, self.rest = where, line, rest
+
+    def at(self, line: int) -> str:
+        """The message with ``line`` as the line it names (unchanged when it named none)."""
+        return f"{self.where}:{line}: {self.rest}" if self.where and self.line else str(self)

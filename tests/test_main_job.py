@@ -78,7 +78,7 @@ def test_verify_fails_before_and_passes_after_with_evidence(sandbox):
 
 def test_status_reports_each_patch(sandbox):
     code, report = run_json("status", "--target", str(sandbox))
-    assert code == 0
+    assert code == 1  # not patched
     assert set(report["files"].values()) == {"pristine"}
     assert states(report) == {"pending"}
     run_cli("apply", "--target", str(sandbox), "--only", "SP001")
@@ -258,7 +258,7 @@ def test_killed_mid_write_is_rolled_back_by_the_next_command(sandbox, site):
     assert journal.exists() and tree_digest(site / "speculators") != before, "half-written, as intended"
 
     result = run_cli("status", "--target", str(sandbox))
-    assert result.returncode == 0 and "rolled back" in result.stderr
+    assert result.returncode == 1 and "rolled back" in result.stderr  # 1: pristine again, not patched
     assert tree_digest(site / "speculators") == before and not journal.exists()
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     assert run_json("verify", "--target", str(sandbox))[0] == 0

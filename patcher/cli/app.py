@@ -7,8 +7,8 @@ hands it down with a ``Verb`` (``patcher.cli.run``): named functions that run th
 ``patcher.commands`` verb on a target and turn its answer into a ``Report``.
 
 Exit codes: 0 success; 1 ``diff`` found changes, ``verify`` found disagreements, ``apply``
-left an install that fails verify's checks, or ``repair`` found a file nothing kept restores;
-2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify`` (and
+left an install that fails verify's checks, ``repair`` found a file nothing kept restores, or
+``status`` found the install not patched (``commands.status.Status.exit_code``); 2 bad input or a refused operation (one line on stderr, nothing changed); 3 ``verify`` (and
 ``apply``): every static check passes, but the installed vLLM release has no engine proof
 (``UNPROVEN``); 130 Ctrl-C (one line saying whether anything changed).
 """
@@ -320,7 +320,11 @@ def diff(ctx: click.Context, **params: Any) -> None:
 @target_options
 @click.pass_context
 def status(ctx: click.Context, **params: Any) -> None:
-    """Show each file's state and each patch: applied / pending / not needed."""
+    """Show each file's state and each patch: applied / pending / not needed.
+
+    Exit 0 when the install is patched, 1 when it is not (pristine, partial, stale,
+    modified), 2 when it cannot tell (no answer, bad input) or the install is unsupported.
+    """
     run_verb(read_options(ctx, params), STATUS)
 
 

@@ -7,11 +7,13 @@ threads would run them one host at a time under the GIL (threads are the fallbac
 A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
 never stops or touches the others. Progress goes to stderr; the end is one summary table
 (or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``); for ``status``
-each host's result is the state of its install. Exit code: 0 when every host succeeded, 2 when
-any host failed or is unsupported, else 1
-when ``diff`` found changes, ``verify`` disagreements, an ``apply`` whose result fails
-verify's checks or a ``status`` whose install is not patched somewhere, else the largest (3: every static check passed but some host's vLLM
-has no engine proof); 130 after Ctrl-C.
+each host's result is the state of its install, and the last line is
+``commands.common.hosts_summary`` of the hosts' results. Exit code: 0 when every host
+succeeded, 2 when any host failed or is unsupported, else 1 when ``diff`` found changes,
+``verify`` disagreements, an ``apply`` whose result fails verify's checks or a ``status``
+whose install is not patched somewhere (each host's code is the verb's own), else the
+largest (3: every static check passed but some host's vLLM has no engine proof); 130 after
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from patcher.cli.options import DEFAULT_JOBS
+from patcher.commands.common import hosts_summary
 from patcher.errors import Interrupted, Unsupported, UserError
 
 
@@ -37,7 +40,8 @@ from patcher.errors import Interrupted, Unsupported, UserError
 class HostResult:
     host: str
     # changed | unchanged | would-change | ok | disagrees (verify, or apply then verify) | unproven | failed |
-    # unsupported | status: the install's state (patched | pristine | partial | modified | unsupported)
+    # unsupported | unrestorable, repaired (repair) | status: the install's state (patched | pristine | partial |
+    # stale | modified | unsupported)
     outcome: str
     exit_code: int
     reason: str
@@ -78,6 +82,13 @@ def classify(data: dict, exit_code: int) -> tuple[str, str]:
         return outcome, reason
     if "install" in data:  # status: the state of each host's install
         return data["install"]["state"], data["install"]["reason"]
+    if "unrestorable" in data:  # repair: it ran; a file nothing kept restores is its finding, not a failure
+        if data["unrestorable"]:
+            return (
+                "unrestorable",
+                f"{len(data['unrestorable'])} file(s) differ from what pip installed; nothing kept restores them",
+            )
+        return ("repaired", "") if data.get("was") else ("ok", "")
     if "diff" in data:
         return ("would-change", "diff printed in --json") if data["changed"] else ("unchanged", "")
     if "selftest" in data:
@@ -113,10 +124,9 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
     except Exception as e:  # a bug must not take the other hosts down
         return HostResult(host, "failed", 2, f"internal error: {type(e).__name__}: {e}", time.monotonic() - start)
     outcome, reason = classify(report.data, report.exit_code)
-    code = report.exit_code
-    if "install" in report.data and outcome != "patched":  # status: this host is not what a job needs
-        code = max(code, 1)
-    return HostResult(host, outcome, code, reason, time.monotonic() - start, report.data, tuple(report.notes))
+    return HostResult(
+        host, outcome, report.exit_code, reason, time.monotonic() - start, report.data, tuple(report.notes)
+    )
 
 
 # The command of the current run, for forked workers: a closure cannot be pickled, but a
@@ -146,8 +156,11 @@ _COLORS = {
     "patched": "green",
     "pristine": "yellow",
     "partial": "red",
+    "stale": "red",
     "modified": "red",
     "unsupported": "red",
+    "unrestorable": "red",
+    "repaired": "green",
 }
 
 
@@ -244,7 +257,9 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
             console=err,
             transient=True,
         ) as progress:
-            task = progress.add_task(f"{len(hosts)} hosts, {workers} at a time", total=len(hosts))
+            task = progress.add_task(
+                f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}, {workers} at a time", total=len(hosts)
+            )
             for future in as_completed(futures):
                 host = futures[future]
                 try:
@@ -282,12 +297,5 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
         from patcher.cli.render import print_out
 
         print_out(lambda console: console.print(summary_table(ordered)))
-        counts = {o: sum(r.outcome == o for r in ordered) for o in dict.fromkeys(r.outcome for r in ordered)}
-        states = [r.data["install"]["state"] for r in ordered if r.data and "install" in r.data]
-        verdict = ""
-        if states and len(set(states)) > 1:
-            verdict = ": the hosts disagree"
-        elif states and states[0] != "patched":
-            verdict = f": {'none' if len(states) > 1 else 'it'} is patched"
-        click.echo(f"{len(hosts)} hosts: " + ", ".join(f"{n} {o}" for o, n in counts.items()) + verdict)
+        click.echo(hosts_summary([r.outcome for r in ordered]))
     return code

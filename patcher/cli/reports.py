@@ -116,7 +116,7 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
                 f"fix: {escape(advice.advise(STALE_FIX))}"
             )
 
-    return Report(done.data, 0, render)
+    return Report(done.data, done.exit_code, render)
 
 
 LIBRARY_NAMES = {"vllm": "vLLM"}  # how the facts' title names a library (others: as imported)

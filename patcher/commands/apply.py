@@ -6,7 +6,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches
+from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches, refuse_lost_state
+from patcher.commands.status import stale_reason
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class Applied:
             pass
         elif self.modified:
             lines.append(f"nothing written: {', '.join(sorted(self.modified))} changed after patching (below)")
+        elif self.stale:
+            lines.append(f"nothing written: {stale_reason(self.stale, self.data['vllm'])}")
         elif self.left_out:
             lines.append(
                 f"nothing written: every chosen patch is applied, but "
@@ -69,6 +72,11 @@ class Applied:
         else:
             lines.append("nothing to do: every needed patch is already applied")
         return "\n".join(lines)
+
+    @property
+    def stale(self) -> list[str]:
+        """The patches applied by us for another vLLM release, wrong for the installed one."""
+        return sorted({r["id"] for r in self.rows if r["state"] == "stale"})
 
     @property
     def dry_run_modified(self) -> str | None:
@@ -101,19 +109,26 @@ def apply(
     Refuses an unsupported target, a vLLM change no patch covers, and a user patch whose
     file changed since it was applied."""
     from patcher import engine
-    from patcher.checks.verify import send_calls_ahead
+    from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
     from patcher.fixes.registry import all_patches
 
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
+    if any(snap.file_state(path) == "edited" for path in snap.files):  # planning twice costs little (plan_cache)
+        plans = engine.plan(snap, chosen)
+        if not engine.refusals(plans):  # a codemod's refusal comes first, from engine.apply, as in diff
+            refuse_lost_state(snap, "apply", advise, plans)
     check_after = verify_after and not dry_run
     sent_ahead = send_calls_ahead(transport, snap) if check_after else None
     result = engine.apply(
         transport, snap, chosen, dry_run=dry_run, adopt=adopt, revert_command=advise("speculators-patch revert")
     )
     rows = outcome_rows(result.plans)
+    moved = recorded_states(snap, result.plans)  # applied by us for another vLLM release: shown as status shows them
+    for row in rows:
+        row["state"] = moved.get(row["id"], row["state"])
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
@@ -188,6 +203,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     refused = engine.refusals(plans)
     if refused:
         raise UserError(refused[0])
+    refuse_lost_state(snap, "apply", advise, plans)  # as apply would refuse
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     text = unified_diff(plans)
     modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")

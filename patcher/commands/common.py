@@ -105,3 +105,61 @@ def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
                 f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
                 f"'revert --only {row['id']}', then apply the new one"
             )
+
+
+def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] | None = None) -> None:
+    """Raise ``UserError`` when the target's state records no file but files this tool reads
+    differ from what pip installed (their ``RECORD``): ``revert`` cannot restore them, and an
+    ``apply`` that finds its fixes already in them would call the install patched. ``plans``
+    (``apply``): refuse only for files on which a needed fix is found already there
+    (``satisfied``), so a hand edit without the fixes is patched as before. ``advise``: a
+    way-out command as the caller words it."""
+    if ((snap.manifest or {}).get("files") or {}) or snap.state_problem:
+        return
+    edited = sorted(p for p in snap.files if snap.file_state(p) == "edited")
+    fixes = []
+    if plans is not None:
+        found = {p.path: sorted(o.patch.id for o in p.outcomes if o.state == "satisfied") for p in plans}
+        edited = [p for p in edited if found.get(p)]
+        fixes = sorted({pid for p in edited for pid in found[p]})
+        fixes = fixes[:3] + ([f"{len(fixes) - 3} more"] if len(fixes) > 3 else [])
+    if not edited:
+        return
+    one = len(edited) == 1
+    holding = f", with this tool's fixes already in ({', '.join(fixes)})," if fixes else ""
+    raise UserError(
+        f"{', '.join(edited)} {'differs' if one else 'differ'} from what pip installed ({'its' if one else 'their'} "
+        f"RECORD){holding} but {snap.state_dir} records no file: speculators-patch's state was lost (or the files "
+        f"were edited by hand), so {what} cannot tell what it wrote there; nothing was changed; "
+        f"`{advise('speculators-patch repair')}` says what each file is, and "
+        f"pip install --force-reinstall --no-deps speculators=={snap.speculators_version} restores them"
+    )
+
+
+# The states ``status`` gives an install (``commands.status.install_state``); a host whose
+# outcome is one of these was read (``unsupported`` too: its speculators or vLLM was).
+INSTALL_STATES = ("patched", "pristine", "partial", "stale", "modified", "unsupported")
+
+
+def hosts_summary(outcomes: list[str]) -> str:
+    """The last line of a run over several hosts, computed from each host's outcome alone:
+    ``N host(s): 2 patched, 1 failed``, and for ``status`` (outcomes that are install states)
+    a tail that says only what those outcomes show: some hosts read are patched and some not
+    (``the hosts disagree``), none of them is (``it is not patched`` for one host), or every
+    host read is patched but some could not be read; none when every host is patched."""
+    counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
+    line = f"{len(outcomes)} host{'' if len(outcomes) == 1 else 's'}: " + ", ".join(
+        f"{n} {o}" for o, n in counts.items()
+    )
+    read = [o for o in outcomes if o in INSTALL_STATES]
+    unread = len(outcomes) - len(read)
+    if not any(o in INSTALL_STATES and o != "unsupported" for o in outcomes):  # not status, or none read
+        return line
+    patched = read.count("patched")
+    if patched == len(read):
+        return line + (f": {unread} not read" if unread else "")
+    if patched:
+        return f"{line}: the hosts disagree"
+    if len(outcomes) == 1:
+        return f"{line}: it is not patched"
+    return f"{line}: none {'of those read ' if unread else ''}is patched"

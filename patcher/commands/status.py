@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from patcher.commands.common import describe, mark_edited, outcome_rows, refuse_edited_user_patches, source_changes
+from patcher.commands.common import (
+    describe,
+    mark_edited,
+    outcome_rows,
+    refuse_edited_user_patches,
+    refuse_lost_state,
+    source_changes,
+)
 
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
@@ -28,6 +35,13 @@ class Status:
         install = self.data["install"]
         return f"install is {install['state']}" + (f" ({install['reason']})" if install["reason"] else "")
 
+    @property
+    def exit_code(self) -> int:
+        """``status`` as a gate, the same on one target and in each host's row of many: 0 when
+        the install is ``patched``, 2 when it is ``unsupported`` (no patch here handles it, as
+        a refused target), else 1 (pristine, partial, stale, modified)."""
+        return {"patched": 0, "unsupported": 2}.get(self.data["install"]["state"], 1)
+
 
 def status(snap: Snapshot, chosen) -> Status:
     """``status``: what ``apply`` would find, file by file and patch by patch."""
@@ -42,7 +56,7 @@ def status(snap: Snapshot, chosen) -> Status:
         r["state"] = moved.get(r["id"], r["state"])
     mark_edited(source_changes(snap), rows, "state")
     files = {p.path: snap.file_state(p.path) for p in plans}
-    state, reason = install_state(rows, files)
+    state, reason = install_state(rows, files, snap.vllm.version if snap.vllm else "")
     found = Status(
         plans,
         rows,
@@ -57,24 +71,38 @@ def status(snap: Snapshot, chosen) -> Status:
 NOT_APPLIED = ("pending", "refused", "stale", "source-changed")
 
 
-def install_state(rows: list[dict], files: dict[str, str]) -> tuple[str, str]:
+def install_state(rows: list[dict], files: dict[str, str], vllm: str = "") -> tuple[str, str]:
     """(state, reason) of the install from ``status``'s rows and file states: ``modified``
     (a file changed after patching, or differing from what pip installed with no record),
     ``unsupported`` (a patch's vLLM fact is missing: no patch here handles this vLLM),
+    ``stale`` (patches applied for another vLLM release, ``vllm`` being the installed one),
     ``patched`` (every needed patch is in), ``pristine`` (none applied by this tool) or
-    ``partial``; the reason names the files or patches, empty when patched."""
+    ``partial``; the reason names the files or patches (and for ``stale`` the way out), empty
+    when patched."""
     changed = [p for p, state in files.items() if state in ("modified", "edited")]
     if changed:
         return "modified", f"changed by hand: {', '.join(changed)}"
     gone = sorted({r["id"] for r in rows if r["state"] == "fact-missing"})
     if gone:
         return "unsupported", f"no patch handles this vLLM ({', '.join(gone)}: fact missing)"
+    stale = sorted({r["id"] for r in rows if r["state"] == "stale"})
+    if stale:
+        return "stale", stale_reason(stale, vllm)
     missing = sorted({r["id"] for r in rows if r["state"] in NOT_APPLIED})
     if not missing:
         return "patched", ""
     if not any(r["state"] == "applied" for r in rows):
         return "pristine", f"needed, not applied: {', '.join(missing)}"
     return "partial", f"needed, not applied: {', '.join(missing)}"
+
+
+def stale_reason(ids: list[str], vllm: str) -> str:
+    """Why patches applied for another vLLM release are wrong here, and the way out, in one
+    clause (``status``'s reason, ``apply``'s summary)."""
+    return (
+        f"{', '.join(ids)} applied for another vLLM release, wrong for vLLM {vllm}: "
+        f"take them out with `speculators-patch revert`, then `speculators-patch apply` for this release"
+    )
 
 
 @dataclass
@@ -117,6 +145,7 @@ def revert(
     ``advise``: a way-out command as this caller words it (the CLI adds its target options)."""
     from patcher import engine
 
+    refuse_lost_state(snap, "revert", advise)
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
         ids = {p.id for p in chosen}
         entries = (snap.manifest or {}).get("files", {})

@@ -81,11 +81,13 @@ def parse(path: str, source: bytes, python_version: str = "3.10") -> cst.Module:
         raise UserError(f"{path}:{line}: syntax error, cannot patch: {e.message}") from None
 
 
-def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
+def transform(patch: Patch, module: cst.Module, original: str | None = None) -> tuple[str, cst.Module, str]:
     """Run one patch's codemod on a parsed module.
 
     Returns ``(verdict, module, detail)`` with verdict ``changed``, ``satisfied`` or
-    ``refused`` (``detail`` then names file:line and the expected shape).
+    ``refused`` (``detail`` then names file:line and the expected shape). ``original``: the
+    file's text before earlier codemods rewrote ``module``; a refusal then names the line
+    in it, the user's file, not in the rewritten text.
     """
     import libcst as cst
     from libcst.codemod import CodemodContext, SkipFile
@@ -100,7 +102,9 @@ def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
         try:  # again, with positions resolved, to name the line
             patch.codemod.with_positions()(CodemodContext(filename=patch.file)).transform_module(module)
         except PatchRefused as e:
-            return "refused", module, str(e)
+            if original is None or e.line is None or original == module.code:
+                return "refused", module, str(e)
+            return "refused", module, e.at(original_line(original, module.code, e.line))
         raise
     except Exception as e:
         if patch.origin == "shipped":  # our bug: the traceback is the report
@@ -112,6 +116,19 @@ def transform(patch: Patch, module: cst.Module) -> tuple[str, cst.Module, str]:
     if new.code == module.code:
         return "satisfied", module, "already satisfied: no change"
     return "changed", new, ""
+
+
+def original_line(original: str, current: str, line: int) -> int:
+    """The line of ``original`` that line ``line`` of ``current`` (``original`` rewritten by
+    earlier codemods) comes from: the same line where they left it as it was, else the first
+    line of the original lines they rewrote (the line before, for lines they only added)."""
+    import difflib
+
+    a, b = original.splitlines(), current.splitlines()
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if j1 < line <= j2:
+            return i1 + line - j1 if tag == "equal" else (i1 + 1 if i2 > i1 else max(i1, 1))
+    return line
 
 
 def run_codemod(patch: Patch, source: bytes, python_version: str = "3.10") -> tuple[str, bytes, str]:
@@ -168,6 +185,7 @@ def plan_file(
     """
     plan = FilePlan(path, source, source)
     module = parse(path, source, snap.python_version)
+    original = module.code
     for patch in (p for p in chosen if p.file == path):
         gone = fact_missing(snap, patch) if only_needed else ""
         if gone:  # neither needed nor not needed: never shown as calm (verify's verdict fails)
@@ -189,7 +207,7 @@ def plan_file(
             # edited since: the record is all there is to show; apply/verify say the file is modified
             plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded; the file was modified since"))
             continue
-        verdict, module, detail = transform(patch, module)
+        verdict, module, detail = transform(patch, module, original)
         if verdict == "changed":
             plan.outcomes.append(Outcome(patch, "pending"))
         elif verdict == "satisfied":

@@ -254,15 +254,11 @@ def check_state_version(snap: Snapshot) -> None:
         return
     ours, theirs = Version(patcher.__version__), state_written_by(snap)
     where = f"{snap.state_dir}/manifest.json"
-    upgrade = (
-        f"nothing was changed; run speculators-patch {theirs} or newer on this target "
-        f"(pip install 'speculators-patch>={theirs}')"
-        if theirs
-        else "nothing was changed; run the speculators-patch that applied it"
-    )
     if theirs is not None and theirs > ours:
         raise UserError(
-            f"{where} was written by speculators-patch {theirs}, newer than this speculators-patch {ours}; {upgrade}"
+            f"{where} was written by speculators-patch {theirs}, newer than this speculators-patch {ours}; "
+            f"nothing was changed; run speculators-patch {theirs} or newer on this target "
+            f"(pip install 'speculators-patch>={theirs}')"
         )
     shipped = {p.id: p for p in shipped_patches()}
     for path in sorted(files):
@@ -273,9 +269,20 @@ def check_state_version(snap: Snapshot) -> None:
             mine = shipped.get(pid)
             if mine is None or version > mine.version:
                 has = f"has {pid} v{mine.version}" if mine else f"has no {pid}"
-                raise UserError(
+                said = (
                     f"{where} records {pid} v{version} on {path}, applied by speculators-patch "
-                    f"{theirs or '(unknown version)'}; this speculators-patch {ours} {has}; {upgrade}"
+                    f"{theirs or '(unknown version)'}; this speculators-patch {ours} {has}"
+                )
+                if theirs is not None and theirs < ours:  # a patch that release had and this one dropped
+                    raise UserError(
+                        f"{said}; nothing was changed; run speculators-patch {theirs} on this target "
+                        f"(pip install 'speculators-patch=={theirs}'), which has it"
+                    )
+                raise UserError(  # no release of this version wrote it: an edited record, or another build
+                    f"{said}: the record names a patch this tool does not have (edited, or written by another "
+                    f"build); nothing was changed; run the build that applied it, or give speculators back what "
+                    f"pip installed: pip install --force-reinstall --no-deps "
+                    f"speculators=={snap.speculators_version}, then remove {snap.state_dir}"
                 )
 
 

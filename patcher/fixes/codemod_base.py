@@ -45,10 +45,11 @@ class PatchCodemod(VisitorBasedCodemodCommand):
 
     def refuse(self, node: cst.CSTNode | None, expected: str) -> None:
         """Stop without changing anything. Raises ``PatchRefused`` naming file:line."""
-        where = self.context.filename or "<source>"
+        where, line = self.context.filename or "<source>", None
         if node is not None:
             try:
-                where += f":{self.get_metadata(PositionProvider, node).start.line}"
+                line = self.get_metadata(PositionProvider, node).start.line
             except KeyError:  # positions not resolved on this run
                 pass
-        raise PatchRefused(f"{where}: unrecognised code, expected {expected}")
+        rest = f"unrecognised code, expected {expected}"
+        raise PatchRefused(f"{where}{'' if line is None else f':{line}'}: {rest}", where, line, rest)

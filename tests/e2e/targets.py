@@ -207,5 +207,5 @@ def install_patched_on_016_moved_to(tmp_path_factory, target_016: Path, vllm: st
     shutil.rmtree(new / "speculators")
     shutil.copytree(old / "speculators", new / "speculators")
     shutil.copytree(old / ".speculators-patch", new / ".speculators-patch")
-    assert cli("status", "--target", str(target)).returncode == 0
+    assert cli("status", "--target", str(target)).returncode in (0, 1)  # read (patched or stale here)
     return target

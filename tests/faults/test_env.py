@@ -174,7 +174,7 @@ def test_killed_apply_then_another_version_is_refused_and_repairable(sandbox, si
     # repair keeps the 0.4.0 files as they are and removes what the killed commit left
     assert tree_digest(site / "speculators") == installed
     assert not (site / ".speculators-patch" / "journal.json").exists()
-    assert run_cli("status", "--target", str(sandbox)).returncode == 0
+    assert run_cli("status", "--target", str(sandbox)).returncode == 1  # read (0.4.0, not patched): no refusal
     assert WORKER
 
 

@@ -85,7 +85,7 @@ def test_persist_zero_opens_a_connection_per_run_and_leaves_no_socket(sandbox, s
             "0",
             env={"SPECULATORS_PATCH_CACHE": str(cache)},
         )
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1, r.stderr  # status of a pristine install: read, not patched
     assert sshd.connections() == before + 2 and sockets(cache) == []
 
 
@@ -151,7 +151,7 @@ def test_the_users_own_control_path_is_kept(tmp_path, sandbox, sshd, cache):
             sshd.host_block("mine", extra=f"  ControlMaster auto\n  ControlPath {own}/%C\n  ControlPersist 30\n")
         )
         r = remote(config, "status", "--host", "mine", "--target", str(sandbox), env=reuse(cache))
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1, r.stderr  # read, not patched
         assert sockets(cache) == [] and [p for p in own.iterdir() if p.is_socket()]
     finally:
         close_masters(own)
@@ -167,7 +167,7 @@ def test_a_users_explicit_no_is_kept(tmp_path, sandbox, sshd, cache, setting):
     before = sshd.connections()
     for _ in range(2):
         r = remote(config, "status", "--host", "mine", "--target", str(sandbox), env=reuse(cache))
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1, r.stderr  # read, not patched
     assert sshd.connections() == before + 2 and sockets(cache) == []
 
 
@@ -229,7 +229,7 @@ def test_a_host_key_swapped_under_a_live_master_is_checked_again(tmp_path, sandb
     run's master is alive: the next run is refused as with a connection of its own (it was
     ridden for a minute), and the master trusted under the old entry is stopped."""
     config, known, _ = _own_trust(tmp_path, sshd, where)
-    assert _status(config, sandbox, cache).returncode == 0
+    assert _status(config, sandbox, cache).returncode == 1  # read, not patched
     [first] = sockets(cache)
     pid = master_pid(first)
     right = known.read_text()
@@ -241,13 +241,13 @@ def test_a_host_key_swapped_under_a_live_master_is_checked_again(tmp_path, sandb
     assert sshd.connections() == before  # nothing authenticated: the new key was checked, not ridden
     assert _gone(pid) and not first.exists()
     known.write_text(right)  # the right key again: a new connection, the same answer
-    assert _status(config, sandbox, cache).returncode == 0
+    assert _status(config, sandbox, cache).returncode == 1  # read, not patched
     assert sshd.connections() == before + 1
 
 
 def test_an_identity_swapped_under_a_live_master_authenticates_again(tmp_path, sandbox, sshd, keys, cache):
     config, _, key = _own_trust(tmp_path, sshd)
-    assert _status(config, sandbox, cache).returncode == 0
+    assert _status(config, sandbox, cache).returncode == 1  # read, not patched
     [first] = sockets(cache)
     pid = master_pid(first)
     shutil.copy(keys["stranger"], key)  # a key the server does not accept
@@ -259,16 +259,16 @@ def test_an_identity_swapped_under_a_live_master_authenticates_again(tmp_path, s
 
 def test_changed_options_for_the_same_alias_stop_the_old_master(tmp_path, sandbox, sshd, cache):
     config, _, _ = _own_trust(tmp_path, sshd)
-    assert _status(config, sandbox, cache).returncode == 0
+    assert _status(config, sandbox, cache).returncode == 1  # read, not patched
     [first] = sockets(cache)
     pid = master_pid(first)
     config.write_text(config.read_text() + "  ServerAliveInterval 7\n")
     before = sshd.connections()
-    assert _status(config, sandbox, cache).returncode == 0
+    assert _status(config, sandbox, cache).returncode == 1  # read, not patched
     assert sshd.connections() == before + 1 and _gone(pid)
     [second] = sockets(cache)
     assert second != first
-    assert _status(config, sandbox, cache).returncode == 0 and sshd.connections() == before + 1  # kept while unchanged
+    assert _status(config, sandbox, cache).returncode == 1 and sshd.connections() == before + 1  # kept; 1: not patched
 
 
 def test_a_known_hosts_command_gets_no_kept_connection(tmp_path, sandbox, sshd, cache):

@@ -88,7 +88,7 @@ def test_the_far_side_resolves_a_target_by_the_local_rule(tmp_path, sandbox, sit
     for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
         far = f"env -i {variable}={shlex.quote(str(sandbox))} PYTHONPATH={shlex.quote(str(decoy))} python3"
         code, report = run_json("status", "--exec", far)
-        assert code == 0 and report["site_packages"] == str(site) and report["speculators"] == "0.3.0", variable
+        assert code == 1 and report["site_packages"] == str(site) and report["speculators"] == "0.3.0", variable
         local = run_json("status", env={variable: str(sandbox), "PYTHONPATH": f"{decoy}:{ROOT}"})
         assert local[1]["site_packages"] == str(site) and local[1]["speculators"] == "0.3.0", variable
     gone = run_cli("status", "--exec", f"env -i VIRTUAL_ENV={shlex.quote(str(tmp_path / 'gone'))} python3")

@@ -143,7 +143,7 @@ def test_verify_reports_a_source_changed_since_it_was_applied(tmp_path, sandbox)
     assert row["verdict"] == "source-changed" and "revert --only FIX001" in row["hint"]
     # status: still applied, from the earlier source (not "refused").
     code, status = run_json("status", "--target", str(sandbox), "--patch-file", str(fix))
-    assert code == 0 and [r["state"] for r in status["patches"] if r["id"] == "FIX001"] == ["source-changed"]
+    assert code == 1 and [r["state"] for r in status["patches"] if r["id"] == "FIX001"] == ["source-changed"]
     # apply, diff and a revert that keeps FIX001 refuse in one line, naming both files and
     # the ways out; nothing changes.
     before = tree_digest(site_packages(sandbox))

