@@ -8,9 +8,13 @@ calls (``Executor.sample_tokens`` among them): patches apply and revert there to
 from __future__ import annotations
 
 import pytest
-from support import GENERATOR, run_cli, run_json, tree_digest
+from support import GENERATOR, PREPROCESSING, run_cli, run_json, tree_digest
 
 PATCHES_04 = ["SP015", "SP016", "SP017", "SP018"]
+# The training half's patches cover 0.4.x's config and preprocessing as well; on the sandbox's
+# transformers 4.57.6 only SP033 (preprocessing) is needed, SP030-SP032 are for 5.4+.
+TRAINING_04 = ["SP030", "SP031", "SP032", "SP033"]
+APPLIED_04 = [*PATCHES_04, "SP033"]
 COMBINATIONS = [("0.4.0.1", v) for v in ("0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")] + [
     ("0.4.0", "0.16.0"),
     ("0.4.0", "0.17.1"),
@@ -27,21 +31,21 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
 
     code, diff = run_json("diff", "--target", str(env))
     assert code == 1 and diff["changed"] and f"+++ b/{GENERATOR}" in diff["diff"]
-    assert sorted(p["id"] for p in diff["patches"]) == PATCHES_04  # no 0.3.0 patch is offered
+    assert sorted(p["id"] for p in diff["patches"]) == PATCHES_04 + TRAINING_04  # no 0.3.0-only patch
     assert tree_digest(site / "speculators") == before
 
     # apply ends with verify's verdict: OK (exit 0) only where 0.4.x ran on the engine (0.16.0)
     proven_here = vllm == "0.16.0"
     code, applied = run_json("apply", "--target", str(env))
-    assert code == (0 if proven_here else 3) and applied["written"] == [GENERATOR]
+    assert code == (0 if proven_here else 3) and sorted(applied["written"]) == sorted([GENERATOR, PREPROCESSING])
     assert applied["verify"]["failing"] == ([] if proven_here else ["no engine proof for this vLLM"])
-    assert sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
+    assert sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == APPLIED_04
     compile((site / GENERATOR).read_bytes(), GENERATOR, "exec")
     code, again = run_json("apply", "--target", str(env))
     assert (
         code == (0 if proven_here else 3)
         and again["written"] == []
-        and {p["state"] for p in again["patches"]} == {"applied"}
+        and {p["state"] for p in again["patches"]} == {"applied", "not-needed"}
     )
 
     code, verified = run_json("verify", "--target", str(env))
@@ -55,12 +59,17 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
         proven_here,
         proven_here,
     )
-    assert {c["id"] for c in verified["patches"]} == set(PATCHES_04)
+    assert {c["id"] for c in verified["patches"]} == set(PATCHES_04 + TRAINING_04)
     assert all(c["verdict"] == "ok" for c in verified["patches"])
-    assert {f["patch"] for f in verified["facts"]} == {"SP015"}  # executors answer available memory
+    vllm_facts = {f["patch"] for f in verified["facts"] if f["library"] == "vllm"}
+    assert vllm_facts == {"SP015"}  # executors answer available memory
 
     code, status = run_json("status", "--target", str(env))
-    assert code == 0 and status["files"] == {GENERATOR: "patched"}
+    assert code == 0 and {p: status["files"][p] for p in (GENERATOR, PREPROCESSING)} == {
+        GENERATOR: "patched",
+        PREPROCESSING: "patched",
+    }
+    assert set(status["files"].values()) <= {"patched", "pristine"}  # config.py: no patch needed here
 
     code, _ = run_json("revert", "--target", str(env))
     assert code == 0 and tree_digest(site / "speculators") == before  # byte for byte
@@ -84,7 +93,7 @@ def test_vllm_0_11_apply_and_revert_work_and_verify_names_the_breaks(tmp_path):
     site = site_packages(env)
     before = tree_digest(site / "speculators")
     code, applied = run_json("apply", "--target", str(env))
-    assert code == 1 and sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == PATCHES_04
+    assert code == 1 and sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == APPLIED_04
     assert "the calls" in applied["verify"]["failing"]  # apply says what verify says next
     code, verified = run_json("verify", "--target", str(env))
     breaks = [f["call"] for f in verified["calls"]["findings"] if f["severity"] == "error"]

@@ -12,7 +12,7 @@ import pytest
 from fleetplay import Fleet, recap
 from sandbox import make_sandbox, site_packages
 from sshfixtures import FLEET
-from support import GENERATOR, WORKER, digest, run_cli, tree_digest
+from support import GENERATOR, PATCHED_FILES, WORKER, digest, run_cli, tree_digest
 
 pytestmark = pytest.mark.ssh
 
@@ -188,7 +188,8 @@ def test_info_returns_status_verify_and_evidence(tmp_path, collections, fleet, f
     assert {h: c["changed"] for h, c in recap(r.stdout).items()} == {"node1": 0, "node2": 0}
     info = _results(tmp_path / "info")
     patched, pristine = info["node1"], info["node2"]
-    assert set(patched["status"]["files"].values()) == {"patched"}
+    assert {patched["status"]["files"][p] for p in PATCHED_FILES} == {"patched"}
+    assert set(patched["status"]["files"].values()) <= {"patched", "pristine"}  # config.py: nothing needed
     assert patched["verify"]["ok"] is True and patched["msg"].endswith("verify: OK")
     assert pristine["verify"]["ok"] is False
     assert {p["verdict"] for p in pristine["verify"]["patches"]} >= {"missing"}

@@ -151,7 +151,7 @@ def test_killed_apply_then_another_version_is_refused_and_repairable(sandbox, si
     """Issue 10 item 4: recovery never writes 0.3.0 bytes over a 0.4.0 reinstall."""
     from sandbox import pip_install
 
-    env = {"SPECULATORS_PATCH_FAULT": "kill@30"}
+    env = {"SPECULATORS_PATCH_FAULT": "kill@38"}  # mid-commit: links and a temp file left
     run_cli("apply", "--target", str(sandbox), env=env)
     assert (site / ".speculators-patch" / "journal.json").exists()
     pip_install(sandbox, "speculators", "0.4.0", force=True)

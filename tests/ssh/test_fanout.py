@@ -50,9 +50,11 @@ def test_identical_hosts_cost_one_plan(tmp_path, fleet, fleet_envs):
     r = remote(config, "apply", *hosts, "--target", "~/ml-env", "--json", env={"SPECULATORS_PATCH_CACHE": str(cache)})
     assert r.returncode == 0, r.stderr
     assert {h["outcome"] for h in json.loads(r.stdout)["hosts"]} == {"changed"}
-    files = {p["file"] for p in json.loads(r.stdout)["hosts"][0]["report"]["patches"]}
+    first = json.loads(r.stdout)["hosts"][0]["report"]
+    files = {p["file"] for p in first["patches"]}
     assert len(list((cache / "fast" / "plans").glob("*.json"))) == len(files)  # not one per host
-    assert len(list((cache / "fast" / "checked").glob("*.json"))) == len(files)
+    # the written bytes are checked once per file written (config.py, planned, needs nothing here)
+    assert len(list((cache / "fast" / "checked").glob("*.json"))) == len(first["written"])
     here = make_sandbox(tmp_path / "here")
     run_cli("apply", "--target", str(here), env={"SPECULATORS_PATCH_NO_FAST_PATH": "1"})
     for env in fleet_envs:
