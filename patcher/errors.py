@@ -11,7 +11,33 @@ class Unsupported(UserError):
 
 
 class Interrupted(UserError):
-    """Ctrl-C during a commit, with what became of it (one line); the CLI exits 130."""
+    """Ctrl-C (or SIGTERM, SIGHUP) during a commit, with what became of it (one line); the CLI
+    exits ``interrupted_exit()``."""
+
+
+# What stopped this run when it was stopped: Ctrl-C (SIGINT, exit 130) unless the CLI's handler
+# for SIGTERM or SIGHUP recorded that signal (exit 128 + its number, as a shell reports it).
+_STOPPED_BY = {"name": "Ctrl-C", "exit": 130}
+
+
+def stop_on_signal(signum: int, frame) -> None:
+    """A signal handler for SIGTERM and SIGHUP: they end the run as Ctrl-C does (a commit in
+    flight is finished first, one line says what changed), named as themselves.
+    Raises KeyboardInterrupt."""
+    import signal
+
+    _STOPPED_BY.update(name=signal.Signals(signum).name, exit=128 + signum)
+    raise KeyboardInterrupt
+
+
+def interruption() -> str:
+    """How the user stopped this run, for the message: ``Ctrl-C``, ``SIGTERM`` or ``SIGHUP``."""
+    return _STOPPED_BY["name"]
+
+
+def interrupted_exit() -> int:
+    """The exit code of a stopped run: 130 (Ctrl-C), 143 (SIGTERM), 129 (SIGHUP)."""
+    return _STOPPED_BY["exit"]
 
 
 class PatchRefused(Exception):

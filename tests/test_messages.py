@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from support import CLI, PATCHED_FILES, ROOT, run_cli, run_json
 
 
@@ -82,10 +83,18 @@ def test_new_hint_installs_pytest_where_the_tool_has_none(tmp_path):
     assert "pip install pytest" not in with_pytest.stdout and f"`{sys.executable} -m pytest " in with_pytest.stdout
 
 
-def _interrupt_when(args: list[str], ready, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Start the CLI in its own process group, wait for ``ready()``, then send SIGINT to the
-    whole group, as a terminal's Ctrl-C does (the local agent gets it too). SIGINT starts at
-    its default, as under an interactive shell, even where this run inherited it ignored
+def _reset_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _interrupt_when(
+    args: list[str], ready, env: dict | None = None, sig: int = signal.SIGINT
+) -> subprocess.CompletedProcess:
+    """Start the CLI in its own process group, wait for ``ready()``, then send ``sig`` to the
+    whole group, as a terminal's Ctrl-C (SIGINT), a closed terminal (SIGHUP) or a service
+    manager's stop (SIGTERM) does: the local agent gets it too. Signals start at their
+    default, as under an interactive shell, even where this run inherited them ignored
     (``nohup``, a background job, a pytest-xdist worker)."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen(
@@ -96,29 +105,35 @@ def _interrupt_when(args: list[str], ready, env: dict | None = None) -> subproce
         env=full,
         cwd=ROOT,
         start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_reset_signals,
     )
     deadline = time.monotonic() + 60
     while not ready() and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def test_ctrl_c_during_a_commit_waits_for_it_and_says_it_finished(sandbox, site):
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM"), (signal.SIGHUP, 129, "SIGHUP")],
+    ids=["ctrl-c", "sigterm", "sighup"],
+)
+def test_ctrl_c_during_a_commit_waits_for_it_and_says_it_finished(sandbox, site, sig, code, said):
     journal = site / ".speculators-patch" / "journal.json"
     result = _interrupt_when(
         ["apply", "--target", str(sandbox)],
         journal.exists,
         env={"SPECULATORS_PATCH_FAULT": "pause-mid-write", "SPECULATORS_PATCH_FAULT_SECONDS": "2"},
+        sig=sig,
     )
-    assert result.returncode == 130
+    assert result.returncode == code, result.stderr
     line = _one_line(result)
     assert (
-        "interrupted (Ctrl-C) while" in line
+        f"interrupted ({said}) while" in line
         and f"the commit was finished first: {len(PATCHED_FILES)} file(s) written" in line
-    )
+    ), line
     status = run_cli("status", "--target", str(sandbox))
     assert status.returncode == 0 and status.stdout.count(": patched") == len(PATCHED_FILES)
 

@@ -717,8 +717,9 @@ def commit(request):
     state, root = request["state_dir"], request["root"]
     # All data is in hand: finish even if the SSH session that sent it drops now, or, once
     # the lock is held, the user presses Ctrl-C (the terminal sends SIGINT to a local agent
-    # too): the caller then waits for, and reports, this commit's outcome. A Ctrl-C while it
-    # still waits for the lock stops it there, having written nothing.
+    # too; SIGTERM to the whole group alike): the caller then waits for, and reports, this
+    # commit's outcome. A Ctrl-C while it still waits for the lock stops it there, having
+    # written nothing.
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     writes, keep, repair = request.get("writes") or {}, request.get("pristine") or {}, bool(request.get("repair"))
@@ -734,8 +735,9 @@ def commit(request):
     lock, locker = None, _Lock(state, env, request)
     try:
         lock = locker.__enter__()
-        if hasattr(signal, "SIGINT"):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for name in ("SIGINT", "SIGTERM"):  # a kill of the whole process group too: finish, then answer
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
     except (AgentError, KeyboardInterrupt) as e:
         if lock is not None:
             lock.__exit__()

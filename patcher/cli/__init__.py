@@ -11,7 +11,7 @@ import sys  # already loaded: importing this package runs nothing a Ctrl-C could
 
 __all__ = ["Report", "console", "main", "say_error"]
 
-# The exit code after Ctrl-C (as ``render.INTERRUPTED_EXIT``, which this module may not import yet).
+# The exit code after Ctrl-C while the command line loads (later: ``errors.interrupted_exit``).
 _INTERRUPTED = 130
 
 
@@ -33,8 +33,10 @@ def say_error(message: str, as_json: bool, code: int) -> None:
 
 
 def _say_interrupted(message: str) -> None:
-    """The one line a Ctrl-C gets (``say_error``; as JSON with ``--json``)."""
-    say_error(message, "--json" in sys.argv[1:], _INTERRUPTED)
+    """The one line a Ctrl-C (SIGTERM, SIGHUP) gets (``say_error``; as JSON with ``--json``)."""
+    from patcher.errors import interrupted_exit
+
+    say_error(message, "--json" in sys.argv[1:], interrupted_exit())
 
 
 def _interrupted_while_loading(signum, frame) -> None:
@@ -63,14 +65,20 @@ def console() -> None:
     finally:
         if loading:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+    from patcher.errors import interrupted_exit, stop_on_signal
+
+    stoppers = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
+    for stopper in stoppers:  # a kill or a closed terminal ends the run as Ctrl-C does, in one line
+        signal.signal(stopper, stop_on_signal)
     try:
         group()
     except KeyboardInterrupt:  # outside what the commands answer themselves (they exit first)
         render = sys.modules.get("patcher.cli.render")
         _say_interrupted(render.interrupted_message() if render else _LOADING)
-        raise SystemExit(_INTERRUPTED) from None
-    finally:  # answered, exit code set: a Ctrl-C while the interpreter shuts down changes nothing
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise SystemExit(interrupted_exit()) from None
+    finally:  # answered, exit code set: a signal while the interpreter shuts down changes nothing
+        for stopped in (signal.SIGINT, *stoppers):
+            signal.signal(stopped, signal.SIG_IGN)
 
 
 def __getattr__(name: str):

@@ -26,7 +26,7 @@ import click
 import patcher
 from patcher.cli import reports, say_error
 from patcher.cli.options import DEFAULT_JOBS, Options
-from patcher.cli.render import INTERRUPTED_EXIT, Report, interrupted_message, print_out
+from patcher.cli.render import Report, interrupted_message, print_out
 from patcher.cli.run import (
     APPLY,
     DIFF,
@@ -41,7 +41,7 @@ from patcher.cli.run import (
     selftest_on,
 )
 from patcher.commands.selftest import ARCHS as SELFTEST_ARCHS
-from patcher.errors import Interrupted, UserError
+from patcher.errors import Interrupted, UserError, interrupted_exit
 
 # The engine, libcst and rich are imported where used, not here: ``--version`` imports none of
 # them, read-only commands on a patched install never import libcst, and rich is imported only
@@ -213,9 +213,9 @@ def _main(opts: Options, command: Callable[[str | None], Report]) -> NoReturn:
             sys.exit(run_many(hosts, command, opts.as_json, opts.jobs))
         report = command(hosts[0] if hosts else None)
     except KeyboardInterrupt:
-        fail(interrupted_message(), opts.as_json, INTERRUPTED_EXIT)
+        fail(interrupted_message(), opts.as_json, interrupted_exit())
     except Interrupted as e:  # during a commit: what became of it
-        fail(str(e), opts.as_json, INTERRUPTED_EXIT)
+        fail(str(e), opts.as_json, interrupted_exit())
     except UserError as e:
         fail(one_line(str(e)), opts.as_json)
     _emit(report, opts.as_json)
@@ -260,7 +260,7 @@ class _Group(click.Group):
         except click.ClickException as e:
             fail(e.format_message().replace("\n", " "), "--json" in argv)
         except click.Abort:  # Ctrl-C before a command ran (during ones, ``_main`` answers)
-            fail(interrupted_message(), False, INTERRUPTED_EXIT)
+            fail(interrupted_message(), False, interrupted_exit())
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from patcher.cli.options import DEFAULT_JOBS
 from patcher.commands.common import hosts_summary
-from patcher.errors import Interrupted, Unsupported, UserError
+from patcher.errors import Interrupted, Unsupported, UserError, interrupted_exit, interruption
 
 
 @dataclass
@@ -114,9 +114,9 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
     except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group)
         from patcher.cli.render import interrupted_message
 
-        return HostResult(host, "failed", 130, interrupted_message(), time.monotonic() - start)
+        return HostResult(host, "failed", interrupted_exit(), interrupted_message(), time.monotonic() - start)
     except Interrupted as e:  # during this host's commit: what became of it
-        return HostResult(host, "failed", 130, str(e), time.monotonic() - start)
+        return HostResult(host, "failed", interrupted_exit(), str(e), time.monotonic() - start)
     except Unsupported as e:  # no patch here is written for it: a refusal, named as such
         return HostResult(host, "unsupported", 2, str(e), time.monotonic() - start)
     except UserError as e:
@@ -199,8 +199,8 @@ def _warm() -> None:
         pass
 
 
-_UNKNOWN = "interrupted (Ctrl-C) while working on this host; what it did there is not known here: run `speculators-patch status` on it"
-_NOT_STARTED = "interrupted (Ctrl-C) before this host was contacted: nothing changed there"
+_UNKNOWN = "interrupted ({}) while working on this host; what it did there is not known here: run `speculators-patch status` on it"
+_NOT_STARTED = "interrupted ({}) before this host was contacted: nothing changed there"
 
 
 def _collect_interrupted(futures: dict, results: dict, wait: float = 45.0) -> None:
@@ -215,20 +215,20 @@ def _collect_interrupted(futures: dict, results: dict, wait: float = 45.0) -> No
         if host in results:
             continue
         if future.cancel() or future.cancelled():
-            results[host] = HostResult(host, "failed", 130, _NOT_STARTED, 0.0)
+            results[host] = HostResult(host, "failed", interrupted_exit(), _NOT_STARTED.format(interruption()), 0.0)
             continue
         if stop:
-            results[host] = HostResult(host, "failed", 130, _UNKNOWN, 0.0)
+            results[host] = HostResult(host, "failed", interrupted_exit(), _UNKNOWN.format(interruption()), 0.0)
             continue
         try:
             results[host] = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except KeyboardInterrupt:
             stop = True
-            results[host] = HostResult(host, "failed", 130, _UNKNOWN, 0.0)
+            results[host] = HostResult(host, "failed", interrupted_exit(), _UNKNOWN.format(interruption()), 0.0)
         except CancelledError:
-            results[host] = HostResult(host, "failed", 130, _NOT_STARTED, 0.0)
+            results[host] = HostResult(host, "failed", interrupted_exit(), _NOT_STARTED.format(interruption()), 0.0)
         except Exception:  # timed out, or the worker died of the interrupt
-            results[host] = HostResult(host, "failed", 130, _UNKNOWN, 0.0)
+            results[host] = HostResult(host, "failed", interrupted_exit(), _UNKNOWN.format(interruption()), 0.0)
 
 
 def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, jobs: int | None = None) -> int:
@@ -281,10 +281,12 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
         pool.shutdown(wait=not interrupted, cancel_futures=True)
         _COMMAND = None
     for host in hosts:
-        results.setdefault(host, HostResult(host, "failed", 130, _NOT_STARTED, 0.0))
+        results.setdefault(
+            host, HostResult(host, "failed", interrupted_exit(), _NOT_STARTED.format(interruption()), 0.0)
+        )
     ordered = [results[h] for h in hosts]
     if interrupted:
-        code = 130
+        code = interrupted_exit()
     elif any(r.outcome in ("failed", "unsupported") for r in ordered):
         code = 2
     elif any(r.exit_code == 1 for r in ordered):  # a disagreement anywhere outweighs "not proven"

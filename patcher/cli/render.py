@@ -228,17 +228,16 @@ def render_imports_and_runner(console: Console, calls: CallsCheck) -> None:
         console.print(f"        vLLM {escape(f'{runner.where}: {runner.found}')}")
 
 
-# The exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
-INTERRUPTED_EXIT = 130
-
-
 def interrupted_message() -> str:
-    """After Ctrl-C outside a commit: what this run had already written, or that it wrote nothing."""
+    """After Ctrl-C (SIGTERM, SIGHUP) outside a commit: what this run had already written, or
+    that it wrote nothing."""
     from patcher.connect.transport import COMMITTED
+    from patcher.errors import interruption
 
     done = [(label, files) for label, files in COMMITTED if files]
+    how = interruption()
     if not done:
-        return "interrupted (Ctrl-C) before anything was written: nothing changed"
-    return "interrupted (Ctrl-C) after this run's commit: " + "; ".join(
+        return f"interrupted ({how}) before anything was written: nothing changed"
+    return f"interrupted ({how}) after this run's commit: " + "; ".join(
         f"{label}: {len(files)} file(s) written ({', '.join(files)})" for label, files in done
     )

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from patcher.errors import Interrupted, UserError
+from patcher.errors import Interrupted, UserError, interruption
 
 # Seconds to wait for the far side to start the agent (``--connect-timeout``): for SSH the
 # connection, authentication and the remote shell; for ``--exec`` the command's start;
@@ -397,16 +397,16 @@ class Transport:
             written = answer["ok"].get("written") or []
             COMMITTED.append((self.label, list(written)))
             return (
-                f"interrupted (Ctrl-C) while {where} was committing; the commit was finished first: "
+                f"interrupted ({interruption()}) while {where} was committing; the commit was finished first: "
                 f"{len(written)} file(s) written ({', '.join(written)})"
             )
         if isinstance(answer, dict) and "error" in answer:
             return (
-                f"interrupted (Ctrl-C) while {where} was committing; the commit did not happen "
+                f"interrupted ({interruption()}) while {where} was committing; the commit did not happen "
                 f"({answer['error']}); nothing changed"
             )
         return (
-            f"interrupted (Ctrl-C) while {where} was committing; its outcome is not known here: a commit "
+            f"interrupted ({interruption()}) while {where} was committing; its outcome is not known here: a commit "
             f"that reached the target finishes or rolls back there by itself; run `speculators-patch status` "
             f"to see which"
         )
