@@ -15,7 +15,7 @@ __all__ = ["Report", "console", "main", "say_error"]
 _INTERRUPTED = 130
 
 
-_LOADING = "interrupted (Ctrl-C) before anything was written: nothing changed"
+_LOADING = "interrupted ({}) before anything was written: nothing changed"
 
 
 def say_error(message: str, as_json: bool, code: int) -> None:
@@ -40,13 +40,16 @@ def _say_interrupted(message: str) -> None:
 
 
 def _interrupted_while_loading(signum, frame) -> None:
-    """SIGINT while the command line is imported: nothing has been read or written, so the
-    process ends at once (a KeyboardInterrupt raised inside an import can be swallowed by
-    the import machinery's callbacks, and the command would then run on)."""
+    """SIGINT (SIGTERM, SIGHUP) while the command line is imported: nothing has been read or
+    written, so the process ends at once, in one line (a KeyboardInterrupt raised inside an
+    import can be swallowed by the import machinery's callbacks, and the command would then
+    run on)."""
     import os
+    import signal
 
-    _say_interrupted(_LOADING)
-    os._exit(_INTERRUPTED)
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    say_error(_LOADING.format(name), "--json" in sys.argv[1:], 128 + signum)
+    os._exit(128 + signum)
 
 
 def console() -> None:
@@ -57,24 +60,27 @@ def console() -> None:
     loading = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
     if loading:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
+    # A kill or a closed terminal ends the run as Ctrl-C does, in one line (not where ignored).
+    stoppers = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
+    for stopper in stoppers:
+        signal.signal(stopper, _interrupted_while_loading)
     try:
         from patcher.cli.app import main as group
     except KeyboardInterrupt:  # where our handler could not be set (SIGINT not at its default)
-        _say_interrupted(_LOADING)
+        _say_interrupted(_LOADING.format("Ctrl-C"))
         raise SystemExit(_INTERRUPTED) from None
     finally:
         if loading:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-    from patcher.errors import interrupted_exit, stop_on_signal
+    from patcher.errors import interrupted_exit, interruption, stop_on_signal
 
-    stoppers = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
-    for stopper in stoppers:  # a kill or a closed terminal ends the run as Ctrl-C does, in one line
+    for stopper in stoppers:
         signal.signal(stopper, stop_on_signal)
     try:
         group()
     except KeyboardInterrupt:  # outside what the commands answer themselves (they exit first)
         render = sys.modules.get("patcher.cli.render")
-        _say_interrupted(render.interrupted_message() if render else _LOADING)
+        _say_interrupted(render.interrupted_message() if render else _LOADING.format(interruption()))
         raise SystemExit(interrupted_exit()) from None
     finally:  # answered, exit code set: a signal while the interpreter shuts down changes nothing
         for stopped in (signal.SIGINT, *stoppers):
