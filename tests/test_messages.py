@@ -176,16 +176,22 @@ def test_piped_tables_carry_no_trailing_spaces(sandbox):
         assert out.strip() and [line for line in out.splitlines() if line != line.rstrip()] == [], args
 
 
-def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site):
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM"), ("SIGHUP", 129, "SIGHUP")],
+)
+def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site, sig, code, said):
     """Issue 30 item 8: Ctrl-C 0.03 s in lands while click and rich are imported; it is one
-    line and exit 130 there too (here it lands exactly there: SIGINT as the import of click starts)."""
-    code = (
+    line and exit 130 there too (here it lands exactly there: the signal as the import of click
+    starts). SIGTERM and SIGHUP alike, named as themselves (issue 37)."""
+    program = (
         "import builtins, os, signal, sys\n"
+        "for s in ('SIGTERM', 'SIGHUP'): signal.signal(getattr(signal, s), signal.SIG_DFL)\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "real = builtins.__import__\n"
         "def interrupted(name, *args, **kwargs):\n"
         "    if name == 'click':\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        f"        os.kill(os.getpid(), signal.{sig})\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = interrupted\n"
         "sys.argv[0] = 'speculators-patch'\n"
@@ -195,16 +201,16 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(sandbox, site):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for json_flag in ((), ("--json",)):
         result = subprocess.run(
-            [sys.executable, "-c", code, "apply", "--target", str(sandbox), *json_flag],
+            [sys.executable, "-c", program, "apply", "--target", str(sandbox), *json_flag],
             capture_output=True,
             text=True,
             env=env,
         )
-        assert result.returncode == 130, result.stderr
+        assert result.returncode == code, result.stderr
         if json_flag:
-            assert json.loads(result.stdout)["exit_code"] == 130 and result.stderr == ""
+            assert json.loads(result.stdout)["exit_code"] == code and result.stderr == ""
         else:
-            assert _one_line(result) == "error: interrupted (Ctrl-C) before anything was written: nothing changed"
+            assert _one_line(result) == f"error: interrupted ({said}) before anything was written: nothing changed"
     assert not (site / ".speculators-patch").exists()
 
 
