@@ -234,7 +234,7 @@ def test_a_cache_that_cannot_be_read_only_costs_time(sandbox: Path, tmp_path: Pa
     refuses to look up (ENAMETOOLONG) stands in. Each verb answers as with a working cache."""
     unreadable = {"SPECULATORS_PATCH_CACHE": str(tmp_path / ("x" * 300))}
     stock = tree_digest(site_packages(sandbox) / "speculators")
-    for verb, code in (("status", 0), ("diff", 1), ("apply", 0), ("verify", 0), ("revert", 0)):
+    for verb, code in (("status", 1), ("diff", 1), ("apply", 0), ("verify", 0), ("revert", 0)):
         result = run_cli(verb, "--target", str(sandbox), env=unreadable)
         assert result.returncode == code and "Traceback" not in result.stderr, (verb, result.stderr[-300:])
     assert tree_digest(site_packages(sandbox) / "speculators") == stock
