@@ -65,3 +65,23 @@ def test_no_cache_reads_and_writes_no_cache(tmp_path, sandbox):
     assert not (cache / "fast").exists(), sorted(p.name for p in (cache / "fast").iterdir())
     assert run_cli("verify", "--target", str(sandbox), env=env).returncode == 0
     assert (cache / "fast" / "verify-calls").is_dir()  # without it, the same run keeps its findings
+
+
+def test_a_hand_edited_evidence_cache_is_computed_afresh(sandbox: Path, tmp_path: Path) -> None:
+    """Found by a fresh-eyes run: one fact deleted from a cached ``vllm-evidence`` entry made
+    ``apply`` end in a ``KeyError`` traceback. An entry that lacks a fact, or holds a malformed
+    one, is read again from vLLM's files: the same answers as with no cache at all."""
+    import json
+
+    cache = tmp_path / "cache"
+    env = {"SPECULATORS_PATCH_CACHE": str(cache)}
+    clean = run_cli("diff", "--target", str(sandbox), "--no-cache")
+    assert run_cli("diff", "--target", str(sandbox), env=env).stdout == clean.stdout
+    entries = sorted((cache / "fast" / "vllm-evidence").glob("*.json"))
+    assert entries, "diff stored no evidence entry"
+    for damage in (lambda facts: facts[1:], lambda facts: [facts[0][:2]] + facts[1:]):
+        for entry in entries:
+            entry.write_text(json.dumps(damage(json.loads(entry.read_text()))))
+        again = run_cli("diff", "--target", str(sandbox), env=env)
+        assert (again.returncode, again.stdout) == (clean.returncode, clean.stdout), again.stderr[-500:]
+        assert "Traceback" not in again.stderr

@@ -138,8 +138,11 @@ class Snapshot:
         of evidence for these very vLLM files: ``cached_evidence``)."""
         assert self.vllm is not None
         vllm = self.vllm
+        wanted = [(p, f) for p in all_patches() for f in p.facts]
         return cached_evidence(
-            vllm.files, lambda: {(p.id, f.symbol): f.probe(vllm) for p in all_patches() for f in p.facts}
+            vllm.files,
+            lambda: {(p.id, f.symbol): f.probe(vllm) for p, f in wanted},
+            {(p.id, f.symbol) for p, f in wanted},
         )
 
     def file_state(self, path: str) -> str:
@@ -358,9 +361,11 @@ def check_covered(snap: Snapshot) -> None:
             )
 
 
-def cached_evidence(files: dict[str, bytes | None], compute) -> dict:
+def cached_evidence(files: dict[str, bytes | None], compute, keys: set[tuple[str, str]]) -> dict:
     """``compute()`` (evidence per (patch id, fact symbol)), cached by the digests of the
-    vLLM fact modules it reads and the tool's code."""
+    vLLM fact modules it reads and the tool's code. A cached entry is used only when it has
+    exactly ``keys``, each well formed; anything else (a damaged or hand-edited file) is
+    computed afresh and stored over it."""
     digest = tool_digest()
     if digest is None or not cache.enabled():
         return compute()
@@ -374,8 +379,10 @@ def cached_evidence(files: dict[str, bytes | None], compute) -> dict:
         stored = cache.load(EVIDENCE, key)
         if isinstance(stored, list):
             try:
-                return {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
-            except TypeError:
+                found = {(pid, symbol): Evidence(*fields) for pid, symbol, fields in stored}
+                if set(found) == keys:
+                    return found
+            except (TypeError, ValueError):
                 pass
         found = compute()
         cache.store(
