@@ -235,6 +235,7 @@ PATCH = Patch(
     version=1,
     title="Generator: finish each prompt across chunked steps, results per request or an error",
     risk="prompts split across steps are aborted half-way: hidden states can be attributed to the wrong request",
+    attribution=True,
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PrefillToCompletion,
     order=120,

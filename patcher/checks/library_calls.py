@@ -18,7 +18,8 @@ Checked, each with the speculators ``file:line`` and the callee's ``file:line``:
 
 - ``missing-import``: ``from transformers.X import Y`` (anywhere in a module, functions
   included) where the installed library defines no ``Y`` there; not one in a ``try`` whose
-  handler catches ImportError (the module has a fallback: SP014's mask builder);
+  handler catches ImportError (the module has a fallback: the mask builder of
+  patches/sp014_attention_mask_import.py);
 - a call of an imported name, ``Name(...)``; of a method on an imported class,
   ``AutoConfig.from_pretrained(...)`` (``missing-method`` when neither the class nor its
   bases define it and none of its bases lies outside the files read); of a function through
@@ -143,8 +144,8 @@ def check(
 
 def _check_module(index: Index, mod: SpecModule, aliases: dict[str, str], record: list[Checked]) -> list[Finding]:
     findings, symbols = resolve_imports(index, mod, record, library_of)
-    # an import with a fallback (``try: ... except ImportError:``, e.g. SP014's own mask
-    # builder where transformers 5.24 removed modeling_attn_mask_utils) breaks nothing
+    # an import with a fallback (``try: ... except ImportError:``, e.g. the attention-mask patch's
+    # own mask builder where transformers 5.24 removed modeling_attn_mask_utils) breaks nothing
     fallback = _guarded_imports(mod.tree)
     findings = [
         f
@@ -228,8 +229,9 @@ def _opaque(index: Index, module: str, depth: int = 0) -> bool:
 
 def _guarded_imports(tree: ast.Module) -> set[tuple[int, str]]:
     """(line, name) of every ``from ... import name`` in the body of a ``try`` whose handler
-    catches ImportError: the module runs on without it. Such an import is SP014's in
-    speculators/models/eagle.py: transformers 5.24.0 has no transformers/modeling_attn_mask_utils.py
+    catches ImportError: the module runs on without it. Such an import is the attention-mask
+    patch's (patches/sp014_attention_mask_import.py) in speculators/models/eagle.py:
+    transformers 5.24.0 has no transformers/modeling_attn_mask_utils.py
     (4.57.6 and 5.22.2 have it, with ``_prepare_4d_causal_attention_mask``)."""
     found = set()
     for node in ast.walk(tree):

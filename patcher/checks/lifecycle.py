@@ -17,7 +17,8 @@ side (0.11-0.26's ``initialize_from_config`` also sends ``compile_or_warm_up_mod
 of the core is then:
 - made: the generator makes it;
 - handled: a patch applied to this install lists it in ``Patch.engine_steps`` (it makes the
-  generator account for the step, e.g. SP026 turns off the cache that ``extend_kv_cache`` grows);
+  generator account for the step, e.g. the fixed-KV-cache patch (patches/sp026_fixed_kv_cache.py)
+  turns off the cache that ``extend_kv_cache`` grows);
 - not needed: a step with no work for the generator's configuration (``NOT_NEEDED``, with why);
 - a finding (``error``): skipped, naming the patch that handles it, or "no patch covers it".
 """

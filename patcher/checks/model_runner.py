@@ -16,9 +16,11 @@ A worker without the switch is read for the one runner it imports (``_only_runne
 vLLM's CPU worker builds the V1 runner up to 0.33 (V2 with the variable at 1 from 0.24) and V2
 from 0.34.
 
-Capture splits each step per request from the runner's batch: V1's ``input_batch`` (SP010)
-or V2's per-step ``InputBatch`` in ``execute_model_state`` (SP022). Whether the installed
-worker extension reads V2's batch is read from its source (``reads_v2_batch``).
+Capture splits each step per request from the runner's batch: V1's ``input_batch`` or V2's
+per-step ``InputBatch`` in ``execute_model_state`` (the patches with ``runner_batch`` ``v1``
+and ``v2``: patches/sp010_per_request_capture.py, patches/sp022_model_runner_v2_capture.py).
+Whether the installed worker extension reads V2's batch is read from its source
+(``reads_v2_batch``).
 
 ``verify`` cannot see the training job's environment, only its own (the agent's, on the
 target), so the finding says which runner a job with that environment gets, with evidence
@@ -45,7 +47,8 @@ EXTENSION = "speculators/data_generation/custom_worker.py"
 
 def _fix(patch: str | None) -> str:
     """The way out when the worker extension cannot read V2's batch: ``patch`` makes it read
-    it (SP022 for speculators 0.3.0), or none is written for the installed speculators."""
+    it (the ``runner_batch="v2"`` patch written for the installed speculators: 0.3.0 has one), or
+    none is written for the installed speculators."""
     if patch:
         return f"set {VARIABLE}=0 in the job's environment, or run speculators-patch apply ({patch})"
     return f"set {VARIABLE}=0 in the job's environment (no patch here reads V2's batch for this speculators)"
@@ -152,7 +155,8 @@ def _env_says(value: str | None) -> bool | None:
 
 def reads_v2_batch(extension: bytes | None) -> bool:
     """Whether the worker extension's source reads Model Runner V2's per-step batch
-    (``execute_model_state``, as an attribute or a ``getattr`` name), as SP022 emits."""
+    (``execute_model_state``, as an attribute or a ``getattr`` name), as the ``runner_batch="v2"``
+    patch emits."""
     if extension is None:
         return False
     try:
@@ -167,7 +171,7 @@ def reads_v2_batch(extension: bytes | None) -> bool:
 
 
 def check(
-    files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None, fix: str | None = "SP022"
+    files: Mapping[str, bytes | None], env_value: str | None, extension: bytes | None = None, fix: str | None = None
 ) -> RunnerCheck | None:
     """None when this vLLM's worker has no V2 switch (0.11) or it cannot be read.
     ``files``: vLLM's ``WORKER`` and ``CONFIG`` sources; ``extension``: the installed

@@ -59,10 +59,12 @@ PROVEN = (
         "2026-11-30",
     ),
     Proof("0.17.1", THREE, "2026-11-30", MOVED),
-    # Kimi-K2.5 on 0.18.1 failed at capture setup before SP008 v2 (selftest shows it with
-    # --skip SP008); proven with it.
+    # Kimi-K2.5 on 0.18.1 failed at capture setup before the language-model lookup patch's
+    # version 2 (patches/sp008_language_model_lookup.py; selftest shows it with --skip
+    # language-model-lookup); proven with it.
     Proof("0.18.1", THREE, "2026-11-30"),
-    # transformers 5.24 from here (SP014, SP019); torch 2.11 from 0.20.
+    # transformers 5.24 from here (patches/sp014_attention_mask_import.py,
+    # patches/sp019_pydantic_torch_annotations.py); torch 2.11 from 0.20.
     Proof("0.19.1", THREE, "2026-11-30", ONE_OFF),
     Proof("0.20.2", THREE, "2026-11-30", ONE_OFF),
     Proof("0.21.0", THREE, "2026-11-30", ONE_OFF),
@@ -85,17 +87,20 @@ PROVEN = (
     Proof("0.25.1", THREE, "2026-11-30", ONE_OFF),
     Proof("0.26.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.27.1", THREE, "2026-11-30", ONE_OFF),
-    # torch 2.13 from here; the KV cache layout from 0.29 (SP020).
+    # torch 2.13 from here; the KV cache layout from 0.29 (patches/sp020_kv_cache_layout.py).
     Proof("0.28.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.29.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.30.0", THREE, "2026-11-30", ONE_OFF),
     Proof("0.31.0", THREE, "2026-11-30", ONE_OFF),
-    # transformers 5.19; the CPU attention's block sizes (SP021).
+    # transformers 5.19; the CPU attention's block sizes (patches/sp021_kv_cache_block_size.py).
     Proof("0.32.0", THREE, "2026-11-30", OPT_IN),
     # vLLM 0.34.0's CUDA wheel on torch 2.14.0+cu130 (carried to the H200), transformers 5.22.2;
-    # Model Runner V2, the only runner from 0.34, eager; the install patched with SP026 (no
-    # extensible KV cache), SP027 and the shared-memory transfer (SP028/SP029). Without SP026 the
-    # worker dies at the chunked case (CUDA illegal memory access). docs/selftest.md.
+    # Model Runner V2, the only runner from 0.34, eager; the install patched with the fixed KV
+    # cache (patches/sp026_fixed_kv_cache.py: no extensible KV cache), capture by V2's batch state
+    # (sp027_model_runner_v2_by_batch_state.py) and the shared-memory transfer
+    # (sp028_stage_captures_in_shared_memory.py, sp029_collect_captures_per_step.py). Without the
+    # fixed KV cache the worker dies at the chunked case (CUDA illegal memory access).
+    # docs/selftest.md.
     Proof(
         "0.34.0",
         ("Llama (Model Runner V2)", "DeepSeek-V3 (Model Runner V2)", "Kimi-K2.5 (Model Runner V2)"),
@@ -103,7 +108,8 @@ PROVEN = (
         "selftest --device cuda",
         H200,
     ),
-    # speculators 0.4.x's own generator with SP015-SP018 (tests/e2e/test_engine_speculators_04.py).
+    # speculators 0.4.x's own generator with its patches (patches/sp015-sp018,
+    # tests/e2e/test_engine_speculators_04.py).
     Proof("0.16.0", ("Llama", "DeepSeek-V3"), "2026-11-30", speculators="~=0.4.0"),
 )
 SELFTEST = "speculators-patch selftest"

@@ -263,6 +263,27 @@ class _Group(click.Group):
             fail(interrupted_message(), False, interrupted_exit())
 
 
+class _AttributionHelp(click.Option):
+    """An option whose help names, in place of ``{attribution}``, the shipped patches without
+    which hidden states can be attributed to the wrong request (``Patch.attribution``): read
+    from the patch set only when the help is shown, so no other command loads it for this."""
+
+    @property
+    def help(self) -> str | None:
+        text = self.__dict__.get("_help")
+        if not text or "{attribution}" not in text:
+            return text
+        from patcher.fixes.registry import shipped_patches
+
+        ids = sorted(p.id for p in shipped_patches() if p.attribution)
+        named = " and ".join(filter(None, [", ".join(ids[:-1]), *ids[-1:]]))
+        return text.replace("{attribution}", named)
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        self.__dict__["_help"] = value
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(patcher.__version__, prog_name="speculators-patch")
 def main() -> None:
@@ -280,10 +301,11 @@ def main() -> None:
 )
 @click.option(
     "--allow-partial",
+    cls=_AttributionHelp,
     is_flag=True,
     help="With --only/--skip: accept an install that lacks patches the installed vLLM needs (exit as verify "
     "of the chosen patches). At risk: what each left-out patch fixes, named in the output; e.g. "
-    "without SP010, SP012 and SP022 hidden states can be attributed to the wrong request.",
+    "without {attribution} hidden states can be attributed to the wrong request.",
 )
 @click.pass_context
 def apply(ctx: click.Context, **params: Any) -> None:

@@ -24,19 +24,17 @@ from patcher.engine.file_plan import (
 from patcher.engine.plan import guard_modified, plan, refusals
 from patcher.engine.repair import RepairResult, repair
 from patcher.engine.snapshot import (
-    UNCOVERED,
     Snapshot,
-    Uncovered,
     check_covered,
     check_supported,
     read_snapshot,
     sha256,
     written_for,
 )
+from patcher.fixes.patch import Uncovered
 
 __all__ = [
     "NOT_NEEDED",
-    "UNCOVERED",
     "CommitResult",
     "FilePlan",
     "Outcome",

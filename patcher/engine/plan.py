@@ -80,9 +80,10 @@ def replayed(snap: Snapshot, planned: FilePlan, recorded: dict[str, int]) -> Fil
     own bytes are then patched as they are.
 
     A patch put back after ``revert --only`` would otherwise run on what later patches
-    wrote: SP004 refused SP026's ``CacheConfig(..., **_FIXED_KV_CACHE)`` on vLLM 0.34 and
-    left the install stuck as partial, and others wrote their code in another place than
-    a full apply (bytes no engine ever proved). Raises nothing; a refusal is an outcome."""
+    wrote: the prefix-caching patch (patches/sp004_disable_prefix_caching.py) refused the
+    fixed-KV-cache patch's (sp026_fixed_kv_cache.py) ``CacheConfig(..., **_FIXED_KV_CACHE)``
+    on vLLM 0.34 and left the install stuck as partial, and others wrote their code in another
+    place than a full apply (bytes no engine ever proved). Raises nothing; a refusal is an outcome."""
     pending = [o.patch for o in planned.outcomes if o.state in ("pending", "refused") and o.patch.id not in recorded]
     original = snap.pristine.get(planned.path)
     entry = (snap.manifest or {}).get("files", {}).get(planned.path) or {}

@@ -318,47 +318,20 @@ def check_supported(snap: Snapshot) -> None:
         raise Unsupported(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
 
 
-@dataclass(frozen=True)
-class Uncovered:
-    """A vLLM change no patch written for ``speculators`` (a PEP 440 specifier) covers,
-    recognised by a shipped patch's vLLM fact (``fact``: (patch id, fact symbol)) holding in
-    the installed vLLM; ``what``: what then breaks, in words. ``apply`` and ``diff`` refuse
-    such a target rather than leave it half-fixed."""
-
-    speculators: str
-    fact: tuple[str, str]
-    what: str
-
-
-UNCOVERED = (
-    # speculators 0.4.x's generator imports the three KV cache helpers as 0.3.0's does (plus
-    # two that stayed in kv_cache_utils), but it also lacks SP020's layout resolution and
-    # passes its fixed block size to the Scheduler: a port SP015-SP018 do not make.
-    Uncovered(
-        "~=0.4.0",
-        ("SP023", "kv_cache_planning.get_kv_cache_config_from_groups"),
-        "its generator imports _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups and "
-        "unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which this vLLM moved to "
-        "kv_cache_planning",
-    ),
-)
-
-
 def check_covered(snap: Snapshot) -> None:
     """Raise ``UserError`` (one line: what breaks, the vLLM evidence, the patch that covers it
-    for another speculators) when the installed vLLM has a change listed in ``UNCOVERED`` for
-    the installed speculators."""
+    for another speculators) when the installed vLLM has a change a shipped patch lists in its
+    ``uncovered`` (``Uncovered``) for the installed speculators."""
     version = Version(snap.speculators_version)
-    by_id = {p.id: p for p in shipped_patches()}
-    for uncovered in UNCOVERED:
-        evidence = snap.evidence[uncovered.fact]
-        if version in SpecifierSet(uncovered.speculators) and evidence.holds:
-            pid = uncovered.fact[0]
-            raise Unsupported(
-                f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
-                f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
-                f"({pid} is written for speculators {by_id[pid].speculators}); nothing was changed"
-            )
+    for patch in shipped_patches():
+        for uncovered in patch.uncovered:
+            evidence = snap.evidence[(patch.id, uncovered.symbol)]
+            if version in SpecifierSet(uncovered.speculators) and evidence.holds:
+                raise Unsupported(
+                    f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
+                    f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
+                    f"({patch.id} is written for speculators {patch.speculators}); nothing was changed"
+                )
 
 
 def cached_evidence(files: dict[str, bytes | None], compute, keys: set[tuple[str, str]]) -> dict:

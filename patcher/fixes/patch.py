@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from patcher.errors import PatchRefused
 
 # What a patch module imports from here (``PatchCodemod`` on first use: ``__getattr__`` below).
-__all__ = ["Fact", "Patch", "PatchCodemod", "PatchRefused", "VllmFact"]
+__all__ = ["Fact", "Patch", "PatchCodemod", "PatchRefused", "Uncovered", "VllmFact"]
 
 if TYPE_CHECKING:
     from patcher.fixes.codemod_base import PatchCodemod
@@ -70,6 +70,19 @@ VllmFact = Fact
 
 
 @dataclass(frozen=True)
+class Uncovered:
+    """A vLLM change a patch covers for the speculators it is written for, and no patch covers
+    for another speculators (``speculators``, a PEP 440 specifier): recognised by the patch's
+    own fact ``symbol`` holding in the installed vLLM; ``what``: what then breaks, in words.
+    ``apply`` and ``diff`` refuse such a target rather than leave it half-fixed
+    (``patcher.engine.check_covered``)."""
+
+    speculators: str
+    symbol: str
+    what: str
+
+
+@dataclass(frozen=True)
 class Patch:
     """One versioned fix for one incompatibility, applied by a libcst codemod.
 
@@ -106,6 +119,16 @@ class Patch:
         risk: what goes wrong where the installed vLLM needs this patch and it is left out
             (one line, e.g. "hidden states can be attributed to the wrong request"); ``apply``
             names it when ``--only``/``--skip`` leave a needed patch out. Empty: the title.
+        runner_batch: the vLLM model runner whose per-step batch the patch makes capture split
+            per request (``v1``: the V1 runner's ``input_batch``; ``v2``: Model Runner V2's
+            ``InputBatch``). ``verify``'s model-runner check (``patcher.checks.model_runner``)
+            names the ``v2`` patch written for the installed speculators as the way to capture
+            under Model Runner V2. Empty: none.
+        attribution: left out where the installed vLLM needs it, hidden states can be
+            attributed to the wrong request; ``apply --help`` names these patches under
+            ``--allow-partial``.
+        uncovered: vLLM changes, recognised by this patch's facts, that no patch covers for
+            another speculators (``Uncovered``); ``apply`` and ``diff`` refuse such a target.
         symptoms: regular expressions (``re.search``) of what the failure this patch fixes
             says where it is missing (an exception's type and message, a traceback line);
             ``selftest`` names the patch when its generator or its training stage fails with
@@ -134,6 +157,9 @@ class Patch:
     engine_steps: tuple[str, ...] = ()
     risk: str = ""
     symptoms: tuple[str, ...] = ()
+    runner_batch: str = ""
+    attribution: bool = False
+    uncovered: tuple[Uncovered, ...] = ()
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

@@ -15,7 +15,7 @@ import importlib
 
 from patcher import cache
 from patcher.fixes import probes
-from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.patch import Patch, Uncovered, VllmFact
 
 KIND = "patch-index"
 
@@ -76,6 +76,9 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
                 "engine_steps": list(p.engine_steps),
                 "risk": p.risk,
                 "symptoms": list(p.symptoms),
+                "runner_batch": p.runner_batch,
+                "attribution": p.attribution,
+                "uncovered": [[u.speculators, u.symbol, u.what] for u in p.uncovered],
             }
         )
     return rows
@@ -112,6 +115,9 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
                 engine_steps=tuple(r["engine_steps"]),
                 risk=r["risk"],
                 symptoms=tuple(r["symptoms"]),
+                runner_batch=r["runner_batch"],
+                attribution=r["attribution"],
+                uncovered=tuple(Uncovered(*u) for u in r["uncovered"]),
             )
         )
     return tuple(patches)

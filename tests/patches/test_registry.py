@@ -4,8 +4,10 @@ release it is written for (0.3.0; 0.4.0.1, whose data_generation files 0.4.0 sha
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -168,3 +170,42 @@ def test_required_patches_are_selected_together():
         group |= more
     for keep in ("requires", "dependents", None):
         assert group <= {p.id for p in select(only=tuple(sorted(group)), keep=keep)}
+
+
+def test_what_a_patch_is_for_is_a_field_of_its_record():
+    """The tool finds a patch by what it does (``runner_batch``, ``attribution``, ``uncovered``),
+    and the patch index (fast paths) keeps those fields."""
+    from patcher.fixes import patch_index
+
+    for release in RELEASES:
+        assert len([p for p in BY_RELEASE[release] if p.runner_batch == "v2"]) <= 1
+    assert [p.id for p in BY_RELEASE["0.3.0"] if p.runner_batch == "v2"] == ["SP022"]
+    assert sorted(p.id for p in PATCHES if p.attribution) == ["SP010", "SP012", "SP022"]
+    assert [(p.id, u.speculators) for p in PATCHES for u in p.uncovered] == [("SP023", "~=0.4.0")]
+    rows = patch_index.dump(PATCHES, {p.id: p.codemod.__module__ for p in PATCHES})
+    assert rows is not None
+    for old, new in zip(PATCHES, patch_index.build(json.loads(json.dumps(rows))), strict=True):
+        assert (new.runner_batch, new.attribution, new.uncovered) == (old.runner_batch, old.attribution, old.uncovered)
+    help_text = " ".join(run_cli("apply", "--help").stdout.split())
+    assert "e.g. without SP010, SP012 and SP022 hidden states can be attributed to the wrong request." in help_text
+
+
+# Docstrings in patcher/ that show an id's form by example, not knowledge of that patch.
+ID_EXAMPLES = {
+    ("patcher/fixes/patch.py", "(``SP001`` ...)"),
+    ("patcher/fixes/registry.py", "name SP004 and FIX001"),
+}
+
+
+def test_the_tool_names_no_patch_by_id():
+    """Everything the tool knows about a patch is a field of its ``Patch`` record (set in
+    ``patches/``): no ``SPnnn`` id in patcher/ but the examples above."""
+    root = Path(__file__).resolve().parents[2]
+    token = re.compile(r"\bSP0\d\d\b")
+    found = []
+    for path in sorted((root / "patcher").rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if token.search(line) and not any(name == f and example in line for f, example in ID_EXAMPLES):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

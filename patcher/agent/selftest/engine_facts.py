@@ -37,7 +37,8 @@ def facts(worker) -> dict:
         backend = getattr(module, "attn_backend", None)
         if backend is not None and hasattr(backend, "get_name"):  # the mm encoder's is an enum
             names.add(backend.get_name())
-    hooks = getattr(worker, "_capture_hooks", None)  # the patched extension's (SP009), on this rank
+    # the patched extension's (patches/sp009_layer_hook_capture.py), on this rank
+    hooks = getattr(worker, "_capture_hooks", None)
     return {
         "runner": f"{cls.__module__}.{cls.__qualname__}",
         "runner_kind": "v1" if hasattr(runner, "input_batch") else "v2" if _keeps_batch_state(runner) else "unknown",
