@@ -16,18 +16,15 @@ import libcst.matchers as m
 from patcher.fixes.cst_helpers import calls_to, replace_statements, same_code
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
+from speculators_patch_codemods import two_phase_step
 
 ANY_EXECUTE = m.Call(
     func=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("executor")), attr=m.Name("execute_model"))
 )
 EXECUTE = m.SimpleStatementLine(body=[m.Expr(ANY_EXECUTE)])
 STEP = "self.executor.execute_model(scheduler_output)"  # the one call rewritten: its result is what it tests
-TWO_PHASE = """\
-model_output = self.executor.execute_model(scheduler_output)
-if model_output is None and hasattr(self.executor, "sample_tokens"):
-    # vLLM >= 0.12: a step is execute_model() then sample_tokens().
-    self.executor.sample_tokens(None)
-"""
+# What each such statement becomes (two_phase_step, which SP025 reads too).
+TWO_PHASE = two_phase_step.TWO_PHASE
 
 
 class CallSampleTokens(PatchCodemod):

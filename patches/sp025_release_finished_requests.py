@@ -24,7 +24,7 @@ import libcst.matchers as m
 from patcher.fixes.cst_helpers import same_code
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import class_reads
-from speculators_patch_codemods.sp005_two_phase_execution import TWO_PHASE
+from speculators_patch_codemods import two_phase_step
 
 # while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
 STEP_LOOP = m.While(
@@ -43,10 +43,12 @@ if scheduler_output.finished_req_ids:
 """
 
 
-# The flush as this patch writes it, and as SP005 leaves it when it ran after it (two-phase).
+# The flush as this patch writes it, and as SP005 leaves it when it ran after it (two-phase:
+# two_phase_step, what SP005 writes).
 FLUSHES = (
     CODE,
-    "if scheduler_output.finished_req_ids:\n" + "".join(f"    {line}\n" for line in TWO_PHASE.splitlines()),
+    "if scheduler_output.finished_req_ids:\n"
+    + "".join(f"    {line}\n" for line in two_phase_step.TWO_PHASE.splitlines()),
 )
 
 
