@@ -19,6 +19,7 @@ import libcst.matchers as m
 
 from patcher.fixes.codemods import Replace
 from patcher.fixes.patch import Patch
+from speculators_patch_codemods import kv_cache_layout_block
 
 SPEC_NAME = m.SimpleString('"get_kv_cache_spec"') | m.SimpleString("'get_kv_cache_spec'")
 SPECS = m.SimpleStatementLine(
@@ -40,20 +41,7 @@ BROADCAST = m.Call(func=m.Attribute(attr=m.Name("set_kv_cache_layout")))
 class ResolveKvCacheLayout(Replace):
     DESCRIPTION = "after the workers' KV cache specs: resolve and broadcast the KV cache layout (vLLM 0.29+)"
     MATCH = SPECS
-    REPLACEMENT = """\
-kv_cache_spec_list = self.executor.collective_rpc("get_kv_cache_spec")
-# vLLM >= 0.29: the engine core resolves one KV cache layout before sizing the cache
-# (EngineCore._initialize_kv_caches); this generator is its own engine core.
-if hasattr(self.executor, "get_supported_kv_cache_layouts") and hasattr(self.executor, "set_kv_cache_layout"):
-    from vllm.v1.attention.backends import utils as attention_utils
-
-    layout = attention_utils.resolve_kv_cache_layout(
-        self.vllm_config,
-        self.executor.get_supported_kv_cache_layouts(),
-        [spec for specs in kv_cache_spec_list for spec in specs.values()],
-    )
-    self.executor.set_kv_cache_layout(layout.name)
-"""
+    REPLACEMENT = kv_cache_layout_block.RESOLVE_LAYOUT  # which SP024 rewrites
     SATISFIED = BROADCAST
     SATISFIED_REASON = "the generator already resolves the KV cache layout"
     EXPECTED = "'kv_cache_spec_list = self.executor.collective_rpc(\"get_kv_cache_spec\")' in the generator"

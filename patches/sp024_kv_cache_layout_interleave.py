@@ -26,10 +26,9 @@ import libcst.matchers as m
 from patcher.fixes.cst_helpers import calls_to
 from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import parameter_required
-from speculators_patch_codemods.sp020_kv_cache_layout import ResolveKvCacheLayout as SP020
+from speculators_patch_codemods import kv_cache_layout_block
 
 PARAM = "cp_kv_cache_interleave_size"
-SP020_CALL = "    self.executor.set_kv_cache_layout(layout.name)\n"
 CALL = f'''\
     # vLLM >= 0.33 sends the KV cache interleave size with the layout: the value its engine
     # core passes (parallel_config.{PARAM}), where the signature takes it.
@@ -40,8 +39,9 @@ CALL = f'''\
         interleave["{PARAM}"] = self.vllm_config.parallel_config.{PARAM}
     self.executor.set_kv_cache_layout(layout.name, **interleave)
 '''
-assert SP020.REPLACEMENT.endswith(SP020_CALL), "SP020's block ends with its set_kv_cache_layout call"
-BLOCK = SP020.REPLACEMENT[: -len(SP020_CALL)] + CALL
+# SP020's block (kv_cache_layout_block, as SP020 writes it) with its last statement replaced.
+SP020_BLOCK = kv_cache_layout_block.RESOLVE_LAYOUT
+BLOCK = SP020_BLOCK[: -len(kv_cache_layout_block.SET_LAYOUT)] + CALL
 
 
 def _block(code: str, newline: str) -> cst.If:
@@ -62,7 +62,7 @@ class PassInterleaveSize(PatchCodemod):
         if any(_passes_interleave(c) for c in calls_to(tree, "set_kv_cache_layout")):
             self.already_satisfied("the KV cache layout is sent with the interleave size where vLLM takes it")
         # The one shape accepted: SP020's block as SP020 writes it (a hand-edited copy is refused).
-        sp020 = _block(SP020.REPLACEMENT, tree.default_newline)
+        sp020 = _block(SP020_BLOCK, tree.default_newline)
         found = [
             n
             for n in m.findall(tree, m.If())
