@@ -5,18 +5,18 @@ each request as ``Request(..., eos_token_id=self.tokenizer.eos_token_id, ...)``,
 does. vLLM 0.17 removed the parameter (vllm/v1/request.py, ``Request.__init__``), so every
 ``generate()`` raises TypeError (unexpected keyword argument) there.
 
-The fix is SP013's codemod, unchanged: the generator reads ``Request.__init__``'s
-signature once, at import, and passes the keyword only where it is accepted, so one patched
-file runs on vLLM 0.12-0.16 and on 0.17 and later. Like SP013 it is needed wherever the
-keyword is passed unconditionally, whatever the installed vLLM.
+The fix is SP013's codemod, unchanged (both run ``eos_token_id_where_taken.py``): the
+generator reads ``Request.__init__``'s signature once, at import, and passes the keyword only
+where it is accepted, so one patched file runs on vLLM 0.12-0.16 and on 0.17 and later. Like
+SP013 it is needed wherever the keyword is passed unconditionally, whatever the installed vLLM.
 """
 
 from patcher.fixes.patch import Patch
-from speculators_patch_codemods.sp013_request_eos_token_id import PortableEosTokenId
+from speculators_patch_codemods.eos_token_id_where_taken import PassEosTokenIdWhereTaken
 
 
-class PortableEosTokenId04(PortableEosTokenId):
-    DESCRIPTION = PortableEosTokenId.DESCRIPTION
+class PortableEosTokenId04(PassEosTokenIdWhereTaken):
+    DESCRIPTION = PassEosTokenIdWhereTaken.DESCRIPTION
 
 
 PATCH = Patch(
