@@ -3,6 +3,7 @@ release it is written for (0.3.0; 0.4.0.1, whose data_generation files 0.4.0 sha
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import zipfile
@@ -208,4 +209,32 @@ def test_the_tool_names_no_patch_by_id():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if token.search(line) and not any(name == f and example in line for f, example in ID_EXAMPLES):
                 found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def _modules_reached(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement names, without the ``speculators_patch_codemods.``
+    prefix: ``from speculators_patch_codemods import capture_methods`` names ``capture_methods``."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif (node.module or "") in ("", "speculators_patch_codemods"):
+        names = [a.name for a in node.names]
+    else:
+        names = [node.module]
+    return [n.removeprefix("speculators_patch_codemods.") for n in names]
+
+
+def test_no_patch_imports_another_patch():
+    """What several patches share (a template one writes and another recognises, a codemod two
+    releases' patches run) lives in a module of ``patches/`` that is no patch
+    (``capture_methods``, ...): editing one patch never silently changes another."""
+    root = Path(__file__).resolve().parents[2] / "patches"
+    found = [
+        f"patches/{path.name}:{node.lineno}: imports {name}"
+        for path in sorted(root.glob("sp*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in _modules_reached(node)
+        if re.match(r"sp\d{3}_", name)
+    ]
     assert not found, "\n".join(found)
