@@ -773,14 +773,7 @@ def _tidy_refused(state):
 
 
 def _commit_locked(state, root, writes, keep, request, env, repair):
-    try:
-        recovered = _recover(state, root, salvage=repair)
-    except OSError as e:
-        if os.path.exists(os.path.join(state, JOURNAL)):
-            raise
-        raise AgentError(_unfinished(state, e) + " (nothing changed)") from None
-    if recovered and not repair:  # the caller read the half-written files: its plan is stale
-        raise AgentError("changed-since-read: an interrupted commit was rolled back first")
+    recovered = _recover_first(state, root, repair)
     _sweep(state)
     mpath = os.path.join(state, MANIFEST)
     m_raw = read_bytes(mpath)
@@ -791,30 +784,11 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
         problem = load_state(state, root).problem
         if problem:
             raise AgentError(problem)
-    datas = {}
-    for path, w in sorted(writes.items()):
-        data = base64.b64decode(w["data"])
-        if "sha256" in w and sha256(data) != w["sha256"]:
-            raise AgentError("the commit request for %s was damaged in transit (nothing changed)" % path)
-        if digest_of(os.path.join(root, path)) != w["expect_sha256"]:
-            raise AgentError("changed-since-read: %s" % path)
-        datas[path] = data
-    to_back = {}
-    for path, b64 in sorted(keep.items()):
-        data = base64.b64decode(b64)
-        name = backup_name(path, sha256(data))
-        if digest_of(os.path.join(state, "pristine", name)) != sha256(data):
-            to_back[name] = data
+    datas = _new_contents(root, writes)
+    to_back = _copies_to_store(state, keep)
     manifest = request.get("manifest")
     m_new = None if manifest is None else json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
-    needed = set()
-    for path, entry in sorted((manifest or {}).get("files", {}).items()):
-        name = backup_name(path, entry["pristine_sha256"])
-        hit = find_backup(state, path, entry["pristine_sha256"])
-        if name not in to_back and hit is None:
-            raise AgentError("%s: no verified pristine copy of %s to keep (nothing changed)" % (state, path))
-        needed.add(name if name in to_back else hit[0])
-    drop = sorted(n for n in list_backups(state) if n not in needed)
+    drop = _copies_to_drop(state, manifest, to_back)
     _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, set(request.get("adopted") or ()))
     journal = {
         "root": root,
@@ -829,47 +803,10 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
 
     jpath, cpath = os.path.join(state, JOURNAL), os.path.join(state, CLEANUP)
     try:
-        # The journal comes first: from here on, recovery knows every file this commit may
-        # create (backups, temporary files, links) and removes what it does not keep.
-        _replace(_write_tmp(jpath, j_raw, env=env), jpath)
-        _fsync_dir(state)
-        for name, data in sorted(to_back.items()):
-            path = os.path.join(state, "pristine", name)
-            env.makedirs(os.path.dirname(path))
-            _replace(_write_tmp(path, data, env=env), path)
-            _fsync_dir(os.path.dirname(path))
-        for i, (path, data) in enumerate(sorted(datas.items())):
-            if i == 1:
-                _fault("mid-write")
-            target = os.path.join(root, path)
-            st = os.stat(target)
-            _keep_old(target)
-            _replace(_write_tmp(target, data, like=st), target)
-            _fsync_dir(os.path.dirname(target))
-            _drop_bytecode(target)
-        if m_raw is not None:
-            _keep_old(mpath)
-        if m_new is None:
-            _unlink(mpath)
-        else:
-            _replace(_write_tmp(mpath, m_new, env=env), mpath)
-        _fsync_dir(state)
+        _write_journaled(state, root, env, j_raw, to_back, datas, m_raw, m_new)
         _replace(jpath, cpath)  # the commit point: from here on the next command rolls forward
     except BaseException as e:
-        try:
-            if os.path.exists(jpath):
-                _recover(state, root)
-            _sweep(state)
-        except (OSError, AgentError) as again:
-            raise AgentError(
-                "cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
-                "command rolls it back once that is fixed"
-                % (
-                    getattr(e, "filename", None) or state,
-                    getattr(e, "strerror", None) or e,
-                    getattr(again, "strerror", None) or again,
-                )
-            ) from None
+        _roll_back_failed_write(state, root, e)
         if isinstance(e, OSError):
             raise AgentError("cannot write %s: %s (nothing changed)" % (e.filename or state, e.strerror)) from None
         raise
@@ -880,6 +817,110 @@ def _commit_locked(state, root, writes, keep, request, env, repair):
     except OSError as e:  # committed: the files are whole; what is left is deleted once this is fixed
         answer["unfinished"] = _unfinished(state, e)
     return answer
+
+
+def _recover_first(state, root, repair):
+    """Finish or roll back what an interrupted command left, before this commit reads
+    anything. Returns whether something was rolled back (allowed only with ``repair``: else
+    the caller read the half-written files, and its plan is stale)."""
+    try:
+        recovered = _recover(state, root, salvage=repair)
+    except OSError as e:
+        if os.path.exists(os.path.join(state, JOURNAL)):
+            raise
+        raise AgentError(_unfinished(state, e) + " (nothing changed)") from None
+    if recovered and not repair:  # the caller read the half-written files: its plan is stale
+        raise AgentError("changed-since-read: an interrupted commit was rolled back first")
+    return recovered
+
+
+def _new_contents(root, writes):
+    """{path: new bytes} of the request's writes, each checked: whole after its transit
+    (its ``sha256``), and written over the file the caller read (``expect_sha256``)."""
+    datas = {}
+    for path, w in sorted(writes.items()):
+        data = base64.b64decode(w["data"])
+        if "sha256" in w and sha256(data) != w["sha256"]:
+            raise AgentError("the commit request for %s was damaged in transit (nothing changed)" % path)
+        if digest_of(os.path.join(root, path)) != w["expect_sha256"]:
+            raise AgentError("changed-since-read: %s" % path)
+        datas[path] = data
+    return datas
+
+
+def _copies_to_store(state, keep):
+    """{backup name: bytes} of the pristine copies the request brings that ``pristine/``
+    does not hold yet (verified by digest)."""
+    to_back = {}
+    for path, b64 in sorted(keep.items()):
+        data = base64.b64decode(b64)
+        name = backup_name(path, sha256(data))
+        if digest_of(os.path.join(state, "pristine", name)) != sha256(data):
+            to_back[name] = data
+    return to_back
+
+
+def _copies_to_drop(state, manifest, to_back):
+    """The kept copies (backup names, sorted) that no file of the new ``manifest`` needs.
+    Raises AgentError when a file it records has no verified copy, kept or stored now."""
+    needed = set()
+    for path, entry in sorted((manifest or {}).get("files", {}).items()):
+        name = backup_name(path, entry["pristine_sha256"])
+        hit = find_backup(state, path, entry["pristine_sha256"])
+        if name not in to_back and hit is None:
+            raise AgentError("%s: no verified pristine copy of %s to keep (nothing changed)" % (state, path))
+        needed.add(name if name in to_back else hit[0])
+    return sorted(n for n in list_backups(state) if n not in needed)
+
+
+def _write_journaled(state, root, env, j_raw, to_back, datas, m_raw, m_new):
+    """Every write of a commit, in order, up to the commit point (which the caller takes):
+    the journal, the new pristine copies, the files, the manifest."""
+    jpath, mpath = os.path.join(state, JOURNAL), os.path.join(state, MANIFEST)
+    # The journal comes first: from here on, recovery knows every file this commit may
+    # create (backups, temporary files, links) and removes what it does not keep.
+    _replace(_write_tmp(jpath, j_raw, env=env), jpath)
+    _fsync_dir(state)
+    for name, data in sorted(to_back.items()):
+        path = os.path.join(state, "pristine", name)
+        env.makedirs(os.path.dirname(path))
+        _replace(_write_tmp(path, data, env=env), path)
+        _fsync_dir(os.path.dirname(path))
+    for i, (path, data) in enumerate(sorted(datas.items())):
+        if i == 1:
+            _fault("mid-write")
+        target = os.path.join(root, path)
+        st = os.stat(target)
+        _keep_old(target)
+        _replace(_write_tmp(target, data, like=st), target)
+        _fsync_dir(os.path.dirname(target))
+        _drop_bytecode(target)
+    if m_raw is not None:
+        _keep_old(mpath)
+    if m_new is None:
+        _unlink(mpath)
+    else:
+        _replace(_write_tmp(mpath, m_new, env=env), mpath)
+    _fsync_dir(state)
+
+
+def _roll_back_failed_write(state, root, error):
+    """After ``error`` stopped a commit before its commit point: roll back what it wrote.
+    Raises AgentError when the rollback stops too (the journal is kept for the next command)."""
+    try:
+        if os.path.exists(os.path.join(state, JOURNAL)):
+            _recover(state, root)
+        _sweep(state)
+    except (OSError, AgentError) as again:
+        raise AgentError(
+            "cannot write %s: %s; the rollback stopped too (%s): the journal is kept and the next "
+            "command rolls it back once that is fixed"
+            % (
+                getattr(error, "filename", None) or state,
+                getattr(error, "strerror", None) or error,
+                getattr(again, "strerror", None) or again,
+            )
+        ) from None
 
 
 def _copy_path(name):
