@@ -227,88 +227,115 @@ def collect_sources(
     ``failed``: a list to which the path of each file this interpreter cannot parse is added
     (what was followed from it is then missing: the answer is partial).
     """
-    files, trees = {}, {}
-
-    def parse(module):
-        if module not in trees:
-            trees[module] = None
-            for path in module_paths(module):
-                if path not in files:
-                    files[path] = read(path)
-                if files[path] is not None:
-                    try:
-                        trees[module] = (ast.parse(files[path]), path.endswith("__init__.py"))
-                        if trees_out is not None:
-                            trees_out[path] = trees[module][0]
-                    except (SyntaxError, ValueError):
-                        if failed is not None:
-                            failed.append(path)
-                    break
-        return trees[module]
-
     packages = (package,) if isinstance(package, str) else tuple(package)
-    bound_of = {}
-
-    def bindings_of(module):
-        if module not in bound_of:
-            parsed = parse(module) if module.split(".")[0] in packages else None
-            bound_of[module] = ({}, []) if parsed is None else bindings(parsed[0], module, parsed[1])
-        return bound_of[module]
-
-    def likely_first(stars, name):
-        """Star modules whose last part names ``name`` first (``models.llama`` for
-        ``LlamaConfig``), the others after them, each group in order."""
-        return sorted(stars, key=lambda s: s.rpartition(".")[2].replace("_", "") not in name.lower())
-
-    def defines(module, name, depth=0):
-        """Whether ``module`` binds ``name``, itself or through its star imports."""
-        names, stars = bindings_of(module)
-        return name in names or (depth < 20 and any(defines(s, name, depth + 1) for s in likely_first(stars, name)))
-
+    sources = _ReadModules(read, packages, trees_out, failed)
     seen, queue = set(), list(seeds)
-    while queue and len(files) < limit:
+    while queue and len(sources.files) < limit:
         item = queue.pop(0)
         module, name, shallow = item[0], item[1], len(item) > 2  # (module, name, "resolve"): no bases
         if (module, name, shallow) in seen or (module, name, False) in seen or module.split(".")[0] not in packages:
             continue
         seen.add((module, name, shallow))
-        tail = ("resolve",) if shallow else ()
-        parsed = parse(module)
+        parsed = sources.parse(module)
         if parsed is None or name is None:
             continue
-        names, stars = bindings_of(module)
-        hit = names.get(name)
-        if hit is None:
-            # the star imports, depth first, up to the first that binds the name; else a
-            # submodule. transformers' ``from .models import *`` (transformers/__init__.py:794
-            # in 4.57.6, under TYPE_CHECKING) reaches some 400 model packages, whose names are
-            # unique: the likely one is tried first, and the resolver, which tries the stars
-            # in order, skips those not read.
-            star = next((s for s in likely_first(stars, name) if defines(s, name)), None)
-            queue.append((star, name, *tail) if star is not None else (module + "." + name, None))
-        elif (
-            hit[0] == "import" and hit[1] == module
-        ):  # torch/__init__.py:2318 (2.13.0) ``from torch import (nn as nn)``
-            queue.append((module + "." + hit[2], None))
-        elif hit[0] == "import":
-            queue.append((hit[1], hit[2], *tail))
-        elif hit[0] == "module":
-            queue.append((hit[1], None))
-        elif isinstance(hit[1], ast.ClassDef) and not shallow:
-            named = [(d, None, True) for d in referenced_names(hit[1])]
-            named += [(d, fn, False) for d, fn in (attribute_types(hit[1], follow) if follow else [])]
-            for dotted, fn, is_base in named:
-                head, _, rest = dotted.partition(".")
-                local = local_import(fn, head, module, parsed[1]) if fn is not None else None
-                bound = names.get(head)
-                if local is not None and not rest:
-                    queue.append(local)
-                elif not rest and (is_base or bound):  # a type: only names the module binds
-                    queue.append((module, head))
-                elif bound and bound[0] == "module":
-                    target, _, last = (bound[1] + "." + rest).rpartition(".")
-                    queue.append((target, last))
-    return files
+        queue += _next_lookups(sources, module, parsed[1], name, shallow, follow)
+    return sources.files
+
+
+class _ReadModules:
+    """The files ``collect_sources`` has read ({path: bytes or None}), each module parsed
+    once, and what each binds (``bindings``)."""
+
+    def __init__(self, read, packages, trees_out, failed):
+        self.read, self.packages, self.trees_out, self.failed = read, packages, trees_out, failed
+        self.files, self.trees, self.bound_of = {}, {}, {}
+
+    def parse(self, module):
+        """(tree, whether it is a package's ``__init__``) of ``module``, or None when it has
+        no file or does not parse (its path then goes to ``failed``)."""
+        files, trees = self.files, self.trees
+        if module not in trees:
+            trees[module] = None
+            for path in module_paths(module):
+                if path not in files:
+                    files[path] = self.read(path)
+                if files[path] is not None:
+                    try:
+                        trees[module] = (ast.parse(files[path]), path.endswith("__init__.py"))
+                        if self.trees_out is not None:
+                            self.trees_out[path] = trees[module][0]
+                    except (SyntaxError, ValueError):
+                        if self.failed is not None:
+                            self.failed.append(path)
+                    break
+        return trees[module]
+
+    def bindings_of(self, module):
+        if module not in self.bound_of:
+            parsed = self.parse(module) if module.split(".")[0] in self.packages else None
+            self.bound_of[module] = ({}, []) if parsed is None else bindings(parsed[0], module, parsed[1])
+        return self.bound_of[module]
+
+    def defines(self, module, name, depth=0):
+        """Whether ``module`` binds ``name``, itself or through its star imports."""
+        names, stars = self.bindings_of(module)
+        return name in names or (
+            depth < 20 and any(self.defines(s, name, depth + 1) for s in _likely_first(stars, name))
+        )
+
+
+def _likely_first(stars, name):
+    """Star modules whose last part names ``name`` first (``models.llama`` for
+    ``LlamaConfig``), the others after them, each group in order."""
+    return sorted(stars, key=lambda s: s.rpartition(".")[2].replace("_", "") not in name.lower())
+
+
+def _next_lookups(sources, module, is_pkg, name, shallow, follow):
+    """Where ``collect_sources`` looks next for ``name`` of ``module``: [(module, name or
+    None[, "resolve"])], one step toward its definition; for a class (not ``shallow``), its
+    bases and decorators and the declared types of its ``follow`` attributes."""
+    names, stars = sources.bindings_of(module)
+    tail = ("resolve",) if shallow else ()
+    hit = names.get(name)
+    if hit is None:
+        # the star imports, depth first, up to the first that binds the name; else a
+        # submodule. transformers' ``from .models import *`` (transformers/__init__.py:794
+        # in 4.57.6, under TYPE_CHECKING) reaches some 400 model packages, whose names are
+        # unique: the likely one is tried first, and the resolver, which tries the stars
+        # in order, skips those not read.
+        star = next((s for s in _likely_first(stars, name) if sources.defines(s, name)), None)
+        return [(star, name, *tail) if star is not None else (module + "." + name, None)]
+    if hit[0] == "import" and hit[1] == module:  # torch/__init__.py:2318 (2.13.0) ``from torch import (nn as nn)``
+        return [(module + "." + hit[2], None)]
+    if hit[0] == "import":
+        return [(hit[1], hit[2], *tail)]
+    if hit[0] == "module":
+        return [(hit[1], None)]
+    if isinstance(hit[1], ast.ClassDef) and not shallow:
+        return _class_lookups(hit[1], module, is_pkg, names, follow)
+    return []
+
+
+def _class_lookups(cls, module, is_pkg, names, follow):
+    """The lookups of a class's bases and decorators, and of the declared types of its
+    ``follow`` attributes (a method's own imports bind first); ``names``: what ``module``
+    binds."""
+    named = [(d, None, True) for d in referenced_names(cls)]
+    named += [(d, fn, False) for d, fn in (attribute_types(cls, follow) if follow else [])]
+    found = []
+    for dotted, fn, is_base in named:
+        head, _, rest = dotted.partition(".")
+        local = local_import(fn, head, module, is_pkg) if fn is not None else None
+        bound = names.get(head)
+        if local is not None and not rest:
+            found.append(local)
+        elif not rest and (is_base or bound):  # a type: only names the module binds
+            found.append((module, head))
+        elif bound and bound[0] == "module":
+            target, _, last = (bound[1] + "." + rest).rpartition(".")
+            found.append((target, last))
+    return found
 
 
 _IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError", "Exception", "BaseException")
