@@ -321,11 +321,18 @@ def build(dest: pathlib.Path, text_config: dict, seed: int) -> None:
     state.update(_vision_state(VISION_CONFIG, int(text_config["hidden_size"]), seed))
     save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
 
+    _write_config(dest, text, int(text_config["hidden_size"]), media_id)
+    _write_image_processor(dest)
+
+
+def _write_config(dest: pathlib.Path, text: dict, text_hidden: int, media_id: int) -> None:
+    """``config.json`` (``KimiK25ForConditionalGeneration`` around the full text config ``text``
+    and the tiny ``VISION_CONFIG``) and the config module its ``auto_map`` names."""
     config = {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
         "text_config": text,
-        "vision_config": dict(VISION_CONFIG, mm_hidden_size=int(text_config["hidden_size"])),
+        "vision_config": dict(VISION_CONFIG, mm_hidden_size=text_hidden),
         "media_placeholder_token_id": media_id,
         "pad_token_id": int(text.get("pad_token_id") or 0),
         "ignore_index": -100,
@@ -338,6 +345,10 @@ def build(dest: pathlib.Path, text_config: dict, seed: int) -> None:
     (dest / f"{CONFIG_MODULE}.py").write_text(CONFIG_SOURCE)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
+
+def _write_image_processor(dest: pathlib.Path) -> None:
+    """The image processor module (``PROCESSOR_MODULE``) and the ``preprocessor_config.json``
+    that names it in ``auto_map``, with the tiny geometry of ``VISION_CONFIG``."""
     (dest / f"{PROCESSOR_MODULE}.py").write_text(_PROCESSOR_SOURCE.format(cls=PROCESSOR_CLASS))
     ps = VISION_CONFIG["patch_size"]
     preprocessor = {
