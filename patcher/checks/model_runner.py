@@ -205,40 +205,50 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
     found = ast.unparse(switch).strip()
     chosen = _env_says(env_value)
     shown = f"{VARIABLE}={env_value}" if env_value is not None else f"{VARIABLE} unset"
-    works = "hidden-state capture works with it" if capture_v2 else ""
     if chosen is not None:
-        runner = "v2" if chosen else "v1"
-        if not chosen:
-            return RunnerCheck(
-                "note",
-                f"{shown} here: a GPU job with this environment gets the V1 model runner; "
-                "hidden-state capture works with it",
-                WORKER,
-                switch.lineno,
-                found,
-                runner,
-                capture_v2=capture_v2,
-            )
-        if capture_v2:
-            return RunnerCheck(
-                "note",
-                f"{shown} here: a GPU job with this environment gets Model Runner V2; {works}",
-                WORKER,
-                switch.lineno,
-                found,
-                runner,
-                capture_v2=True,
-            )
+        return _chosen_by_variable(chosen, shown, switch.lineno, found, capture_v2, fix)
+    return _chosen_by_vllm(files.get(CONFIG), shown, switch.lineno, found, capture_v2, fix)
+
+
+def _chosen_by_variable(chosen: bool, shown: str, line: int, found: str, capture_v2: bool, fix: str) -> RunnerCheck:
+    """The variable is set here: it picks the runner (``chosen``: V2) at the worker's switch
+    (``WORKER``:``line``, whose code is ``found``)."""
+    runner = "v2" if chosen else "v1"
+    if not chosen:
         return RunnerCheck(
-            "error",
-            f"{shown} here: a GPU job with this environment gets Model Runner V2, and {CANNOT}. {fix}",
+            "note",
+            f"{shown} here: a GPU job with this environment gets the V1 model runner; "
+            "hidden-state capture works with it",
             WORKER,
-            switch.lineno,
+            line,
             found,
             runner,
+            capture_v2=capture_v2,
         )
+    if capture_v2:
+        return RunnerCheck(
+            "note",
+            f"{shown} here: a GPU job with this environment gets Model Runner V2; hidden-state capture works with it",
+            WORKER,
+            line,
+            found,
+            runner,
+            capture_v2=True,
+        )
+    return RunnerCheck(
+        "error",
+        f"{shown} here: a GPU job with this environment gets Model Runner V2, and {CANNOT}. {fix}",
+        WORKER,
+        line,
+        found,
+        runner,
+    )
+
+
+def _chosen_by_vllm(config: bytes | None, shown: str, line: int, found: str, capture_v2: bool, fix: str) -> RunnerCheck:
+    """The variable is unset here: V1 where only the variable selects V2 (0.12-0.21), else
+    what ``VllmConfig.use_v2_model_runner`` (``config``, vLLM's ``CONFIG``) picks by itself."""
     prop, default = None, None
-    config = files.get(CONFIG)
     if "vllm_config.use_v2_model_runner" in found and config is not None:
         try:
             tree = ast.parse(config)
@@ -255,7 +265,7 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
             "note",
             f"{shown} here: a GPU job gets the V1 model runner (Model Runner V2 only when {VARIABLE}=1); {tail}",
             WORKER,
-            switch.lineno,
+            line,
             found,
             "v1",
             capture_v2=capture_v2,
@@ -265,7 +275,7 @@ def _check(files: Mapping[str, bytes | None], env_value: str | None, capture_v2:
         if default
         else "Model Runner V2 for every model (V1 where a feature V2 lacks is used)"
     )
-    evidence = f"VllmConfig.use_v2_model_runner, read at {WORKER}:{switch.lineno}"
+    evidence = f"VllmConfig.use_v2_model_runner, read at {WORKER}:{line}"
     runner = "by-model" if default else "v2"
     if capture_v2:
         return RunnerCheck(
