@@ -25,6 +25,7 @@ from patcher.commands.common import describe
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
     from patcher.cli.options import Advice
     from patcher.commands.apply import Applied, Diffed
@@ -257,8 +258,6 @@ class _SelftestRender:
 def render_selftest(report: dict, console: Console) -> None:
     """``selftest``'s report: per architecture a table of case × layer (worst/mean cosine,
     bad captures), the timings, any generator error, then one verdict line."""
-    from rich.table import Table
-
     from patcher.commands.selftest import verdict
 
     v = report["versions"]
@@ -269,42 +268,9 @@ def render_selftest(report: dict, console: Console) -> None:
     )
     for arch in report["archs"]:
         console.print(f"{arch['arch']} (tp {arch['tp']}, layers {arch['layers']}, runner {arch.get('runner', 'auto')})")
-        engine = arch.get("engine")
-        if engine and "error" not in engine:
-            kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
-            agree = "" if engine.get("agree", True) else " (ranks differ!)"
-            console.print(
-                f"  vLLM built: {kind} ({engine['runner']}), attention "
-                f"{', '.join(engine['attention']) or 'none found'}{agree}",
-                highlight=False,
-            )
-            if engine.get("ranks", 1) > 1:
-                console.print(
-                    f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
-                    f"{engine.get('capturing_ranks')})",
-                    highlight=False,
-                )
-        elif engine:
-            console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
-        table = Table()
-        for col in ("case", "prompts", "tokens", "steps", "layer", "worst cosine", "mean cosine", "bound", "bad"):
-            table.add_column(col, justify="left" if col == "case" else "right")
-        for case in arch["cases"]:
-            for i, layer in enumerate(case.get("layers", [])):
-                first = i == 0
-                table.add_row(
-                    case["case"] if first else "",
-                    str(case["prompts"]) if first else "",
-                    str(case["tokens"]) if first else "",
-                    str(case["steps"]) if first else "",
-                    str(layer["layer"]),
-                    f"{layer['worst']:.5f}",
-                    f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
-                    f"{layer['bound']:.5f}",
-                    str(layer["bad"]),
-                )
+        _render_engine(arch.get("engine"), console)
         if arch["cases"]:
-            console.print(table)
+            console.print(_case_table(arch["cases"]))
         s = arch["seconds"]
         if s.get("total") is not None:
             console.print(
@@ -320,26 +286,76 @@ def render_selftest(report: dict, console: Console) -> None:
                 where = f"prompt {b['prompt']}" + (f", layer {b['layer']}" if b["layer"] is not None else "")
                 console.print(f"  [red]bad[/red] {case['case']}: {where}: {b['why']}")
         if "error" in arch:
-            e = arch["error"]
-            fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
-            what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
-            console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
-            worker = e.get("worker")
-            if worker:  # the cause, as the vLLM process that died logged it
-                lines = f"{worker['type']}: {worker['message']}".splitlines()
-                lines = [f"{worker['process']}: {lines[0]}", *lines[1:6]]
-                lines += [f"  at {frame}" for frame in worker["frames"]]
-                if worker.get("raised"):
-                    lines.append(f"raised there as {worker['raised'].splitlines()[0]}")
-                lines.append(f"vLLM reported: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}")
-            else:
-                lines = f"{e['type']}: {e['message']}".splitlines()
-                lines = lines[:6] + (["…"] if len(lines) > 6 else [])
-            for line in lines:
-                console.print(f"    {line}", markup=False, highlight=False)
+            _render_generator_error(arch["error"], console)
         if arch.get("training"):
             render_training(arch["training"], console)
     console.print(verdict(report))
+
+
+def _render_engine(engine: dict | None, console: Console) -> None:
+    """What vLLM built for one architecture, as its engine reported it: the model runner,
+    the attention backends, the ranks (nothing when the report has no ``engine``)."""
+    if engine and "error" not in engine:
+        kind = "Model Runner V2" if engine["runner_kind"] == "v2" else "V1 model runner"
+        agree = "" if engine.get("agree", True) else " (ranks differ!)"
+        console.print(
+            f"  vLLM built: {kind} ({engine['runner']}), attention "
+            f"{', '.join(engine['attention']) or 'none found'}{agree}",
+            highlight=False,
+        )
+        if engine.get("ranks", 1) > 1:
+            console.print(
+                f"  {engine['ranks']} ranks; captures compared: rank 0's (capture hooks on ranks "
+                f"{engine.get('capturing_ranks')})",
+                highlight=False,
+            )
+    elif engine:
+        console.print(f"  vLLM built: unknown ({engine['error']})", markup=False, highlight=False)
+
+
+def _case_table(cases: list[dict]) -> Table:
+    """One architecture's cases × layers: worst and mean cosine, the bound, the bad captures."""
+    from rich.table import Table
+
+    table = Table()
+    for col in ("case", "prompts", "tokens", "steps", "layer", "worst cosine", "mean cosine", "bound", "bad"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for case in cases:
+        for i, layer in enumerate(case.get("layers", [])):
+            first = i == 0
+            table.add_row(
+                case["case"] if first else "",
+                str(case["prompts"]) if first else "",
+                str(case["tokens"]) if first else "",
+                str(case["steps"]) if first else "",
+                str(layer["layer"]),
+                f"{layer['worst']:.5f}",
+                f"{layer['mean']:.5f}" if layer["mean"] is not None else "-",
+                f"{layer['bound']:.5f}",
+                str(layer["bad"]),
+            )
+    return table
+
+
+def _render_generator_error(e: dict, console: Console) -> None:
+    """Where the tiny model's build or the generator failed, and why: the cause as the vLLM
+    process that died logged it, when it did, else the error as raised (six lines at most)."""
+    fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+    what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
+    console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
+    worker = e.get("worker")
+    if worker:  # the cause, as the vLLM process that died logged it
+        lines = f"{worker['type']}: {worker['message']}".splitlines()
+        lines = [f"{worker['process']}: {lines[0]}", *lines[1:6]]
+        lines += [f"  at {frame}" for frame in worker["frames"]]
+        if worker.get("raised"):
+            lines.append(f"raised there as {worker['raised'].splitlines()[0]}")
+        lines.append(f"vLLM reported: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}")
+    else:
+        lines = f"{e['type']}: {e['message']}".splitlines()
+        lines = lines[:6] + (["…"] if len(lines) > 6 else [])
+    for line in lines:
+        console.print(f"    {line}", markup=False, highlight=False)
 
 
 def render_training(training: dict, console: Console) -> None:
