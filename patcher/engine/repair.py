@@ -55,66 +55,105 @@ def repair(transport: Transport) -> RepairResult:
         lines.append(f"the record of speculators {kept_for} is dropped: {snap.speculators_version} is installed")
         paths = []
     for path in paths:
-        current = snap.files.get(path)
-        if current is None:
-            continue
-        copies = list(snap.backups.get(path, []))
-        record = snap.record.get(path)
-        if record is not None:  # pip's RECORD vouches for the copy (the manifest may be gone)
-            copies = [c for c in copies if sha256(c) == record] or copies
-        digest = sha256(current)
-        if digest == record or any(digest == sha256(c) for c in copies):
-            lines.append(f"{path}: pristine")
-            continue
-        entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
-        patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
-        if (
-            entry.get("patched_sha256") == digest
-            and patches
-            and all(isinstance(v, int) for v in patches.values())
-            and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))
-        ):
-            files[path] = dict(entry)  # the record it has still describes the file and its copy
-            lines.append(f"{path}: patched ({', '.join(sorted(patches))}), as recorded")
-            continue
-        found = None
-        for copy in copies:
-            for only_needed in (True, False):
-                try:
-                    replay = (
-                        plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed)
-                        if snap.vllm is not None or not only_needed
-                        else None
-                    )
-                except UserError:
-                    replay = None
-                if replay is not None and replay.after == current:
-                    found = (copy, {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"})
-                    break
-            if found:
-                break
-        if found:
-            files[path] = {"pristine_sha256": sha256(found[0]), "patched_sha256": digest, "patches": found[1]}
-            lines.append(f"{path}: patched ({', '.join(sorted(found[1]))})")
-        elif copies:
-            entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
-            kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
-            files[path] = {
-                "pristine_sha256": sha256(kept),
-                "patched_sha256": entry.get("patched_sha256") or sha256(kept),
-                "patches": dict(entry.get("patches") or {}),
-            }
-            if not all(isinstance(v, int) for v in files[path]["patches"].values()):
-                files[path]["patches"] = {}
-            if files[path]["patched_sha256"] == digest:
-                files[path]["patched_sha256"] = sha256(kept)
-            lines.append(f"{path}: modified after patching (revert --force restores the kept pristine copy)")
-        elif path in entries:
-            raise UserError(
-                f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
-                f"reinstall speculators (pip install --force-reinstall --no-deps "
-                f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again"
-            )
+        record, line = _repair_file(snap, path, entries)
+        if record is not None:
+            files[path] = record
+        if line is not None:
+            lines.append(line)
+    _commit_records(transport, snap, files)
+    unrestorable = [p for p in (snap.record_differs or []) if p not in files]
+    for path in unrestorable:
+        lines.append(
+            f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
+            f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
+            f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
+        )
+    dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
+    return RepairResult(first, lines, unrestorable, dropped, snap)
+
+
+def _repair_file(snap: Snapshot, path: str, entries: dict) -> tuple[dict | None, str | None]:
+    """What ``repair`` makes of one file: (its record in the new manifest, None for none; the
+    line that says so, None for a file that is not installed). ``entries``: the old manifest's
+    records. Raises ``UserError`` when the old manifest records the file but it is not the
+    pristine file and no verified pristine copy of it is left."""
+    current = snap.files.get(path)
+    if current is None:
+        return None, None
+    copies = list(snap.backups.get(path, []))
+    record = snap.record.get(path)
+    if record is not None:  # pip's RECORD vouches for the copy (the manifest may be gone)
+        copies = [c for c in copies if sha256(c) == record] or copies
+    digest = sha256(current)
+    if digest == record or any(digest == sha256(c) for c in copies):
+        return None, f"{path}: pristine"
+    entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
+    patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
+    if (
+        entry.get("patched_sha256") == digest
+        and patches
+        and all(isinstance(v, int) for v in patches.values())
+        and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))
+    ):
+        # the record it has still describes the file and its copy
+        return dict(entry), f"{path}: patched ({', '.join(sorted(patches))}), as recorded"
+    found = _replayed(snap, path, copies, current)
+    if found:
+        copy, replayed = found
+        record = {"pristine_sha256": sha256(copy), "patched_sha256": digest, "patches": replayed}
+        return record, f"{path}: patched ({', '.join(sorted(replayed))})"
+    if copies:
+        return (
+            _modified_record(entry, copies, digest),
+            f"{path}: modified after patching (revert --force restores the kept pristine copy)",
+        )
+    if path in entries:
+        raise UserError(
+            f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
+            f"reinstall speculators (pip install --force-reinstall --no-deps "
+            f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again"
+        )
+    return None, None
+
+
+def _replayed(snap: Snapshot, path: str, copies: list[bytes], current: bytes) -> tuple[bytes, dict] | None:
+    """(the copy, {patch id: version}) when replaying patches on one of ``copies`` gives
+    ``current``: first the patches this vLLM needs, then every patch; else None."""
+    for copy in copies:
+        for only_needed in (True, False):
+            try:
+                replay = (
+                    plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed)
+                    if snap.vllm is not None or not only_needed
+                    else None
+                )
+            except UserError:
+                replay = None
+            if replay is not None and replay.after == current:
+                return copy, {o.patch.id: o.patch.version for o in replay.outcomes if o.state == "pending"}
+    return None
+
+
+def _modified_record(entry: dict, copies: list[bytes], digest: str) -> dict:
+    """The record of a file edited after patching (``digest``: its bytes now), under which
+    ``status`` says ``modified``: the old record's copy (else the first verified one), its
+    patches when well formed, and a patched digest that is not the file's."""
+    kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
+    record = {
+        "pristine_sha256": sha256(kept),
+        "patched_sha256": entry.get("patched_sha256") or sha256(kept),
+        "patches": dict(entry.get("patches") or {}),
+    }
+    if not all(isinstance(v, int) for v in record["patches"].values()):
+        record["patches"] = {}
+    if record["patched_sha256"] == digest:
+        record["patched_sha256"] = sha256(kept)
+    return record
+
+
+def _commit_records(transport: Transport, snap: Snapshot, files: dict) -> None:
+    """Write the rebuilt manifest (``files``: its records) and the pristine copies it names,
+    as a ``repair`` commit: no speculators file is written, copies nothing names go."""
     pristine = {
         p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
         for p, e in files.items()
@@ -134,12 +173,3 @@ def repair(transport: Transport) -> RepairResult:
             repair=True,
             verb="repair",
         )
-    unrestorable = [p for p in (snap.record_differs or []) if p not in files]
-    for path in unrestorable:
-        lines.append(
-            f"{path}: differs from what pip installed (its RECORD) and no record or pristine copy "
-            f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
-            f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
-        )
-    dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
-    return RepairResult(first, lines, unrestorable, dropped, snap)
