@@ -773,6 +773,8 @@ def _tidy_refused(state):
 
 
 def _commit_locked(state, root, writes, keep, request, env, repair):
+    """``commit`` once the lock is held: every check against what the caller read, then the
+    journaled writes, the commit point and the cleanup (docs/design.md, "Commit protocol")."""
     recovered = _recover_first(state, root, repair)
     _sweep(state)
     mpath = os.path.join(state, MANIFEST)
@@ -875,7 +877,8 @@ def _copies_to_drop(state, manifest, to_back):
 
 def _write_journaled(state, root, env, j_raw, to_back, datas, m_raw, m_new):
     """Every write of a commit, in order, up to the commit point (which the caller takes):
-    the journal, the new pristine copies, the files, the manifest."""
+    the journal, the new pristine copies, the files, the manifest (docs/design.md, "Commit
+    protocol", steps 4-6)."""
     jpath, mpath = os.path.join(state, JOURNAL), os.path.join(state, MANIFEST)
     # The journal comes first: from here on, recovery knows every file this commit may
     # create (backups, temporary files, links) and removes what it does not keep.
