@@ -18,10 +18,10 @@ pytest_plugins = ("sshfixtures",)
 @pytest.fixture(scope="session")
 def pristine_sources() -> dict[str, bytes]:
     """The speculators 0.3.0 files the patches touch, read from the real wheel."""
-    from patcher.fixes.registry import all_patches
+    from patcher.fixes.registry import loaded
 
     with zipfile.ZipFile(wheel("speculators", "0.3.0")) as z:
-        return {path: z.read(path) for path in {GENERATOR, WORKER, *(p.file for p in all_patches())}}
+        return {path: z.read(path) for path in {GENERATOR, WORKER, *(p.file for p in loaded().patches)}}
 
 
 @pytest.fixture

@@ -204,7 +204,6 @@ def test_a_call_check_stored_by_another_run_during_apply_costs_no_exchange(tmp_p
     from patcher.commands import session
     from patcher.commands.apply import apply as apply_verb
     from patcher.connect.local import LocalTransport
-    from patcher.fixes.registry import select
 
     cache = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
     monkeypatch.setenv("SPECULATORS_PATCH_CACHE", cache["SPECULATORS_PATCH_CACHE"])
@@ -222,7 +221,9 @@ def test_a_call_check_stored_by_another_run_during_apply_costs_no_exchange(tmp_p
     monkeypatch.setattr(engine, "apply", commit_while_another_run_verifies)
     transport = LocalTransport(str(fresh))
     with transport:
-        _, done = session.run(transport, lambda snap: apply_verb(transport, snap, select((), (), "requires"), False))
+        _, done = session.run(
+            transport, lambda snap: apply_verb(transport, snap, snap.patches.select((), (), "requires"), False)
+        )
     assert done.result.written and done.check.ok and done.exit_code == 0, done.check.failing
     assert transport.exchanges == 2
 

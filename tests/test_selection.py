@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from patcher.errors import UserError
-from patcher.fixes.registry import select
+from patcher.fixes.registry import loaded
+
+select = loaded().select  # the shipped patches (and any installed pack)
 
 
 def ids(patches) -> list[str]:

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from patcher.engine import FilePlan, Snapshot, plan, written_for
+from patcher.engine import FilePlan, Snapshot, plan
 from patcher.fixes.patch import Patch, VllmFact
-from patcher.fixes.registry import all_patches
 from patcher.fixes.vllm_source import Evidence
 
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
@@ -50,7 +49,7 @@ class PatchCheck:
 def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
     """Check every patch written for the installed speculators against the snapshot (no
     writes, no imports)."""
-    patches = written_for(snap.speculators_version, all_patches())
+    patches = snap.written
     facts = [FactCheck(p, f, snap.evidence[(p.id, f.symbol)]) for p in patches for f in p.facts]
     checks: list[PatchCheck] = []
     plans: list[FilePlan] = plan(snap, patches)
@@ -131,7 +130,7 @@ def _v2_fix(snap: Snapshot) -> str | None:
     """The patch that makes the installed speculators read Model Runner V2's batch
     (``runner_batch="v2"``: patches/sp022_model_runner_v2_capture.py, written for 0.3.0), or
     None for a speculators no such patch is written for (0.4.x)."""
-    return next((p.id for p in written_for(snap.speculators_version, all_patches()) if p.runner_batch == "v2"), None)
+    return next((p.id for p in snap.written if p.runner_batch == "v2"), None)
 
 
 def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:

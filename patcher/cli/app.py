@@ -19,7 +19,7 @@ import functools
 import json
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
@@ -35,13 +35,16 @@ from patcher.cli.run import (
     VERIFY,
     Verb,
     all_hosts,
-    load_patch_files,
     repair_on,
     run_on_target,
+    run_patches,
     selftest_on,
 )
 from patcher.commands.selftest import ARCHS as SELFTEST_ARCHS
 from patcher.errors import Interrupted, UserError, interrupted_exit
+
+if TYPE_CHECKING:
+    from patcher.fixes.registry import PatchSet
 
 # The engine, libcst and rich are imported where used, not here: ``--version`` imports none of
 # them, read-only commands on a patched install never import libcst, and rich is imported only
@@ -197,15 +200,16 @@ def _seconds(variable: str) -> float | None:
 # --- One run: its target or hosts, its answer --------------------------------------------
 
 
-def _main(opts: Options, command: Callable[[str | None], Report]) -> NoReturn:
-    """Run ``command`` on the local target or one host; several hosts go to
-    ``patcher.cli.fanout``. Prints the report (or the refusal) and exits with its code."""
+def _main(opts: Options, command: Callable[[PatchSet, str | None], Report]) -> NoReturn:
+    """Run ``command(patches, host)`` with this run's patches (``run_patches``) on the local
+    target or one host; several hosts go to ``patcher.cli.fanout``. Prints the report (or
+    the refusal) and exits with its code."""
     try:
         if opts.no_cache:
             from patcher import cache
 
             cache.disable()
-        load_patch_files(opts)
+        command = functools.partial(command, run_patches(opts))
         hosts = all_hosts(opts)
         if len(hosts) > 1:
             from patcher.cli.fanout import run_many
@@ -430,8 +434,7 @@ def list_command(ctx: click.Context, **params: Any) -> None:
 
     opts = read_options(ctx, params)
     try:
-        load_patch_files(opts)
-        done = listing()
+        done = listing(run_patches(opts))
     except UserError as e:
         fail(str(e).replace("\n", " "), opts.as_json)
     if opts.as_json:

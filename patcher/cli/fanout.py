@@ -191,9 +191,9 @@ def _warm() -> None:
         ):
             importlib.import_module(name)
         from patcher.digest import tool
-        from patcher.fixes.registry import all_patches
+        from patcher.fixes.registry import shipped_patches
 
-        all_patches()
+        shipped_patches()
         tool()
     except Exception:  # the same failure is raised again, per host, by the command itself
         pass

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from patcher.cli.options import Advice
     from patcher.commands.verify import InstallCheck
     from patcher.engine import Snapshot
+    from patcher.fixes.registry import PatchSet
 
 
 def _console() -> Console:
@@ -66,14 +67,15 @@ APPLY_WORDS = {"applied-now": "applied now", "applied": "applied earlier", "sati
 DRY_RUN_WORDS = {"pending": "would apply", "applied": "applied earlier", "satisfied": "already satisfied"}
 
 
-def outcome_table(rows: list[dict], title: str, words: dict[str, str] | None = None) -> Table:
+def outcome_table(rows: list[dict], patches: PatchSet, title: str, words: dict[str, str] | None = None) -> Table:
+    """The patch table: one row per ``rows`` entry (``commands.common.outcome_rows``), each
+    patch's title and origin read from ``patches`` (the target's)."""
     from rich.table import Table
 
-    from patcher.fixes.registry import all_patches
     from patcher.fixes.userpatches.loader import describe
 
     table = Table(title=title, title_justify="left")
-    by_id = {p.id: p for p in all_patches()}
+    by_id = patches.by_id()
     users = any(by_id[r["id"]].origin != "shipped" for r in rows)  # the origin column only where it says something
     for col in ("patch", "state", "title", *(("origin",) if users else ())):
         # long origins (paths) fold rather than lose their middle, and never squeeze the ids

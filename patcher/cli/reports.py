@@ -45,7 +45,7 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
     def render(console: Console) -> None:
         words = DRY_RUN_WORDS if dry_run else APPLY_WORDS
         title = f"speculators {snap.speculators_version} on vLLM {snap.vllm.version} ({snap.label})"
-        console.print(outcome_table(rows, title, words))
+        console.print(outcome_table(rows, snap.patches, title, words))
         lines = done.summary.split("\n")
         if done.dry_run_modified:  # apply would leave these as they are and fail verify's check on them
             lines.insert(1, done.dry_run_modified)
@@ -110,7 +110,7 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
         for path, state in files.items():
             console.print(f"  {path}: {state}")
         console.print(escape(done.summary), soft_wrap=True)
-        console.print(outcome_table(rows, "patches"))
+        console.print(outcome_table(rows, snap.patches, "patches"))
         if any(r["state"] == "stale" for r in rows):
             console.print(
                 f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "

@@ -2,7 +2,9 @@
 that call a ``patcher.commands`` verb with this run's ``Options`` and turn its answer into a
 ``Report``; ``run_on_target`` connects and runs one; ``all_hosts`` is every target a run
 names. ``--target`` and ``--only``/``--skip`` go down from here by name: ``connect`` to
-``patcher.connect.choose.transport_for``, ``select`` to ``patcher.fixes.registry.select``."""
+``patcher.connect.choose.transport_for``, ``select`` to ``patcher.commands.common.chosen``
+(``PatchSet.select`` on the target's patches). ``--patch-file`` becomes the run's
+``PatchSet`` once (``run_patches``), passed to each target's read."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from patcher.errors import UserError
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
+    from patcher.fixes.registry import PatchSet
 
 
 # --- One target, or several ---------------------------------------------------------------
@@ -46,13 +49,14 @@ def connect(opts: Options, host: str | None) -> Transport:
     )
 
 
-def run_on_target(opts: Options, verb: Verb, host: str | None) -> Report:
-    """Connect to ``host`` (None: this machine), run ``verb`` there and report its answer,
-    with the notes on the install and the number of exchanges it took."""
+def run_on_target(opts: Options, verb: Verb, patches: PatchSet, host: str | None) -> Report:
+    """Connect to ``host`` (None: this machine), run ``verb`` there with this run's
+    ``patches`` (``run_patches``) and report its answer, with the notes on the install and
+    the number of exchanges it took."""
     transport = connect(opts, host)
     with transport:
         advice = Advice(transport, opts)
-        snap, done = session.run(transport, functools.partial(verb.run, opts, advice), verb.retry)
+        snap, done = session.run(transport, functools.partial(verb.run, opts, advice), verb.retry, patches)
         shown = verb.report(advice, snap, done)
         shown.notes = notes(snap)
         shown.data["exchanges"] = transport.exchanges
@@ -117,23 +121,23 @@ def all_hosts(opts: Options) -> list:
     return hosts
 
 
-def load_patch_files(opts: Options) -> None:
-    """Load this run's ``--patch-file`` files into the registry (``UserError`` on a bad one)."""
-    if opts.patch_files:
-        from patcher.fixes.registry import use_patch_files
+def run_patches(opts: Options) -> PatchSet:
+    """This run's patches: shipped, installed packs and ``--patch-file`` files
+    (``registry.loaded``). Raises ``UserError`` on a bad file or pack."""
+    from patcher.fixes.registry import loaded
 
-        use_patch_files(opts.patch_files)
+    return loaded(opts.patch_files)
 
 
 # --- The verbs, as the command line runs them ----------------------------------------------
 
 
-def select(opts: Options, keep: str | None = None, applied: set[str] | None = None):
-    """The patches ``--only``/``--skip`` choose (``patcher.fixes.registry.select``), keeping
-    what they ``requires`` or their ``dependents`` together."""
-    from patcher.fixes.registry import select as chosen
+def select(opts: Options, snap: Snapshot, verb: str):
+    """The patches of ``snap`` that ``--only``/``--skip`` choose for ``verb``
+    (``patcher.commands.common.chosen``, as the Ansible plugins choose)."""
+    from patcher.commands.common import chosen
 
-    return chosen(opts.only, opts.skip, keep, applied)
+    return chosen(snap, verb, opts.only, opts.skip)
 
 
 def apply_on(opts: Options, advice: Advice, snap: Snapshot):
@@ -143,7 +147,7 @@ def apply_on(opts: Options, advice: Advice, snap: Snapshot):
     return verb(
         advice.transport,
         snap,
-        select(opts, "requires"),
+        select(opts, snap, "apply"),
         opts.dry_run,
         opts.adopt,
         advise=advice.advise,
@@ -155,21 +159,21 @@ def diff_on(opts: Options, advice: Advice, snap: Snapshot):
     """``commands.apply.diff`` with this run's choice."""
     from patcher.commands.apply import diff as verb
 
-    return verb(advice.transport, snap, select(opts, "requires"), advise=advice.advise)
+    return verb(advice.transport, snap, select(opts, snap, "diff"), advise=advice.advise)
 
 
 def status_on(opts: Options, advice: Advice, snap: Snapshot):
     """``commands.status.status`` with this run's choice."""
     from patcher.commands.status import status as verb
 
-    return verb(snap, select(opts))
+    return verb(snap, select(opts, snap, "status"))
 
 
 def verify_on(opts: Options, advice: Advice, snap: Snapshot):
     """``commands.verify.verify`` with this run's choice and ``--runtime``."""
     from patcher.commands.verify import verify as verb
 
-    return verb(advice.transport, snap, select(opts), opts.runtime, advise=advice.advise)
+    return verb(advice.transport, snap, select(opts, snap, "verify"), opts.runtime, advise=advice.advise)
 
 
 def revert_on(opts: Options, advice: Advice, snap: Snapshot):
@@ -177,7 +181,7 @@ def revert_on(opts: Options, advice: Advice, snap: Snapshot):
     (and what depends on them)."""
     from patcher.commands.status import revert as verb
 
-    chosen = select(opts, "dependents", snap.applied_ids())
+    chosen = select(opts, snap, "revert")
     return verb(
         advice.transport, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run, advise=advice.advise
     )
@@ -190,14 +194,15 @@ VERIFY = Verb(verify_on, reports.verify_report)
 REVERT = Verb(revert_on, reports.revert_report)
 
 
-def repair_on(opts: Options, host: str | None) -> Report:
-    """``commands.repair.repair`` on one target: it reads the target itself, before and
-    after the agent's repair (no first snapshot of ``commands.session``)."""
+def repair_on(opts: Options, patches: PatchSet, host: str | None) -> Report:
+    """``commands.repair.repair`` on one target with this run's ``patches``: it reads the
+    target itself, before and after the agent's repair (no first snapshot of
+    ``commands.session``)."""
     from patcher.commands.repair import repair as verb
 
     transport = connect(opts, host)
     with transport:
-        shown = reports.repair_report(verb(transport))
+        shown = reports.repair_report(verb(transport, patches))
         shown.data["exchanges"] = transport.exchanges
         return shown
 
@@ -218,6 +223,6 @@ class SelftestRun(NamedTuple):
         return verb(advice.transport, snap, self.request, self.limit)
 
 
-def selftest_on(opts: Options, request: dict, limit: float, host: str | None) -> Report:
-    """``selftest`` on one host (None: this machine)."""
-    return run_on_target(opts, Verb(SelftestRun(request, limit, host), reports.selftest_report), host)
+def selftest_on(opts: Options, request: dict, limit: float, patches: PatchSet, host: str | None) -> Report:
+    """``selftest`` on one host (None: this machine), with this run's ``patches``."""
+    return run_on_target(opts, Verb(SelftestRun(request, limit, host), reports.selftest_report), patches, host)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from patcher.commands.verify import InstallCheck
     from patcher.connect.transport import Transport
     from patcher.engine import CommitResult, FilePlan, Snapshot
+    from patcher.fixes.patch import Patch
 
 
 @dataclass
@@ -111,7 +112,6 @@ def apply(
     from patcher import engine
     from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
-    from patcher.fixes.registry import all_patches
 
     engine.check_supported(snap)
     engine.check_covered(snap)
@@ -134,13 +134,13 @@ def apply(
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
     changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
     chosen_ids = {p.id for p in chosen}
-    counted = chosen_ids if allow_partial else {p.id for p in all_patches()}
+    counted = chosen_ids if allow_partial else set(snap.patches.ids())
     check = (
         check_install(transport, engine.after(snap, result), counted, advise=advise, sent_ahead=sent_ahead)
         if check_after
         else None
     )
-    left_out = left_out_needed(check, chosen_ids) if check else []
+    left_out = left_out_needed(check, chosen_ids, snap.patches.by_id()) if check else []
     modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
     for row in rows:
         if row["file"] in modified:
@@ -162,12 +162,10 @@ def apply(
     return done
 
 
-def left_out_needed(check: InstallCheck, chosen_ids: set[str]) -> list[dict]:
+def left_out_needed(check: InstallCheck, chosen_ids: set[str], by_id: dict[str, Patch]) -> list[dict]:
     """The patches the installed vLLM needs that are not in the install and that the choice
-    (``--only``/``--skip``) left out: ``{"id", "risk"}`` (what goes wrong without it)."""
-    from patcher.fixes.registry import all_patches
-
-    by_id = {p.id: p for p in all_patches()}
+    (``--only``/``--skip``) left out: ``{"id", "risk"}`` (what goes wrong without it);
+    ``by_id``: the target's patches by id (``PatchSet.by_id``)."""
     return [
         {"id": r["id"], "risk": by_id[r["id"]].risk or by_id[r["id"]].title}
         for r in sorted(check.all_rows, key=lambda r: r["id"])

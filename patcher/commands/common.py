@@ -10,6 +10,7 @@ from patcher.errors import UserError
 
 if TYPE_CHECKING:
     from patcher.engine import FilePlan, Snapshot
+    from patcher.fixes.patch import Patch
 
 
 def describe(snap: Snapshot) -> dict:
@@ -70,12 +71,27 @@ def outcome_rows(plans: list[FilePlan]) -> list[dict]:
     ]
 
 
+# What each verb keeps whole of the ``requires`` links when ``--only``/``--skip`` choose
+# (``PatchSet.select``'s ``keep``): apply and diff what a chosen patch requires, revert what
+# depends on a dropped patch; status and verify read any choice.
+KEEP = {"apply": "requires", "diff": "requires", "revert": "dependents", "status": None, "verify": None}
+
+
+def chosen(snap: Snapshot, verb: str, only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Patch, ...]:
+    """The patches of ``snap.patches`` that ``only``/``skip`` (ids or names) choose for
+    ``verb`` (a key of ``KEEP``), in set order; for ``revert`` the dependents kept are those
+    applied on ``snap``. The command line and the Ansible plugins both choose here. Raises
+    ``UserError`` as ``PatchSet.select``, and ``KeyError`` for an unknown ``verb``."""
+    keep = KEEP[verb]
+    applied = snap.applied_ids() if keep == "dependents" else None
+    return snap.patches.select(tuple(only), tuple(skip), keep, applied)
+
+
 def source_changes(snap: Snapshot) -> list[dict]:
     """Loaded user patches applied to ``snap`` whose source changed since they were applied."""
-    from patcher.fixes.registry import user_patches
     from patcher.fixes.userpatches import record
 
-    return record.source_changes(snap.manifest, user_patches(), snap.applied_ids())
+    return record.source_changes(snap.manifest, snap.patches.user_patches(), snap.applied_ids())
 
 
 def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None:

@@ -4,6 +4,10 @@ with the vLLM facts it depends on, and the summary both front ends print. It rea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from patcher.fixes.registry import PatchSet
 
 
 @dataclass
@@ -17,12 +21,11 @@ class Listed:
     summary: str
 
 
-def listing() -> Listed:
-    """Every patch of the registry, by id. Raises ``UserError`` for a bad installed pack."""
-    from patcher.fixes.registry import all_patches
+def listing(patch_set: PatchSet) -> Listed:
+    """Every patch of ``patch_set`` (the run's: ``registry.loaded``), by id. Raises nothing."""
     from patcher.fixes.userpatches.loader import describe, origin_fields
 
-    patches = sorted(all_patches(), key=lambda p: p.id)
+    patches = sorted(patch_set.patches, key=lambda p: p.id)
     rows = [
         {
             "id": p.id,

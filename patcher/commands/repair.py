@@ -11,6 +11,7 @@ from patcher.commands.common import describe, notes
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import RepairResult
+    from patcher.fixes.registry import PatchSet
 
 
 @dataclass
@@ -51,12 +52,13 @@ def summary(result: RepairResult) -> str:
     return "nothing to repair: the record already matched the files; checked again"
 
 
-def repair(transport: Transport) -> Repaired:
-    """``repair`` on the target behind ``transport`` (already entered): it reads the target
-    itself, before and after the agent's repair. Raises ``UserError`` as ``engine.repair``."""
+def repair(transport: Transport, patches: PatchSet | None = None) -> Repaired:
+    """``repair`` on the target behind ``transport`` (already entered) with this run's
+    ``patches`` (None: shipped and installed packs): it reads the target itself, before and
+    after the agent's repair. Raises ``UserError`` as ``engine.repair``."""
     from patcher import engine
 
-    result = engine.repair(transport)
+    result = engine.repair(transport, patches)
     snap = result.snap
     said = notes(result.after or snap)
     line = summary(result)

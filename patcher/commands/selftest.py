@@ -23,6 +23,7 @@ from patcher.errors import UserError
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
+    from patcher.fixes.registry import PatchSet
 
 
 REMOTE = Path(__file__).resolve().parent.parent / "agent" / "selftest"
@@ -42,20 +43,18 @@ def modules() -> dict[str, str]:
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(REMOTE.glob("*.py")) if p.name != "launch.py"}
 
 
-def diagnose(error: dict, speculators: str | None = None) -> str | None:
+def diagnose(error: dict, patches: PatchSet, speculators: str | None = None) -> str | None:
     """The patch whose fix addresses a failure ``error`` ({"type", "message", "traceback",
     "worker"}: the generator's or the training stage's) in the installed ``speculators``
     release (any release when it is unknown): the first patch, by id, with a ``symptoms``
-    pattern found in the exception's own words, else in its tracebacks."""
-    from patcher.engine import written_for
-    from patcher.fixes.registry import all_patches
-
+    pattern found in the exception's own words, else in its tracebacks; of ``patches``, the
+    target's (``Snapshot.patches``)."""
     worker = error.get("worker") or {}
     said = f"{error.get('type')}: {error.get('message')}\n{worker.get('type')}: {worker.get('message')}"
     tracebacks = f"{error.get('traceback', '')}\n{worker.get('raised', '')}"
-    patches = sorted(written_for(speculators, all_patches()) if speculators else all_patches(), key=lambda p: p.id)
+    candidates = sorted(patches.written_for(speculators) if speculators else patches.patches, key=lambda p: p.id)
     for text in (said, tracebacks):
-        for patch in patches:
+        for patch in candidates:
             if any(re.search(pattern, text) for pattern in patch.symptoms):
                 return patch.id
     return None
@@ -119,20 +118,20 @@ def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) ->
     if snap.speculators_version is None:
         raise UserError(f"{transport.label}: speculators is not installed in this environment")
     engine.check_supported(snap)
-    return summarize(run_remote(transport, snap, req, timeout))
+    return summarize(run_remote(transport, snap, req, timeout), snap.patches)
 
 
-def summarize(report: dict) -> dict:
-    """Add verdicts: per architecture the patch that fixes a failure (of the generator or of
-    the training stage), overall counts."""
+def summarize(report: dict, patches: PatchSet) -> dict:
+    """Add verdicts: per architecture the patch of ``patches`` (the target's) that fixes a
+    failure (of the generator or of the training stage), overall counts."""
     captures = bad = trained = attempted = 0
     speculators = report.get("versions", {}).get("speculators")
     for arch in report["archs"]:
         if "error" in arch:
-            arch["error"]["patch"] = diagnose(arch["error"], speculators)
+            arch["error"]["patch"] = diagnose(arch["error"], patches, speculators)
         training = arch.get("training") or {}
         if "error" in training:
-            training["error"]["patch"] = diagnose(training["error"], speculators)
+            training["error"]["patch"] = diagnose(training["error"], patches, speculators)
         attempted += bool(training) and "skipped" not in training
         trained += bool(training.get("ok")) and "skipped" not in training
         for case in arch["cases"]:

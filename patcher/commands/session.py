@@ -13,6 +13,7 @@ from patcher.errors import UserError
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
+    from patcher.fixes.registry import PatchSet
 
 T = TypeVar("T")
 
@@ -20,32 +21,35 @@ T = TypeVar("T")
 TRIES = 5
 
 
-def run(transport: Transport, verb: Callable[[Snapshot], T], retry: bool = True) -> tuple[Snapshot, T]:
-    """``verb(snapshot)`` on the target behind ``transport`` (already entered); again on a
+def run(
+    transport: Transport, verb: Callable[[Snapshot], T], retry: bool = True, patches: PatchSet | None = None
+) -> tuple[Snapshot, T]:
+    """``verb(snapshot)`` on the target behind ``transport`` (already entered), each snapshot
+    read with this run's ``patches`` (None: shipped and installed packs); again on a
     fresh snapshot, up to ``TRIES`` times in all, when a file changed between the read and
     the commit (another node applied meanwhile: each retry follows another writer's
     success). Returns the snapshot the answer was made on, and the answer. Raises
     ``UserError`` as the verb or the read does."""
     from patcher import engine
 
-    snap = first_snapshot(transport)
+    snap = first_snapshot(transport, patches)
     for tries in range(1, TRIES + 1):
         try:
             return snap, verb(snap)
         except UserError as e:
             if not (retry and tries < TRIES and str(e).startswith("changed-since-read")):
                 raise
-            snap = engine.read_snapshot(transport)
+            snap = engine.read_snapshot(transport, patches)
     raise AssertionError("unreachable")
 
 
-def first_snapshot(transport: Transport) -> Snapshot:
-    """``engine.read_snapshot``; where no target was named and none is active, a missing
+def first_snapshot(transport: Transport, patches: PatchSet | None = None) -> Snapshot:
+    """``engine.read_snapshot`` with ``patches``; where no target was named and none is active, a missing
     speculators is said to be missing from the tool's own environment, with the way out."""
     from patcher import engine
 
     try:
-        return engine.read_snapshot(transport)
+        return engine.read_snapshot(transport, patches)
     except UserError as e:
         if getattr(transport, "tool_env", False) and str(e).startswith("no speculators installed"):
             prefix = os.path.dirname(os.path.dirname(sys.executable))

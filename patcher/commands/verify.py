@@ -88,8 +88,6 @@ def check_install(
     CLI adds its target options)."""
     from patcher.checks import lifecycle, proven
     from patcher.checks.verify import verify, verify_calls
-    from patcher.engine import written_for
-    from patcher.fixes.registry import all_patches
 
     facts, every = verify(snap)
     present = {c.patch.id for c in every if c.state in ("applied", "satisfied")}  # in the installed code
@@ -98,7 +96,7 @@ def check_install(
     life = lifecycle.check(
         calls.vllm or {},
         snap.files.get(lifecycle.GENERATOR),
-        written_for(snap.speculators_version, all_patches()),
+        snap.written,
         present,
     )
     unproven = proven.unproven(snap.vllm.version.split(", "), snap.speculators_version)

@@ -18,7 +18,6 @@ from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import refusals
 from patcher.engine.snapshot import Snapshot, sha256
 from patcher.errors import UserError
-from patcher.fixes.registry import all_patches
 
 
 def _states(plan: FilePlan) -> list[tuple[str, str]]:
@@ -54,7 +53,7 @@ def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
             f"{snap.state_dir}: the pristine copy of {path} is missing; nothing was changed; "
             f"run `speculators-patch repair`"
         )
-    recorded = tuple(p for p in all_patches() if p.id in entry["patches"])
+    recorded = tuple(p for p in snap.patches.patches if p.id in entry["patches"])
     on_stock = plan_file(snap, path, stock, recorded, {}, only_needed=False)
     if refusals([on_stock]):
         raise UserError(refusals([on_stock])[0])

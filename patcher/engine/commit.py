@@ -15,10 +15,9 @@ from patcher.connect.transport import Transport
 from patcher.engine import fast_path
 from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import guard_modified, plan, refusals
-from patcher.engine.snapshot import Snapshot, sha256, written_for
+from patcher.engine.snapshot import Snapshot, sha256
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
-from patcher.fixes.registry import all_patches
 from patcher.fixes.userpatches import record as user_records
 
 
@@ -102,9 +101,7 @@ def apply(
             raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
         pristine[p.path] = base64.b64encode(original).decode()
         files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
-        checked = fast_path.record(
-            p.path, p.after, written_for(snap.speculators_version, all_patches()), snap.python_version
-        )
+        checked = fast_path.record(p.path, p.after, snap.written, snap.python_version)
         if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
             files[p.path]["checked"] = checked
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
@@ -208,7 +205,7 @@ def revert(
         keep = {pid: v for pid, v in entries[path]["patches"].items()} if partial else {}
         for patch in chosen:
             keep.pop(patch.id, None)
-        kept = tuple(p for p in all_patches() if p.id in keep)
+        kept = tuple(p for p in snap.patches.patches if p.id in keep)
         replay = plan_file(snap, path, original, kept, {}, only_needed=False)
         if refusals([replay]):
             raise UserError(refusals([replay])[0])

@@ -8,7 +8,6 @@ from patcher.engine.file_plan import FilePlan, Outcome, plan_file
 from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
-from patcher.fixes.registry import all_patches
 
 
 def plan(
@@ -89,7 +88,7 @@ def replayed(snap: Snapshot, planned: FilePlan, recorded: dict[str, int]) -> Fil
     entry = (snap.manifest or {}).get("files", {}).get(planned.path) or {}
     if not (pending and recorded) or original is None or sha256(original) != entry.get("pristine_sha256"):
         return None
-    at_hand = {p.id: p for p in all_patches() if p.file == planned.path}
+    at_hand = {p.id: p for p in snap.patches.patches if p.file == planned.path}
     kept = [at_hand.get(pid) for pid in recorded]
     if any(p is None or p.origin == "recorded" or p.version != recorded[p.id] for p in kept):
         return None

@@ -10,7 +10,7 @@ from patcher.engine.commit import new_manifest
 from patcher.engine.file_plan import plan_file
 from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
 from patcher.errors import UserError
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import PatchSet
 from patcher.fixes.userpatches import record as user_records
 
 
@@ -28,7 +28,7 @@ class RepairResult:
     after: Snapshot | None = None  # the install as read after the agent's repair, before the new record
 
 
-def repair(transport: Transport) -> RepairResult:
+def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResult:
     """Rebuild a consistent state from what is on disk, changing no speculators file except
     to finish rolling back an interrupted commit where the files allow it.
 
@@ -38,18 +38,19 @@ def repair(transport: Transport) -> RepairResult:
     to a verified copy with a set of patches replayed -> that record; otherwise, with a
     verified copy, a record under which ``status`` says ``modified``. Copies nothing
     references are deleted. Every other speculators file is compared with pip's RECORD.
+    ``patches``: this run's (``read_snapshot``'s; None: shipped and installed packs).
     Returns the snapshots read before and after, one line per file, and the unrestorable files.
     Raises ``UserError`` when a patched file has no verified pristine copy left (way out:
     reinstall speculators, then ``repair`` again), or when the state cannot be written.
     """
-    first = read_snapshot(transport, tolerate_damage=True)
+    first = read_snapshot(transport, patches, tolerate_damage=True)
     transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
-    snap = read_snapshot(transport, tolerate_damage=True, record_check=True)
+    snap = read_snapshot(transport, first.patches, tolerate_damage=True, record_check=True)
     entries = (
         (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
     )
     files, lines = {}, []
-    paths = sorted({p.file for p in all_patches()} | set(entries) | set(snap.backups))
+    paths = sorted({p.file for p in snap.patches.patches} | set(entries) | set(snap.backups))
     kept_for = (snap.manifest or {}).get("speculators_version") if isinstance(snap.manifest, dict) else None
     if kept_for not in (None, snap.speculators_version):  # a reinstall of another version replaced the files
         lines.append(f"the record of speculators {kept_for} is dropped: {snap.speculators_version} is installed")
@@ -123,7 +124,7 @@ def _replayed(snap: Snapshot, path: str, copies: list[bytes], current: bytes) ->
         for only_needed in (True, False):
             try:
                 replay = (
-                    plan_file(snap, path, copy, tuple(all_patches()), {}, only_needed=only_needed)
+                    plan_file(snap, path, copy, snap.patches.patches, {}, only_needed=only_needed)
                     if snap.vllm is not None or not only_needed
                     else None
                 )
@@ -159,7 +160,7 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict) -> None:
         for p, e in files.items()
     }
     recorded_before = user_records.records(snap.manifest)
-    loaded = {p.id: p for p in all_patches() if p.origin in ("file", "package") and p.id not in recorded_before}
+    loaded = {p.id: p for p in snap.patches.user_patches() if p.id not in recorded_before}
     manifest = new_manifest(snap, files, loaded)
     if snap.state_exists or manifest is not None:  # else no state, none to write: a read-only install is fine
         transport.request(

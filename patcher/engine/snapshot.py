@@ -23,7 +23,12 @@ from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
 from patcher.fixes.patch import Patch
-from patcher.fixes.registry import add_recorded, all_patches, shipped_patches
+from patcher.fixes.registry import (
+    PatchSet,
+    loaded,
+    shipped_patches,
+    written_for,  # noqa: F401  (patcher.engine.written_for, as before)
+)
 from patcher.fixes.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"
@@ -122,6 +127,7 @@ class Snapshot:
     manifest: dict | None
     pristine: dict[str, bytes | None]
     journal_pending: bool
+    patches: PatchSet  # this run's patches, with stand-ins for the user patches this target records
     recovered: bool = False
     manifest_sha256: str | None = None
     state_problem: str | None = None
@@ -138,12 +144,17 @@ class Snapshot:
         of evidence for these very vLLM files: ``cached_evidence``)."""
         assert self.vllm is not None
         vllm = self.vllm
-        wanted = [(p, f) for p in all_patches() for f in p.facts]
+        wanted = [(p, f) for p in self.patches.patches for f in p.facts]
         return cached_evidence(
             vllm.files,
             lambda: {(p.id, f.symbol): f.probe(vllm) for p, f in wanted},
             {(p.id, f.symbol) for p, f in wanted},
         )
+
+    @property
+    def written(self) -> tuple[Patch, ...]:
+        """The patches of ``patches`` written for this target's speculators version."""
+        return self.patches.written_for(self.speculators_version)
 
     def file_state(self, path: str) -> str:
         """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``
@@ -174,18 +185,23 @@ class Snapshot:
         return {pid for path in (self.manifest or {}).get("files", {}) for pid in self.recorded(path)}
 
 
-def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_check: bool = False) -> Snapshot:
-    """One ``inspect`` exchange. The files read are those the patches of this run name and
-    every file the target's state names (a user patch on any file, applied earlier, is
-    read without its source). ``record_check`` (``repair``): also list the speculators
-    files whose bytes differ from pip's RECORD (``Snapshot.record_differs``). Raises
-    ``UserError`` when the target has no speculators, or (unless ``tolerate_damage``:
-    ``repair``) when its state is inconsistent: one line naming the file at fault and the
-    way out."""
-    patches = all_patches()
-    fact_files = {m for p in patches for f in p.facts for m in f.modules}
+def read_snapshot(
+    transport: Transport, patches: PatchSet | None = None, tolerate_damage: bool = False, record_check: bool = False
+) -> Snapshot:
+    """One ``inspect`` exchange. The files read are those ``patches`` (this run's; None: the
+    shipped patches and installed packs, ``registry.loaded()``) name and every file the
+    target's state names (a user patch on any file, applied earlier, is read without its
+    source). ``Snapshot.patches`` is ``patches`` with stand-ins for the user patches the
+    target's manifest records (``PatchSet.with_recorded``; none when its state is damaged).
+    ``record_check`` (``repair``): also list the speculators files whose bytes differ from
+    pip's RECORD (``Snapshot.record_differs``). Raises ``UserError`` when the target has no
+    speculators, or (unless ``tolerate_damage``: ``repair``) when its state is inconsistent:
+    one line naming the file at fault and the way out."""
+    run_patches = loaded() if patches is None else patches
+    patches_named = run_patches.patches
+    fact_files = {m for p in patches_named for f in p.facts for m in f.modules}
     request = dict(
-        speculators_files=sorted({p.file for p in patches}),
+        speculators_files=sorted({p.file for p in patches_named}),
         vllm_files=sorted(m for m in fact_files if m.startswith("vllm/")),
         library_files=sorted(m for m in fact_files if not m.startswith("vllm/")),
     )
@@ -219,6 +235,7 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
         manifest=answer["manifest"],
         pristine=contents["pristine"],
         journal_pending=answer["journal_pending"],
+        patches=run_patches if answer.get("state_problem") else run_patches.with_recorded(answer["manifest"]),
         recovered=answer.get("recovered", False),
         manifest_sha256=answer.get("manifest_sha256"),
         state_problem=answer.get("state_problem"),
@@ -232,8 +249,6 @@ def read_snapshot(transport: Transport, tolerate_damage: bool = False, record_ch
     if snap.state_problem and not tolerate_damage:
         raise UserError(snap.state_problem)
     check_state_version(snap)
-    if not snap.state_problem:
-        add_recorded(snap.manifest)  # user patches applied earlier, nameable without their source
     return snap
 
 
@@ -287,16 +302,6 @@ def check_state_version(snap: Snapshot) -> None:
                     f"pip installed: pip install --force-reinstall --no-deps "
                     f"speculators=={snap.speculators_version}, then remove {snap.state_dir}"
                 )
-
-
-def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
-    """The patches whose ``speculators`` specifier contains ``version`` (none for an
-    unparsable or missing version): each speculators release gets only its own codemods."""
-    try:
-        parsed = Version(version) if version is not None else None
-    except InvalidVersion:
-        parsed = None
-    return tuple(p for p in patches if parsed is not None and parsed in SpecifierSet(p.speculators))
 
 
 def check_supported(snap: Snapshot) -> None:

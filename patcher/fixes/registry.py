@@ -1,14 +1,18 @@
-"""The patch registry: every ``PATCH`` defined in ``patches/``, validated and ordered,
-plus the user patches of this run.
+"""The patch registry: every ``PATCH`` defined in ``patches/``, validated and ordered, and
+the ``PatchSet`` a run or a target works with.
 
 ``patches/`` ships as the package ``speculators_patch_codemods`` (see pyproject.toml);
 dropping a module there registers it. Once the modules have been imported and checked, their
 metadata is kept in the patch index (``patcher.fixes.patch_index``), so later runs that run no
 codemod do not import libcst.
-User patches join through ``use_patch_files``
-(``--patch-file``), installed packs (entry-point group ``speculators_patch.patches``,
-loaded on first use) and ``add_recorded`` (user patches a target's manifest names whose
-source is not loaded: nameable and droppable, never re-run).
+
+Nothing here changes after it is first read: the shipped patches and the installed packs
+(entry-point group ``speculators_patch.patches``) are each read once per process and kept.
+A run's patches are a value, ``PatchSet``: ``loaded(patch_files)`` is the shipped patches,
+the packs and the ``--patch-file`` files; ``PatchSet.with_recorded(manifest)`` adds stand-ins
+for the user patches a target's manifest names whose source is not loaded (nameable and
+droppable, never re-run). ``patcher.engine.read_snapshot`` does that for each target, so
+one target's record never reaches another's set.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
@@ -83,94 +89,141 @@ def _import_all() -> tuple[tuple[Patch, ...], dict[str, str]]:
     return tuple(sorted(found, key=lambda p: (p.file, p.order, p.id))), modules
 
 
-# User patches of this run by id: --patch-file files, then stand-ins for recorded ones.
-_user: dict[str, Patch] = {}
-_packs: list[Patch] | None = None
-_all: tuple[Patch, ...] | None = None
+@lru_cache(maxsize=1)
+def installed_packs() -> tuple[Patch, ...]:
+    """Every patch of every installed pack, read once (``userpatches.loader.load_packs``).
+    Raises ``UserError`` naming the package when a pack fails to load (again on every call)."""
+    from patcher.fixes.userpatches.loader import load_packs
+
+    return tuple(load_packs())
 
 
-def _packs_loaded() -> list[Patch]:
-    global _packs
-    if _packs is None:
-        from patcher.fixes.userpatches.loader import load_packs
-
-        _packs = _checked(load_packs())  # raises again on every call if it fails
-    return _packs
-
-
-def _checked(new: list[Patch]) -> list[Patch]:
-    """``new`` user patches, refused (``UserError``) when an id or name is taken."""
-    taken = {p.id: p for p in (*shipped_patches(), *(_packs or []), *_user.values())}
-    names = {p.name: p for p in taken.values()}
+def _checked(taken: tuple[Patch, ...], new: tuple[Patch, ...] | list[Patch]) -> tuple[Patch, ...]:
+    """``new`` user patches, refused (``UserError``) when an id or name is taken by one of
+    ``taken`` or by an earlier one of ``new``."""
+    by_id = {p.id: p for p in taken}
+    names = {p.name: p for p in taken}
     for patch in new:
-        other = taken.get(patch.id) or names.get(patch.name)
-        if other is not None and other.origin != "recorded":
+        other = by_id.get(patch.id) or names.get(patch.name)
+        if other is not None:
             from patcher.fixes.userpatches.loader import describe
 
-            key = "id" if patch.id in taken else "name"
+            key = "id" if patch.id in by_id else "name"
             raise UserError(
                 f"{describe(patch)}: patch {key} {getattr(patch, key)} is already taken by "
                 f"{other.id} ({describe(other)})"
             )
-        taken[patch.id] = names[patch.name] = patch
-    return new
+        by_id[patch.id] = names[patch.name] = patch
+    return tuple(new)
 
 
-def all_patches() -> tuple[Patch, ...]:
-    """Shipped, pack and user patches, ordered by (file, order, id).
+def _ordered(found: tuple[Patch, ...]) -> tuple[Patch, ...]:
+    """``found`` ordered by (file, order, id). Raises ``UserError`` when one requires a patch
+    not among them."""
+    known = {p.id for p in found}
+    for patch in found:
+        if set(patch.requires) - known:
+            raise UserError(
+                f"{patch.id} ({patch.source or patch.origin}) requires unknown patches "
+                f"{', '.join(sorted(set(patch.requires) - known))}"
+            )
+    return tuple(sorted(found, key=lambda p: (p.file, p.order, p.id)))
 
-    Raises ``UserError`` when an installed pack fails to load.
+
+def written_for(version: str | None, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
+    """The patches whose ``speculators`` specifier contains ``version`` (none for an
+    unparsable or missing version): each speculators release gets only its own codemods."""
+    try:
+        parsed = Version(version) if version is not None else None
+    except InvalidVersion:
+        parsed = None
+    return tuple(p for p in patches if parsed is not None and parsed in SpecifierSet(p.speculators))
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    """The patches one run works with on one target, ordered by (file, order, id): shipped,
+    installed packs, ``--patch-file`` files and stand-ins for recorded user patches.
+
+    Built by ``loaded`` (a run's patches) and ``with_recorded`` (a target's); never changed
+    afterwards: every change is a new value.
     """
-    global _all
-    if _all is None:
-        found = (*shipped_patches(), *_packs_loaded(), *_user.values())
-        known = {p.id for p in found}
-        for patch in found:
-            if set(patch.requires) - known:
-                raise UserError(
-                    f"{patch.id} ({patch.source or patch.origin}) requires unknown patches "
-                    f"{', '.join(sorted(set(patch.requires) - known))}"
-                )
-        _all = tuple(sorted(found, key=lambda p: (p.file, p.order, p.id)))
-    return _all
+
+    patches: tuple[Patch, ...]
+
+    def ids(self) -> frozenset[str]:
+        """The id of every patch of the set."""
+        return frozenset(p.id for p in self.patches)
+
+    def by_id(self) -> dict[str, Patch]:
+        """Every patch of the set by its id (a new dict: changing it changes nothing here)."""
+        return {p.id: p for p in self.patches}
+
+    def written_for(self, version: str | None) -> tuple[Patch, ...]:
+        """The patches written for speculators ``version`` (``written_for``), in set order."""
+        return written_for(version, self.patches)
+
+    def user_patches(self) -> tuple[Patch, ...]:
+        """The loaded (runnable) user patches: installed packs and ``--patch-file`` files."""
+        return tuple(p for p in self.patches if p.origin in ("file", "package"))
+
+    def with_recorded(self, manifest: dict | None) -> PatchSet:
+        """This set plus stand-ins for the user patches ``manifest`` records (or names in a
+        file's patches map) that it does not hold (``userpatches.record.stand_in``); this set
+        itself when there are none. A malformed manifest adds nothing."""
+        stand_ins = _stand_ins(manifest, set(self.ids()))
+        return PatchSet(_ordered((*self.patches, *stand_ins))) if stand_ins else self
+
+    def select(
+        self,
+        only: tuple[str, ...] = (),
+        skip: tuple[str, ...] = (),
+        keep: str | None = None,
+        applied: set[str] | None = None,
+    ) -> tuple[Patch, ...]:
+        """Patches chosen by ``--only``/``--skip`` (ids or names), in set order.
+
+        ``keep`` says which ``requires`` links the choice must keep whole: ``"requires"``
+        (apply, diff: a chosen patch needs what it requires chosen too), ``"dependents"``
+        (revert: dropping a patch drops what requires it, of those in ``applied`` when given),
+        ``None`` (status, verify: any choice reads fine).
+        Raises ``UserError`` (one line, every broken link named) on unknown ids, an id in both
+        lists, an empty choice, or a broken link of the kind ``keep`` names.
+        """
+        return _select(self.patches, tuple(only), tuple(skip), keep, applied)
 
 
-def use_patch_files(paths: tuple[str, ...] | list[str]) -> list[Patch]:
-    """Load ``--patch-file`` files into this run's registry. Raises ``UserError`` (one line)
-    for an unreadable file, a syntax error, no ``PATCH``, bad metadata or a taken id/name."""
+def loaded(patch_files: tuple[str, ...] | list[str] = ()) -> PatchSet:
+    """A run's patches: the shipped ones, the installed packs and the ``patch_files``
+    (``--patch-file``), loaded in the order given.
+
+    Raises ``UserError`` (one line) for an unreadable file, a syntax error, no ``PATCH``, bad
+    metadata, an id or name taken twice, a pack that fails to load, or a patch requiring an
+    unknown one.
+    """
     from patcher.fixes.userpatches.loader import load_file
 
-    global _all
-    loaded = []
-    for path in paths:
-        patch = load_file(path)
-        _checked([patch])
-        _user[patch.id] = patch
-        loaded.append(patch)
-    _all = None
-    return loaded
+    shipped = shipped_patches()
+    files: tuple[Patch, ...] = ()
+    for path in patch_files:
+        files += _checked((*shipped, *files), [load_file(str(path))])
+    packs = _checked((*shipped, *files), installed_packs())
+    return PatchSet(_ordered((*shipped, *packs, *files)))
 
 
-def add_recorded(manifest: dict | None) -> None:
-    """Stand-ins for the user patches ``manifest`` records (or names in a file's patches
-    map) that this run has not loaded (``patcher.fixes.userpatches.record.stand_in``)."""
+def _stand_ins(manifest: dict | None, known: set[str]) -> list[Patch]:
+    """Stand-ins for the user patches ``manifest``'s files name that are not in ``known``."""
     from patcher.fixes.userpatches import record
 
-    global _all
     recs = record.records(manifest)
-    files = (manifest or {}).get("files") if isinstance(manifest, dict) else None
-    known = {p.id for p in all_patches()}
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    found: list[Patch] = []
     for path, e in files.items() if isinstance(files, dict) else ():
         for pid, version in (e.get("patches") or {}).items() if isinstance(e, dict) else ():
             if pid not in known and not _ID.match(pid):
-                _user[pid] = record.stand_in(pid, recs.get(pid), path, version if isinstance(version, int) else 1)
+                found.append(record.stand_in(pid, recs.get(pid), path, version if isinstance(version, int) else 1))
                 known.add(pid)
-                _all = None
-
-
-def user_patches() -> list[Patch]:
-    """The loaded (runnable) user patches of this run: packs and ``--patch-file`` files."""
-    return [p for p in all_patches() if p.origin in ("file", "package")]
+    return found
 
 
 def _canonical(x: str, patches: tuple[Patch, ...]) -> str:
@@ -178,19 +231,11 @@ def _canonical(x: str, patches: tuple[Patch, ...]) -> str:
     return x.upper() if x.upper() in {p.id for p in patches} else x
 
 
-def select(
-    only: tuple[str, ...] = (), skip: tuple[str, ...] = (), keep: str | None = None, applied: set[str] | None = None
+def _select(
+    patches: tuple[Patch, ...], only: tuple[str, ...], skip: tuple[str, ...], keep: str | None, applied: set[str] | None
 ) -> tuple[Patch, ...]:
-    """Patches chosen by ``--only``/``--skip`` (ids or names), in registry order.
-
-    ``keep`` says which ``requires`` links the choice must keep whole: ``"requires"`` (apply,
-    diff: a chosen patch needs what it requires chosen too), ``"dependents"`` (revert: dropping a
-    patch drops what requires it, of those in ``applied`` when given), ``None`` (status,
-    verify: any choice reads fine).
-    Raises ``UserError`` (one line, every broken link named) on unknown ids, an id in both
-    lists, an empty choice, or a broken link of the kind ``keep`` names.
-    """
-    patches = all_patches()
+    """``PatchSet.select`` over ``patches`` (its documentation says what each argument means
+    and what is refused)."""
     only = tuple(_canonical(x, patches) for x in only)
     skip = tuple(_canonical(x, patches) for x in skip)
     known = {p.id for p in patches} | {p.name for p in patches}

@@ -17,7 +17,7 @@ from sandbox import wheel
 from targets import engine_python, ensure_engine_env
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -31,7 +31,7 @@ def patched(tmp_path_factory) -> list[Path]:
     out = tmp_path_factory.mktemp("transfer")
     with zipfile.ZipFile(wheel("speculators", "0.3.0")) as z:
         sources = {f: z.read(f) for f in FILES}
-    for patch in sorted(all_patches(), key=lambda p: p.order):
+    for patch in sorted(loaded().patches, key=lambda p: p.order):
         if (
             patch.file in sources
             and patch.speculators == "==0.3.0"

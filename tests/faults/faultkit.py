@@ -77,22 +77,15 @@ class Requests:
 def capture(sandbox: Path, patch_files: tuple[Path, ...] = ()) -> Requests:
     """Build the apply and revert commit requests with the real engine on ``sandbox``
     (the sandbox is left as found). ``patch_files``: user patches applied with the shipped
-    ones (loaded for this capture only; the registry is left as found)."""
+    ones (a patch set of this capture alone)."""
     from patcher import engine
     from patcher.connect.local import LocalTransport
-    from patcher.fixes import registry
-    from patcher.fixes.registry import select
+    from patcher.fixes.registry import loaded
 
-    loaded = registry.use_patch_files([str(p) for p in patch_files])
-    try:
-        return _capture(sandbox, engine, select, LocalTransport)
-    finally:
-        for patch in loaded:
-            registry._user.pop(patch.id, None)
-        registry._all = None
+    return _capture(sandbox, engine, loaded([str(p) for p in patch_files]), LocalTransport)
 
 
-def _capture(sandbox, engine, select, LocalTransport) -> Requests:
+def _capture(sandbox, engine, patches, LocalTransport) -> Requests:
 
     sent = []
 
@@ -110,8 +103,8 @@ def _capture(sandbox, engine, select, LocalTransport) -> Requests:
     transport = LocalTransport(str(sandbox))
     with transport:
         grab(transport)
-        snap = engine.read_snapshot(transport)
-        engine.apply(transport, snap, select())
+        snap = engine.read_snapshot(transport, patches)
+        engine.apply(transport, snap, snap.patches.select())
     apply = sent.pop()
     pristine = {p: snap.files[p] for p in apply["writes"]}
     patched = {p: base64.b64decode(w["data"]) for p, w in apply["writes"].items()}

@@ -21,7 +21,7 @@ from sandbox import clone_site, make_sandbox, site_packages
 
 from patcher.checks import proven
 from patcher.cli import main
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 
@@ -226,7 +226,7 @@ def test_downgrade_reports_stale_patches(envs, patched_on, now, tmp_path):
     code, report = cli("verify", "--target", str(env))
     assert code == 1
     stale = {p["id"] for p in report["patches"] if p["verdict"] == "stale"}
-    portable = {p.id for p in all_patches() if p.portable}
+    portable = {p.id for p in loaded().patches if p.portable}
     assert stale == (api_needed(patched_on) - api_needed(now)) - portable
     assert all(
         p["hint"] == f"speculators-patch revert --target {env} && speculators-patch apply --target {env}"

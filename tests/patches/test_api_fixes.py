@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
-BY_ID = {p.id: p for p in all_patches()}
+BY_ID = {p.id: p for p in loaded().patches}
 
 
 def run(patch_id: str, src: str) -> tuple[str, str, str]:

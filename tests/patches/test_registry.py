@@ -15,9 +15,9 @@ from packaging.version import Version
 from support import run_cli
 
 from patcher.engine import run_codemod, written_for
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
-PATCHES = all_patches()
+PATCHES = loaded().patches
 RELEASES = ("0.3.0", "0.4.0.1")
 BY_RELEASE = {release: written_for(release, PATCHES) for release in RELEASES}
 
@@ -150,7 +150,8 @@ def test_required_patches_are_selected_together():
     """apply keeps a chosen patch's requirements (``keep="requires"``), revert its dependents
     (``"dependents"``); tests/test_selection.py has the exact messages."""
     from patcher.errors import UserError
-    from patcher.fixes.registry import select
+
+    select = loaded().select
 
     dependent = next(p for p in PATCHES if p.requires)
     with pytest.raises(UserError, match=f"{dependent.id} requires"):

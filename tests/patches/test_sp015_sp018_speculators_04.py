@@ -13,9 +13,9 @@ import zipfile
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
-BY_ID = {p.id: p for p in all_patches()}
+BY_ID = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 
@@ -199,7 +199,7 @@ def test_both_releases_ship_the_same_data_generation_files():
 def test_each_release_gets_only_its_own_patches():
     from patcher.engine import written_for
 
-    ids = {p.id for p in written_for("0.4.0.1", all_patches())}
+    ids = {p.id for p in written_for("0.4.0.1", loaded().patches)}
     assert {"SP015", "SP016", "SP017", "SP018"} <= ids and not {"SP011", "SP013"} & ids
-    assert not {"SP015", "SP016", "SP017", "SP018"} & {p.id for p in written_for("0.3.0", all_patches())}
-    assert written_for("0.5.0", all_patches()) == written_for("0.2.0", all_patches()) == ()
+    assert not {"SP015", "SP016", "SP017", "SP018"} & {p.id for p in written_for("0.3.0", loaded().patches)}
+    assert written_for("0.5.0", loaded().patches) == written_for("0.2.0", loaded().patches) == ()

@@ -12,9 +12,9 @@ import pytest
 from sandbox import wheel
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
-PATCH = next(p for p in all_patches() if p.id == "SP019")
+PATCH = next(p for p in loaded().patches if p.id == "SP019")
 BEFORE = '''\
 class ReloadableBaseModel(BaseModel):
     @classmethod

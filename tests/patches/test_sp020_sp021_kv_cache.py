@@ -13,9 +13,9 @@ import pytest
 from sandbox import wheel
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
-PATCHES = {p.id: p for p in all_patches()}
+PATCHES = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 

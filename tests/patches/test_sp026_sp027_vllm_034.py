@@ -15,10 +15,10 @@ import pytest
 from sandbox import wheel
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 from patcher.fixes.vllm_source import VllmSource
 
-PATCHES = {p.id: p for p in all_patches()}
+PATCHES = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 
-PATCHES = {p.id: p for p in all_patches()}
+PATCHES = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"
 

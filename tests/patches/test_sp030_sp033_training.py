@@ -15,10 +15,10 @@ from sandbox import make_sandbox, wheel
 from support import run_cli, run_json
 
 from patcher.engine import run_codemod
-from patcher.fixes.registry import all_patches
+from patcher.fixes.registry import loaded
 from patcher.fixes.vllm_source import VllmSource
 
-PATCHES = {p.id: p for p in all_patches()}
+PATCHES = {p.id: p for p in loaded().patches}
 CONFIG = "speculators/config.py"
 PREPROCESSING = "speculators/data_generation/preprocessing.py"
 CONFIG_PATCHES = ("SP030", "SP031", "SP032")

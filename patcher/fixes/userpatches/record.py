@@ -12,6 +12,8 @@ without the file at hand; ``verify`` compares the recorded sha256 with the loade
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from patcher.fixes.patch import Patch
 
 KEY = "user_patches"
@@ -86,7 +88,7 @@ def stand_in(pid: str, record: dict | None, file: str, version: int) -> Patch:
     )
 
 
-def source_changes(manifest: dict | None, loaded: list[Patch], applied: set[str]) -> list[dict]:
+def source_changes(manifest: dict | None, loaded: Iterable[Patch], applied: set[str]) -> list[dict]:
     """Loaded user patches applied to the target (``applied``: recorded ids in patched files)
     whose source file's sha256 differs from the one recorded when they were applied."""
     old = records(manifest)

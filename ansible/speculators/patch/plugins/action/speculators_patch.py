@@ -48,29 +48,27 @@ class ActionModule(ActionBase):
         from patcher import engine
         from patcher.commands import session
         from patcher.commands.apply import apply
-        from patcher.commands.common import notes
+        from patcher.commands.common import chosen, notes
         from patcher.commands.status import revert
-        from patcher.fixes.registry import select
 
         check = bool(self._task.check_mode)
-        controller.use_patch_files(args["patch_files"])
+        patch_set = controller.task_patches(args["patch_files"])
         only, skip = tuple(args["only"]), tuple(args["skip"])
         patched = args["state"] == "patched"
-        chosen = select(only, skip, "requires") if patched else None
 
         def attempt(snap):  # the CLI's verbs: apply (its checks on the result are verify's task) and revert
             if patched:
-                return apply(transport, snap, chosen, dry_run=check, verify_after=False)
+                return apply(transport, snap, chosen(snap, "apply", only, skip), dry_run=check, verify_after=False)
             return revert(
                 transport,
                 snap,
-                select(only, skip, "dependents", snap.applied_ids()),
+                chosen(snap, "revert", only, skip),
                 partial=bool(only or skip),
                 force=args["force"],
                 dry_run=check,
             )
 
-        snap, done = session.run(transport, attempt)  # the CLI's read and retry
+        snap, done = session.run(transport, attempt, patches=patch_set)  # the CLI's read and retry
         outcome = done.result
         changing = [p for p in outcome.plans if p.changed]
         changed = bool(changing) if check else bool(outcome.written)

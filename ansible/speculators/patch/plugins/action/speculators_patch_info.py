@@ -46,14 +46,15 @@ class ActionModule(ActionBase):
 
     def _work(self, args: dict, transport) -> dict:
         from patcher.commands import session
-        from patcher.commands.common import notes
+        from patcher.commands.common import chosen, notes
         from patcher.commands.status import status
         from patcher.commands.verify import verify
-        from patcher.fixes.registry import select
 
-        controller.use_patch_files(args["patch_files"])
-        chosen = select(tuple(args["only"]), tuple(args["skip"]))
-        snap, found = session.run(transport, lambda snap: status(snap, chosen))  # the CLI's status, as the CLI runs it
+        patch_set = controller.task_patches(args["patch_files"])
+        only, skip = tuple(args["only"]), tuple(args["skip"])
+        snap, found = session.run(  # the CLI's status, as the CLI runs it
+            transport, lambda snap: status(snap, chosen(snap, "status", only, skip)), patches=patch_set
+        )
         patches = found.rows
         result = {
             **task_target(snap),
@@ -63,7 +64,7 @@ class ActionModule(ActionBase):
         }
         said = [found.summary]
         if args["verify"]:
-            check, data = verify(transport, snap, chosen)
+            check, data = verify(transport, snap, chosen(snap, "verify", only, skip))
             result["verify"] = {k: v for k, v in data.items() if k not in _DESCRIBE}
             said.append(check.summary)
         result["msg"] = "; ".join(said)  # status's summary, then verify's verdict: the CLI's words

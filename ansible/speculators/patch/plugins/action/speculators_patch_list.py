@@ -34,8 +34,7 @@ class ActionModule(ActionBase):
         from patcher.errors import UserError
 
         try:
-            controller.use_patch_files(args["patch_files"])
-            done = listing()
+            done = listing(controller.task_patches(args["patch_files"]))
         except UserError as e:
             return {"failed": True, "changed": False, "msg": str(e)}
         return {"changed": False, "patches": done.rows, "msg": done.summary}

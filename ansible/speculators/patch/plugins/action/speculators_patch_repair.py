@@ -37,8 +37,7 @@ class ActionModule(ActionBase):
     def _work(self, args: dict, transport) -> dict:
         from patcher.commands.repair import repair
 
-        controller.use_patch_files(args["patch_files"])
-        done = repair(transport)
+        done = repair(transport, controller.task_patches(args["patch_files"]))
         result = {
             **task_target(done.result.snap),
             "changed": done.changed,

@@ -126,10 +126,10 @@ def run_task(action, task_vars: dict, module: str, argument_spec: dict, work) ->
     return result
 
 
-def use_patch_files(paths: list[str]) -> None:
-    """Load the task's ``patch_files`` into this worker's registry, as ``--patch-file`` does
-    (each Ansible worker is its own process). Raises ``UserError`` (one line) for a bad file."""
-    if paths:
-        from patcher.fixes.registry import use_patch_files as load
+def task_patches(paths: list[str]):
+    """The task's patches: shipped, installed packs and its ``patch_files``, as
+    ``--patch-file`` loads them (``patcher.fixes.registry.loaded``: a ``PatchSet``, a value
+    of this task alone). Raises ``UserError`` (one line) for a bad file or pack."""
+    from patcher.fixes.registry import loaded
 
-        load([str(p) for p in paths])
+    return loaded([str(p) for p in paths])
