@@ -239,7 +239,8 @@ def serve(verifier_dir: str, draft_dir: str, prompts_file: str) -> dict:
     )
     started = time.time() - t
     outs = llm.generate(
-        [TokensPrompt(prompt_token_ids=p) for p in prompts], SamplingParams(temperature=0.0, max_tokens=SERVE_TOKENS),
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        SamplingParams(temperature=0.0, max_tokens=SERVE_TOKENS),
         use_tqdm=False,  # vLLM 0.34 divides by the bar's elapsed time, 0 under TQDM_DISABLE
     )
     found: dict = {"engine_start_s": round(started, 1), "outputs": [list(o.outputs[0].token_ids) for o in outs]}
