@@ -130,7 +130,7 @@ def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] |
     (``apply``): refuse only for files on which a needed fix is found already there
     (``satisfied``), so a hand edit without the fixes is patched as before. ``advise``: a
     way-out command as the caller words it."""
-    if ((snap.manifest or {}).get("files") or {}) or snap.state_problem:
+    if snap.recorded_paths() or snap.state_problem:
         return
     edited = sorted(p for p in snap.files if snap.file_state(p) == "edited")
     fixes = []

@@ -47,7 +47,7 @@ def summary(result: RepairResult) -> str:
         )
     if result.snap.state_problem or result.dropped:
         return "repaired: the record matches the files"
-    if not (result.snap.manifest or {}).get("files"):
+    if not result.snap.recorded_paths():
         return "nothing to repair: no record, and every file is as pip installed it; checked again"
     return "nothing to repair: the record already matched the files; checked again"
 

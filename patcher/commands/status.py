@@ -148,7 +148,7 @@ def revert(
     refuse_lost_state(snap, "revert", advise)
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
         ids = {p.id for p in chosen}
-        entries = (snap.manifest or {}).get("files", {})
+        entries = snap.recorded_paths()
         replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
         refuse_edited_user_patches(snap, replayed - ids, "this revert")
     result = engine.revert(

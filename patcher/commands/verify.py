@@ -107,7 +107,7 @@ def check_install(
         for c in checks
     ]
     mark_edited(changed_sources, rows, "verdict")
-    modified = sorted(p for p in (snap.manifest or {}).get("files", {}) if snap.file_state(p) == "modified")
+    modified = sorted(p for p in snap.recorded_paths() if snap.file_state(p) == "modified")
     failing = [
         what
         for what, bad in (

@@ -46,21 +46,21 @@ def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
     file as it is when it holds none of the recorded patches, else the kept copy with the
     edit re-based onto it. Raises ``UserError`` naming ``way_out`` when neither holds (the
     edit overlaps lines the patches rewrote), and a codemod's refusal as ``apply`` would."""
-    entry = snap.manifest["files"][path]
+    entry = snap.manifest.files[path]
     current, stock = snap.files[path], snap.pristine.get(path)
     if stock is None:
         raise UserError(
             f"{snap.state_dir}: the pristine copy of {path} is missing; nothing was changed; "
             f"run `speculators-patch repair`"
         )
-    recorded = tuple(p for p in snap.patches.patches if p.id in entry["patches"])
+    recorded = tuple(p for p in snap.patches.patches if p.id in entry.patches)
     on_stock = plan_file(snap, path, stock, recorded, {}, only_needed=False)
     if refusals([on_stock]):
         raise UserError(refusals([on_stock])[0])
     on_current = plan_file(snap, path, current, recorded, {}, only_needed=False)
     if _states(on_current) == _states(on_stock):  # none of the recorded patches is in it: an updated source
         return current
-    if sha256(on_stock.after) == entry["patched_sha256"]:
+    if sha256(on_stock.after) == entry.patched_sha256:
         rebased = rebase(stock, on_stock.after, current)
         if rebased is not None:
             again = plan_file(snap, path, rebased, recorded, {}, only_needed=False)
@@ -68,7 +68,7 @@ def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
                 return rebased
     if refusals([on_current]):
         raise UserError(refusals([on_current])[0])
-    ids = ", ".join(sorted(entry["patches"]))
+    ids = ", ".join(sorted(entry.patches))
     raise UserError(
         f"cannot adopt {path}: it holds this tool's patches ({ids}) and an edit that changes lines they "
         f"rewrote, so no pristine copy with the edit can be made, and adopting the file as it is would "

@@ -17,6 +17,7 @@ from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import guard_modified, plan, refusals
 from patcher.engine.snapshot import Snapshot, sha256
 from patcher.errors import UserError
+from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.patch import Patch
 from patcher.fixes.userpatches import record as user_records
 
@@ -29,7 +30,7 @@ class CommitResult:
     written: list[str]
     plans: list[FilePlan]
     recovered: bool = False
-    manifest: dict | None = None
+    manifest: Manifest | None = None
     committed: bool = False
     adopted: list[str] = field(default_factory=list)  # apply --adopt: files whose edit joined their pristine copy
     unfinished: str | None = None  # committed, but its cleanup stopped: one line with the command that recovers
@@ -73,7 +74,7 @@ def apply(
 
             bases = {
                 path: new_pristine(snap, path, revert_command)
-                for path in sorted((snap.manifest or {}).get("files", {}))
+                for path in sorted(snap.recorded_paths())
                 if snap.file_state(path) == "modified" and path in {p.file for p in chosen}
             }
         plans = plan(snap, chosen, adopting=adopt, bases=bases)
@@ -86,7 +87,7 @@ def apply(
     adopted = sorted(p.path for p in plans if p.adopted is not None)
     if dry_run or not (changed or adopted):
         return CommitResult([], plans)
-    files = dict((snap.manifest or {}).get("files", {}))
+    files = dict(snap.manifest.files) if snap.manifest is not None else {}
     pristine: dict[str, str] = {}
     for p in plans:
         if not (p.changed or p.adopted is not None):
@@ -100,10 +101,9 @@ def apply(
         if original is None:
             raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
         pristine[p.path] = base64.b64encode(original).decode()
-        files[p.path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(p.after), "patches": keep}
+        # ``checked``: what later read-only runs answer from (patcher.fast_path), or None
         checked = fast_path.record(p.path, p.after, snap.written, snap.python_version)
-        if checked is not None:  # what later read-only runs answer from (patcher.fast_path)
-            files[p.path]["checked"] = checked
+        files[p.path] = FileRecord(sha256(original), sha256(p.after), keep, checked)
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
     result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans, verb="apply")
     result.adopted = adopted
@@ -115,7 +115,7 @@ def _commit(
     snap: Snapshot,
     changed: list[FilePlan],
     pristine: dict[str, str],
-    manifest: dict | None,
+    manifest: Manifest | None,
     plans: list[FilePlan],
     **extra: object,
 ) -> CommitResult:
@@ -134,7 +134,7 @@ def _commit(
             for p in changed
         },
         pristine=pristine,
-        manifest=manifest,
+        manifest=None if manifest is None else manifest.as_dict(),
         manifest_expect_sha256=snap.manifest_sha256,
         **extra,
     )
@@ -143,21 +143,21 @@ def _commit(
     )
 
 
-def new_manifest(snap: Snapshot, files: dict, fresh: dict[str, Patch] | None = None) -> dict | None:
-    """The manifest to write for ``files``; user patches get a record (``user_records.KEY``):
-    from their loaded source when applied now (``fresh``), else as recorded before."""
+def new_manifest(
+    snap: Snapshot, files: dict[str, FileRecord], fresh: dict[str, Patch] | None = None
+) -> Manifest | None:
+    """The manifest to write for ``files`` (None when there is none: nothing recorded); user
+    patches get a record (``user_records.KEY``): from their loaded source when applied now
+    (``fresh``), else as recorded before. Written by this version, for ``snap``'s releases."""
     if not files:
         return None
-    manifest = {
-        "tool": f"speculators-patch {patcher.__version__}",
-        "speculators_version": snap.speculators_version,
-        "vllm_versions": snap.vllm.version if snap.vllm else None,
-        "files": files,
-    }
-    users = user_records.merged(snap.manifest, files, fresh or {})
-    if users:
-        manifest[user_records.KEY] = users
-    return manifest
+    return Manifest(
+        tool=f"speculators-patch {patcher.__version__}",
+        speculators_version=snap.speculators_version,
+        vllm_versions=snap.vllm.version if snap.vllm else None,
+        files=dict(files),
+        user_patches=user_records.merged(snap.manifest, files, fresh or {}),
+    )
 
 
 def revert(
@@ -173,8 +173,8 @@ def revert(
     with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
     after patching unless ``force``, and on a record of another speculators release (naming
     ``repair_command``, which drops it)."""
-    entries = (snap.manifest or {}).get("files", {})
-    kept_for = (snap.manifest or {}).get("speculators_version")
+    entries = dict(snap.manifest.files) if snap.manifest is not None else {}
+    kept_for = snap.manifest.speculators_version if snap.manifest is not None else None
     if entries and kept_for != snap.speculators_version:
         raise UserError(
             f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
@@ -187,7 +187,7 @@ def revert(
         state, current = snap.file_state(path), snap.files.get(path)
         if state in ("pristine", "reinstalled") or current is None:
             continue
-        if partial and not set(entries[path]["patches"]) & chosen_ids:
+        if partial and not set(entries[path].patches) & chosen_ids:
             files[path] = entries[path]  # none of the chosen patches is on it: left as it is, edited or not
             continue
         if state == "modified" and not force:
@@ -197,12 +197,12 @@ def revert(
                 f"`apply --adopt` keeps the edit instead (it joins the pristine copy revert restores)"
             )
         original = snap.pristine.get(path)
-        if original is None or sha256(original) != entries[path]["pristine_sha256"]:
+        if original is None or sha256(original) != entries[path].pristine_sha256:
             raise UserError(
                 f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
                 f"recorded sha256; nothing was restored; run `speculators-patch repair`"
             )
-        keep = {pid: v for pid, v in entries[path]["patches"].items()} if partial else {}
+        keep = dict(entries[path].patches) if partial else {}
         for patch in chosen:
             keep.pop(patch.id, None)
         kept = tuple(p for p in snap.patches.patches if p.id in keep)
@@ -215,11 +215,11 @@ def revert(
         target = replay.after
         plans.append(FilePlan(path, current, target))
         if keep:
-            files[path] = {"pristine_sha256": sha256(original), "patched_sha256": sha256(target), "patches": keep}
+            files[path] = FileRecord(sha256(original), sha256(target), keep)
     changed = [p for p in plans if p.changed]
     manifest = new_manifest(snap, files, fresh)
-    same_record = {k: v["patches"] for k, v in files.items()} == {
-        k: v["patches"] for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")
+    same_record = {k: v.patches for k, v in files.items()} == {
+        k: v.patches for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")
     }
     litter = not partial and snap.manifest is None and snap.state_exists and not snap.backups
     if dry_run or (not changed and same_record and not litter):

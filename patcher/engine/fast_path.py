@@ -75,11 +75,11 @@ def outcomes(
     when the record does not answer for these bytes, patches, tool and grammar."""
     if not cache.enabled():
         return None
-    entry = ((snap.manifest or {}).get("files") or {}).get(path)
-    checked = entry.get("checked") if isinstance(entry, dict) else None
+    entry = snap.entry(path)
+    checked = entry.checked if entry is not None else None
     if not isinstance(checked, dict) or not isinstance(checked.get("satisfied"), dict):
         return None
-    if entry.get("patched_sha256") != hashlib.sha256(source).hexdigest():
+    if entry.patched_sha256 != hashlib.sha256(source).hexdigest():
         return None
     if checked.get("python") != snap.python_version or checked.get("tool") != tool():
         return None

@@ -202,7 +202,7 @@ def plan_file(
             and only_needed
             and not adopting
             and snap.file_state(path) == "modified"
-            and patch.id in ((snap.manifest or {}).get("files", {}).get(path) or {}).get("patches", {})
+            and patch.id in (snap.manifest.patches_of(path) if snap.manifest is not None else {})
         ):
             # edited since: the record is all there is to show; apply/verify say the file is modified
             plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded; the file was modified since"))

@@ -85,8 +85,9 @@ def replayed(snap: Snapshot, planned: FilePlan, recorded: dict[str, int]) -> Fil
     place than a full apply (bytes no engine ever proved). Raises nothing; a refusal is an outcome."""
     pending = [o.patch for o in planned.outcomes if o.state in ("pending", "refused") and o.patch.id not in recorded]
     original = snap.pristine.get(planned.path)
-    entry = (snap.manifest or {}).get("files", {}).get(planned.path) or {}
-    if not (pending and recorded) or original is None or sha256(original) != entry.get("pristine_sha256"):
+    entry = snap.entry(planned.path)
+    pristine_sha256 = entry.pristine_sha256 if entry is not None else None
+    if not (pending and recorded) or original is None or sha256(original) != pristine_sha256:
         return None
     at_hand = {p.id: p for p in snap.patches.patches if p.file == planned.path}
     kept = [at_hand.get(pid) for pid in recorded]

@@ -10,6 +10,7 @@ from patcher.engine.commit import new_manifest
 from patcher.engine.file_plan import plan_file
 from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
 from patcher.errors import UserError
+from patcher.fixes.manifest import FileRecord
 from patcher.fixes.registry import PatchSet
 from patcher.fixes.userpatches import record as user_records
 
@@ -46,17 +47,17 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
     first = read_snapshot(transport, patches, tolerate_damage=True)
     transport.request("repair", state_dir=first.state_dir, root=first.speculators_root)
     snap = read_snapshot(transport, first.patches, tolerate_damage=True, record_check=True)
-    entries = (
-        (snap.manifest or {}).get("files", {}) if snap.manifest and isinstance(snap.manifest.get("files"), dict) else {}
-    )
+    # (``read_snapshot`` parsed the manifest tolerantly: ``damaged``, entries that are no record)
+    entries = dict(snap.manifest.files) if snap.manifest is not None else {}
+    damaged = snap.manifest.damaged if snap.manifest is not None else frozenset()
     files, lines = {}, []
-    paths = sorted({p.file for p in snap.patches.patches} | set(entries) | set(snap.backups))
-    kept_for = (snap.manifest or {}).get("speculators_version") if isinstance(snap.manifest, dict) else None
+    paths = sorted({p.file for p in snap.patches.patches} | set(entries) | damaged | set(snap.backups))
+    kept_for = snap.manifest.speculators_version if snap.manifest is not None else None
     if kept_for not in (None, snap.speculators_version):  # a reinstall of another version replaced the files
         lines.append(f"the record of speculators {kept_for} is dropped: {snap.speculators_version} is installed")
         paths = []
     for path in paths:
-        record, line = _repair_file(snap, path, entries)
+        record, line = _repair_file(snap, path, entries, path in damaged)
         if record is not None:
             files[path] = record
         if line is not None:
@@ -73,11 +74,14 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
     return RepairResult(first, lines, unrestorable, dropped, snap)
 
 
-def _repair_file(snap: Snapshot, path: str, entries: dict) -> tuple[dict | None, str | None]:
+def _repair_file(
+    snap: Snapshot, path: str, entries: dict[str, FileRecord], damaged: bool = False
+) -> tuple[FileRecord | None, str | None]:
     """What ``repair`` makes of one file: (its record in the new manifest, None for none; the
     line that says so, None for a file that is not installed). ``entries``: the old manifest's
-    records. Raises ``UserError`` when the old manifest records the file but it is not the
-    pristine file and no verified pristine copy of it is left."""
+    records; ``damaged``: the old manifest names the file with an entry that is no record.
+    Raises ``UserError`` when the old manifest names the file but it is not the pristine
+    file and no verified pristine copy of it is left."""
     current = snap.files.get(path)
     if current is None:
         return None, None
@@ -88,27 +92,25 @@ def _repair_file(snap: Snapshot, path: str, entries: dict) -> tuple[dict | None,
     digest = sha256(current)
     if digest == record or any(digest == sha256(c) for c in copies):
         return None, f"{path}: pristine"
-    entry = entries.get(path) if isinstance(entries.get(path), dict) else {}
-    patches = entry.get("patches") if isinstance(entry.get("patches"), dict) else None
+    entry = entries.get(path)
     if (
-        entry.get("patched_sha256") == digest
-        and patches
-        and all(isinstance(v, int) for v in patches.values())
-        and any(sha256(c) == entry.get("pristine_sha256") for c in snap.backups.get(path, []))
+        entry is not None
+        and entry.patched_sha256 == digest
+        and entry.patches  # (a patches map that is not {id: version} was read as none)
+        and any(sha256(c) == entry.pristine_sha256 for c in snap.backups.get(path, []))
     ):
         # the record it has still describes the file and its copy
-        return dict(entry), f"{path}: patched ({', '.join(sorted(patches))}), as recorded"
+        return entry, f"{path}: patched ({', '.join(sorted(entry.patches))}), as recorded"
     found = _replayed(snap, path, copies, current)
     if found:
         copy, replayed = found
-        record = {"pristine_sha256": sha256(copy), "patched_sha256": digest, "patches": replayed}
-        return record, f"{path}: patched ({', '.join(sorted(replayed))})"
+        return FileRecord(sha256(copy), digest, replayed), f"{path}: patched ({', '.join(sorted(replayed))})"
     if copies:
         return (
             _modified_record(entry, copies, digest),
             f"{path}: modified after patching (revert --force restores the kept pristine copy)",
         )
-    if path in entries:
+    if path in entries or damaged:
         raise UserError(
             f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
             f"reinstall speculators (pip install --force-reinstall --no-deps "
@@ -135,28 +137,24 @@ def _replayed(snap: Snapshot, path: str, copies: list[bytes], current: bytes) ->
     return None
 
 
-def _modified_record(entry: dict, copies: list[bytes], digest: str) -> dict:
+def _modified_record(entry: FileRecord | None, copies: list[bytes], digest: str) -> FileRecord:
     """The record of a file edited after patching (``digest``: its bytes now), under which
     ``status`` says ``modified``: the old record's copy (else the first verified one), its
-    patches when well formed, and a patched digest that is not the file's."""
-    kept = next((c for c in copies if sha256(c) == entry.get("pristine_sha256")), copies[0])
-    record = {
-        "pristine_sha256": sha256(kept),
-        "patched_sha256": entry.get("patched_sha256") or sha256(kept),
-        "patches": dict(entry.get("patches") or {}),
-    }
-    if not all(isinstance(v, int) for v in record["patches"].values()):
-        record["patches"] = {}
-    if record["patched_sha256"] == digest:
-        record["patched_sha256"] = sha256(kept)
-    return record
+    patches when well formed (``entry``: the old record, None for none), and a patched
+    digest that is not the file's."""
+    pristine = entry.pristine_sha256 if entry is not None else None
+    kept = next((c for c in copies if sha256(c) == pristine), copies[0])
+    patched = (entry.patched_sha256 if entry is not None else None) or sha256(kept)
+    if patched == digest:
+        patched = sha256(kept)
+    return FileRecord(sha256(kept), patched, dict(entry.patches) if entry is not None else {})
 
 
-def _commit_records(transport: Transport, snap: Snapshot, files: dict) -> None:
+def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileRecord]) -> None:
     """Write the rebuilt manifest (``files``: its records) and the pristine copies it names,
     as a ``repair`` commit: no speculators file is written, copies nothing names go."""
     pristine = {
-        p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e["pristine_sha256"])).decode()
+        p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e.pristine_sha256)).decode()
         for p, e in files.items()
     }
     recorded_before = user_records.records(snap.manifest)
@@ -169,7 +167,7 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict) -> None:
             root=snap.speculators_root,
             writes={},
             pristine=pristine,
-            manifest=manifest,
+            manifest=None if manifest is None else manifest.as_dict(),
             manifest_expect_sha256=snap.manifest_sha256,
             repair=True,
             verb="repair",

@@ -22,6 +22,7 @@ from patcher import cache
 from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
+from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import (
     PatchSet,
@@ -124,7 +125,7 @@ class Snapshot:
     files: dict[str, bytes | None]
     vllm: VllmSource | None
     vllm_root: str | None
-    manifest: dict | None
+    manifest: Manifest | None  # parsed once from the agent's answer (``patcher.fixes.manifest``)
     pristine: dict[str, bytes | None]
     journal_pending: bool
     patches: PatchSet  # this run's patches, with stand-ins for the user patches this target records
@@ -160,29 +161,37 @@ class Snapshot:
         """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``
         (changed after patching) | ``edited`` (no record here, and not the bytes pip installed:
         its ``RECORD`` digest differs; never called pristine)."""
-        entry = ((self.manifest or {}).get("files") or {}).get(path)
+        entry = self.entry(path)
         current = self.files.get(path)
-        if not isinstance(entry, dict) or current is None:
+        if entry is None or current is None:
             installed = self.record.get(path)
             if current is not None and installed is not None and sha256(current) != installed:
                 return "edited"
             return "pristine"
         digest = sha256(current)
-        if digest == entry.get("patched_sha256"):
+        if digest == entry.patched_sha256:
             return "patched"
-        if digest == entry.get("pristine_sha256"):
+        if digest == entry.pristine_sha256:
             return "reinstalled"
         return "modified"
+
+    def entry(self, path: str) -> FileRecord | None:
+        """The manifest's record of ``path``, or None (no manifest, or no record of it)."""
+        return None if self.manifest is None else self.manifest.files.get(path)
+
+    def recorded_paths(self) -> list[str]:
+        """The paths the manifest has a record for, in its order ([] for no manifest)."""
+        return [] if self.manifest is None else list(self.manifest.files)
 
     def recorded(self, path: str) -> dict[str, int]:
         """Patches the manifest records as applied by us to ``path`` (id -> version)."""
         if self.file_state(path) != "patched":
             return {}
-        return dict(self.manifest["files"][path]["patches"])
+        return self.manifest.patches_of(path)
 
     def applied_ids(self) -> set[str]:
         """Every patch the manifest records as applied by us, in any file."""
-        return {pid for path in (self.manifest or {}).get("files", {}) for pid in self.recorded(path)}
+        return {pid for path in self.recorded_paths() for pid in self.recorded(path)}
 
 
 def read_snapshot(
@@ -208,6 +217,9 @@ def read_snapshot(
     if record_check:
         request["record_check"] = True
     answer, contents = _inspect(transport, request)
+    if answer.get("state_problem") and not tolerate_damage:
+        raise UserError(answer["state_problem"])
+    manifest = read_manifest(answer["manifest"], f"{answer['state_dir']}/manifest.json", tolerate_damage)
     spec, vllm = answer["speculators"], answer["vllm"]
     vllm_source = None
     if vllm is not None:
@@ -232,10 +244,10 @@ def read_snapshot(
         files=contents["speculators"],
         vllm=vllm_source,
         vllm_root=None if vllm is None else vllm["root"],
-        manifest=answer["manifest"],
+        manifest=manifest,
         pristine=contents["pristine"],
         journal_pending=answer["journal_pending"],
-        patches=run_patches if answer.get("state_problem") else run_patches.with_recorded(answer["manifest"]),
+        patches=run_patches if answer.get("state_problem") else run_patches.with_recorded(manifest),
         recovered=answer.get("recovered", False),
         manifest_sha256=answer.get("manifest_sha256"),
         state_problem=answer.get("state_problem"),
@@ -246,15 +258,23 @@ def read_snapshot(
         unfinished=answer.get("unfinished"),
         state_exists=bool(answer.get("state_exists")),
     )
-    if snap.state_problem and not tolerate_damage:
-        raise UserError(snap.state_problem)
     check_state_version(snap)
     return snap
 
 
+def read_manifest(data: object, where: str, tolerate_damage: bool = False) -> Manifest | None:
+    """The manifest of an ``inspect`` answer (``data``: as sent; None: the target has none),
+    parsed once. Raises ``UserError`` (one line, the agent's words, ``where`` named) when it
+    is not of the shape this tool writes, unless ``tolerate_damage`` (``repair``: what can be
+    read of it is kept, ``Manifest.parse_tolerant``)."""
+    if data is None:
+        return None
+    return Manifest.parse_tolerant(data) if tolerate_damage else Manifest.parse(data, where)
+
+
 def state_written_by(snap: Snapshot) -> Version | None:
     """The speculators-patch version that wrote the target's manifest (its ``tool`` field), or None."""
-    tool = snap.manifest.get("tool") if isinstance(snap.manifest, dict) else None
+    tool = snap.manifest.tool if snap.manifest is not None else None
     try:
         return Version(tool.rpartition(" ")[2]) if isinstance(tool, str) else None
     except InvalidVersion:
@@ -267,9 +287,9 @@ def check_state_version(snap: Snapshot) -> None:
     not have or has only at an older version: what it recorded may not be what this version
     would write or could take back. A state of an older version is read as this one's (the
     next write records this version)."""
-    files = snap.manifest.get("files") if isinstance(snap.manifest, dict) else None
-    if not isinstance(files, dict):
+    if snap.manifest is None:
         return
+    files = snap.manifest.files
     ours, theirs = Version(patcher.__version__), state_written_by(snap)
     where = f"{snap.state_dir}/manifest.json"
     if theirs is not None and theirs > ours:
@@ -280,8 +300,7 @@ def check_state_version(snap: Snapshot) -> None:
         )
     shipped = {p.id: p for p in shipped_patches()}
     for path in sorted(files):
-        patches = files[path].get("patches") if isinstance(files[path], dict) else None
-        for pid, version in sorted((patches or {}).items()):
+        for pid, version in sorted(files[path].patches.items()):
             if not (pid.startswith("SP") and pid[2:].isdigit()):
                 continue  # a user patch: its record says where it came from
             mine = shipped.get(pid)

@@ -30,6 +30,7 @@ from patcher import cache
 from patcher.digest import tool as tool_digest
 from patcher.errors import UserError
 from patcher.fixes import patch_index
+from patcher.fixes.manifest import Manifest
 from patcher.fixes.patch import Patch
 
 PACKAGE = "speculators_patch_codemods"
@@ -167,10 +168,11 @@ class PatchSet:
         """The loaded (runnable) user patches: installed packs and ``--patch-file`` files."""
         return tuple(p for p in self.patches if p.origin in ("file", "package"))
 
-    def with_recorded(self, manifest: dict | None) -> PatchSet:
+    def with_recorded(self, manifest: Manifest | dict | None) -> PatchSet:
         """This set plus stand-ins for the user patches ``manifest`` records (or names in a
         file's patches map) that it does not hold (``userpatches.record.stand_in``); this set
-        itself when there are none. A malformed manifest adds nothing."""
+        itself when there are none. A dict (the manifest as the agent sends it) is read as
+        ``Manifest.parse_tolerant`` reads it: a malformed manifest or record adds nothing."""
         stand_ins = _stand_ins(manifest, set(self.ids()))
         return PatchSet(_ordered((*self.patches, *stand_ins))) if stand_ins else self
 
@@ -211,17 +213,19 @@ def loaded(patch_files: tuple[str, ...] | list[str] = ()) -> PatchSet:
     return PatchSet(_ordered((*shipped, *packs, *files)))
 
 
-def _stand_ins(manifest: dict | None, known: set[str]) -> list[Patch]:
+def _stand_ins(manifest: Manifest | dict | None, known: set[str]) -> list[Patch]:
     """Stand-ins for the user patches ``manifest``'s files name that are not in ``known``."""
     from patcher.fixes.userpatches import record
 
-    recs = record.records(manifest)
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if isinstance(manifest, dict):
+        manifest = Manifest.parse_tolerant(manifest)
+    if manifest is None:
+        return []
     found: list[Patch] = []
-    for path, e in files.items() if isinstance(files, dict) else ():
-        for pid, version in (e.get("patches") or {}).items() if isinstance(e, dict) else ():
+    for path, e in manifest.files.items():
+        for pid, version in e.patches.items():
             if pid not in known and not _ID.match(pid):
-                found.append(record.stand_in(pid, recs.get(pid), path, version if isinstance(version, int) else 1))
+                found.append(record.stand_in(pid, manifest.user_patches.get(pid), path, version))
                 known.add(pid)
     return found
 
