@@ -203,9 +203,11 @@ def read_snapshot(
     source). ``Snapshot.patches`` is ``patches`` with stand-ins for the user patches the
     target's manifest records (``PatchSet.with_recorded``; none when its state is damaged).
     ``record_check`` (``repair``): also list the speculators files whose bytes differ from
-    pip's RECORD (``Snapshot.record_differs``). Raises ``UserError`` when the target has no
-    speculators, or (unless ``tolerate_damage``: ``repair``) when its state is inconsistent:
-    one line naming the file at fault and the way out."""
+    pip's RECORD (``Snapshot.record_differs``). The manifest is parsed here, once
+    (``read_manifest``: strict, or tolerant with ``tolerate_damage``). Raises ``UserError``
+    when the target has no speculators, or (unless ``tolerate_damage``: ``repair``) when its
+    state is inconsistent or its manifest malformed: one line naming the file at fault and
+    the way out."""
     run_patches = loaded() if patches is None else patches
     patches_named = run_patches.patches
     fact_files = {m for p in patches_named for f in p.facts for m in f.modules}
