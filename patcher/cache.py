@@ -4,7 +4,9 @@ computed from, so an entry can never answer for other inputs (docs/speed.md).
 Location: ``$SPECULATORS_PATCH_CACHE/fast`` (default ``~/.cache/speculators-patch/fast``);
 plans in ``$SPECULATORS_PATCH_PLAN_CACHE`` where that is set.
 Every failure to read or write it is silent: the cache only ever saves time, the command
-then computes the answer itself. ``SPECULATORS_PATCH_NO_FAST_PATH=1`` turns off every fast
+then computes the answer itself. Each entry has a seal beside it (the sha256 of its bytes):
+an entry whose bytes differ from what was stored -- edited by hand, cut short -- is computed
+afresh, never trusted. ``SPECULATORS_PATCH_NO_FAST_PATH=1`` turns off every fast
 path (this cache, the patch index and the manifest's record of checked patches), which is
 how the tests compare the fast answers with the full ones.
 """
@@ -60,24 +62,32 @@ def key(document: object) -> str:
 
 
 def load(kind: str, digest: str) -> object | None:
-    """The document stored under ``kind/digest``, or None (absent, unreadable, disabled)."""
+    """The document stored under ``kind/digest``, or None (absent, unreadable, disabled, or
+    its bytes not those ``store`` sealed: an entry edited by hand or cut short is never read)."""
     if not enabled():
         return None
+    path = folder(kind) / f"{digest}.json"
     try:
-        return json.loads((folder(kind) / f"{digest}.json").read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        if path.with_suffix(".seal").read_text(encoding="ascii") != hashlib.sha256(data).hexdigest():
+            return None
+        return json.loads(data)
     except (OSError, ValueError):
         return None
 
 
 def store(kind: str, digest: str, document: object) -> None:
-    """Write ``document`` under ``kind/digest`` atomically (temporary file + rename); never raises."""
+    """Write ``document`` under ``kind/digest`` atomically (temporary file + rename), then its
+    seal (the sha256 of those bytes, ``kind/digest.seal``) that ``load`` checks; never raises."""
     if not enabled():
         return
     try:
         data = json.dumps(document).encode()
     except (TypeError, ValueError):
         return
-    _write(folder(kind) / f"{digest}.json", data)
+    path = folder(kind) / f"{digest}.json"
+    _write(path, data)
+    _write(path.with_suffix(".seal"), hashlib.sha256(data).hexdigest().encode())
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -85,3 +85,24 @@ def test_a_hand_edited_evidence_cache_is_computed_afresh(sandbox: Path, tmp_path
         again = run_cli("diff", "--target", str(sandbox), env=env)
         assert (again.returncode, again.stdout) == (clean.returncode, clean.stdout), again.stderr[-500:]
         assert "Traceback" not in again.stderr
+
+
+def test_a_hand_edited_patch_index_entry_is_not_trusted(sandbox: Path, tmp_path: Path) -> None:
+    """Found by a fresh-eyes run: a cached ``patch-index`` entry edited by hand into another
+    well-formed one (a patch's title changed) was read as the truth. Every cache entry is
+    sealed with the sha256 of its bytes; an entry that no longer matches is computed afresh."""
+    import json
+
+    cache = tmp_path / "cache"
+    env = {"SPECULATORS_PATCH_CACHE": str(cache)}
+    clean = run_cli("status", "--target", str(sandbox), "--no-cache")
+    assert run_cli("status", "--target", str(sandbox), env=env).stdout == clean.stdout
+    entries = sorted((cache / "fast" / "patch-index").glob("*.json"))
+    assert entries, "status stored no patch-index entry"
+    for entry in entries:
+        rows = json.loads(entry.read_text())
+        rows[0]["title"] = "a title nobody wrote"
+        entry.write_text(json.dumps(rows))
+    again = run_cli("status", "--target", str(sandbox), env=env)
+    assert (again.returncode, again.stdout) == (clean.returncode, clean.stdout), again.stderr[-500:]
+    assert "a title nobody wrote" not in again.stdout

@@ -664,7 +664,12 @@ def _preflight(root, state, datas, backups, small, drops=()):
     add(state, small)
     dirs = sorted({os.path.dirname(os.path.join(root, p)) for p in datas} | {state, os.path.join(state, "pristine")})
     for d in dirs:
-        if os.path.isdir(d) and (not os.access(d, os.W_OK) or _immutable(d)):
+        if os.path.isdir(d) and _immutable(d):
+            raise AgentError(
+                "cannot write to %s: the directory is immutable or append-only (chattr +i/+a; nothing "
+                "changed); `chattr -i %s`, then run the command again" % (d, d)
+            )
+        if os.path.isdir(d) and not os.access(d, os.W_OK):
             raise AgentError("cannot write to %s: permission denied (nothing changed)" % d)
     for path in datas:
         if _immutable(os.path.join(root, path)):

@@ -6,14 +6,16 @@ of at most ``jobs`` workers. The workers are forked processes where the platform
 threads would run them one host at a time under the GIL (threads are the fallback).
 A host that fails -- a ``UserError`` or anything else -- is recorded with its reason and
 never stops or touches the others. Progress goes to stderr; the end is one summary table
-(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``); for ``status``
-each host's result is the state of its install, and the last line is
-``commands.common.hosts_summary`` of the hosts' results. Exit code: 0 when every host
-succeeded, 2 when any host failed or is unsupported, else 1 when ``diff`` found changes,
-``verify`` disagreements, an ``apply`` whose result fails verify's checks or a ``status``
-whose install is not patched somewhere (each host's code is the verb's own), else the
-largest (3: every static check passed but some host's vLLM has no engine proof); 130 after
-Ctrl-C.
+(or, with ``--json``, ``{"hosts": [one object per host], "exit_code": n}``). Each host's
+(outcome, reason) is the verb's own: the ``outcome`` of the result object its
+``patcher.commands`` verb returned, carried by the ``Report`` (``Report.outcome``); nothing
+here tells one verb from another. For ``status`` each host's outcome is the state of its
+install, and the last line is ``commands.common.hosts_summary`` of the hosts' outcomes.
+Exit code: 0 when every host succeeded, 2 when any host failed or is unsupported, else 1
+when ``diff`` found changes, ``verify`` disagreements, an ``apply`` whose result fails
+verify's checks or a ``status`` whose install is not patched somewhere (each host's code is
+the verb's own), else the largest (3: every static check passed but some host's vLLM has no
+engine proof); 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from patcher.errors import Interrupted, Unsupported, UserError, interrupted_exit
 
 @dataclass
 class HostResult:
+    """One host's row of a run over several hosts: its (outcome, reason), the verb's exit
+    code, the time it took, its report's data and the notes on its install."""
+
     host: str
     # changed | unchanged | would-change | ok | disagrees (verify, or apply then verify) | unproven | failed |
     # unsupported | unrestorable, repaired (repair) | status: the install's state (patched | pristine | partial |
@@ -50,6 +55,7 @@ class HostResult:
     notes: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
+        """This host's object in ``{"hosts": [...]}`` of ``--json``."""
         return {
             "host": self.host,
             "outcome": self.outcome,
@@ -61,50 +67,13 @@ class HostResult:
         }
 
 
-def classify(data: dict, exit_code: int) -> tuple[str, str]:
-    """(outcome, reason) for one host's report data, whatever the subcommand."""
-    if "written" in data:  # apply / revert
-        if data.get("dry_run"):
-            pending = data.get("would_change") or sorted(
-                {p["file"] for p in data.get("patches", []) if p["state"] == "pending"}
-            )
-            return ("would-change", f"{len(pending)} file(s)") if pending else ("unchanged", "")
-        outcome, reason = (
-            ("changed", f"{len(data['written'])} file(s) written") if data["written"] else ("unchanged", "")
-        )
-        if data.get("adopted"):
-            outcome, reason = "changed", "; ".join(filter(None, [reason, f"{len(data['adopted'])} file(s) adopted"]))
-        checked = data.get("verify")
-        if isinstance(checked, dict) and not checked.get("ok", True) and exit_code == 3:  # only the proof is missing
-            return "unproven", "; ".join(filter(None, [reason, "verify: NOT PROVEN (every static check passes)"]))
-        if isinstance(checked, dict) and not checked.get("ok", True):  # apply: the install still fails verify
-            return "disagrees", "; ".join(filter(None, [reason, f"verify: FAILED ({', '.join(checked['failing'])})"]))
-        return outcome, reason
-    if "install" in data:  # status: the state of each host's install
-        return data["install"]["state"], data["install"]["reason"]
-    if "unrestorable" in data:  # repair: it ran; a file nothing kept restores is its finding, not a failure
-        if data["unrestorable"]:
-            return (
-                "unrestorable",
-                f"{len(data['unrestorable'])} file(s) differ from what pip installed; nothing kept restores them",
-            )
-        return ("repaired", "") if data.get("was") else ("ok", "")
-    if "diff" in data:
-        return ("would-change", "diff printed in --json") if data["changed"] else ("unchanged", "")
-    if "selftest" in data:
-        if data["ok"]:
-            return "ok", ""
-        st = data["selftest"]
-        failed = [a["arch"] for a in st["archs"] if not a["ok"]]
-        return "disagrees", f"selftest failed: {', '.join(failed)} ({st['bad_captures']} captures out of bound)"
-    if "ok" in data:  # verify
-        if data["ok"]:
-            return "ok", ""
-        if exit_code == 3:  # every static check passes; no engine proof for this release
-            return "unproven", (data.get("proven") or {}).get("unproven") or "no engine proof"
-        bad = sorted(p["id"] for p in data.get("patches", []) if p.get("verdict") != "ok")
-        return "disagrees", "verify failed: " + ", ".join(bad)
-    return ("ok", "") if exit_code == 0 else ("failed", f"exit code {exit_code}")
+def outcome_of(report) -> tuple[str, str]:
+    """(outcome, reason) of one host's ``Report``: the verb's own (``Report.outcome``, from its
+    result's ``outcome``); for a report that carries none, ``ok`` on exit code 0, else
+    ``failed`` with the exit code."""
+    if report.outcome is not None:
+        return report.outcome
+    return ("ok", "") if report.exit_code == 0 else ("failed", f"exit code {report.exit_code}")
 
 
 def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
@@ -123,7 +92,7 @@ def _run_one(host: str, command: Callable[[str], object]) -> HostResult:
         return HostResult(host, "failed", 2, str(e), time.monotonic() - start)
     except Exception as e:  # a bug must not take the other hosts down
         return HostResult(host, "failed", 2, f"internal error: {type(e).__name__}: {e}", time.monotonic() - start)
-    outcome, reason = classify(report.data, report.exit_code)
+    outcome, reason = outcome_of(report)
     return HostResult(
         host, outcome, report.exit_code, reason, time.monotonic() - start, report.data, tuple(report.notes)
     )
@@ -165,6 +134,7 @@ _COLORS = {
 
 
 def summary_table(results: list[HostResult]) -> Table:
+    """The per-host summary table: host, outcome (coloured), time and reason."""
     table = Table(title="per-host summary", title_justify="left")
     for col in ("host", "result", "time", "detail"):
         table.add_column(col, overflow="fold")

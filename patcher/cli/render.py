@@ -53,12 +53,16 @@ def escape(text: str) -> str:
 
 @dataclass
 class Report:
-    """What one subcommand produced for one target: JSON data, exit code, and a renderer."""
+    """What one subcommand produced for one target: JSON data, exit code, a renderer, the notes
+    on the install, and ``outcome``: the (outcome, reason) of this target's row in a run over
+    several hosts, the verb's own (its result's ``outcome``; None where the report says none,
+    and then a run over several hosts reads the exit code alone: ``ok``, or ``failed``)."""
 
     data: dict
     exit_code: int = 0
     render: Callable[[Console], None] = lambda console: None
     notes: list[str] = field(default_factory=list)
+    outcome: tuple[str, str] | None = None
 
 
 APPLY_WORDS = {"applied-now": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}

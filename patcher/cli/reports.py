@@ -21,18 +21,20 @@ from patcher.cli.render import (
     render_lifecycle,
     verdict_line,
 )
-from patcher.commands.common import describe
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
     from patcher.cli.options import Advice
-    from patcher.commands.apply import Applied, Diffed
+    from patcher.commands.apply import Applied
+    from patcher.commands.diff import Diffed
     from patcher.commands.listing import Listed
     from patcher.commands.repair import Repaired
-    from patcher.commands.status import Reverted, Status
-    from patcher.commands.verify import InstallCheck
+    from patcher.commands.revert import Reverted
+    from patcher.commands.selftest import SelfTested
+    from patcher.commands.status import Status
+    from patcher.commands.verify import Verified
     from patcher.engine import Snapshot
 
 
@@ -74,7 +76,7 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
             console.print(verdict_line(check))
             console.print(f"[dim]`{escape(advice.again('verify'))}` shows the evidence[/]", soft_wrap=True)
 
-    return Report(done.data, done.exit_code, render)
+    return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
 def diff_report(advice: Advice, snap: Snapshot, done: Diffed) -> Report:
@@ -92,7 +94,7 @@ def diff_report(advice: Advice, snap: Snapshot, done: Diffed) -> Report:
 
             Stderr(stderr=True, highlight=False, soft_wrap=True).print(escape(done.summary))
 
-    return Report(done.data, done.exit_code, render)
+    return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
 def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
@@ -117,7 +119,7 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
                 f"fix: {escape(advice.advise(STALE_FIX))}"
             )
 
-    return Report(done.data, done.exit_code, render)
+    return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
 LIBRARY_NAMES = {"vllm": "vLLM"}  # how the facts' title names a library (others: as imported)
@@ -131,10 +133,10 @@ def facts_title(snap: Snapshot, facts: list) -> str:
     return f"facts (static read of {snap.vllm_root}): {read}"
 
 
-def verify_report(advice: Advice, snap: Snapshot, done: tuple[InstallCheck, dict]) -> Report:
+def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
     """``verify``: every check of ``commands.verify.check_install`` with its evidence; exit 1
     when one fails, ``UNPROVEN`` (3) when only the engine proof is missing."""
-    check, data = done
+    check = done.check
     facts, rows, calls = check.facts, check.rows, check.calls
 
     def render(console: Console) -> None:
@@ -163,7 +165,7 @@ def verify_report(advice: Advice, snap: Snapshot, done: tuple[InstallCheck, dict
         console.print(verdict_line(check))
         console.print(f"[dim]{SELFTEST_HINT}[/]")
 
-    return Report(data, check.exit_code, render)
+    return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
 def revert_report(advice: Advice, snap: Snapshot, done: Reverted) -> Report:
@@ -175,7 +177,7 @@ def revert_report(advice: Advice, snap: Snapshot, done: Reverted) -> Report:
         if result.unfinished:
             console.print(f"[red]revert: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
 
-    return Report(done.data, 1 if result.unfinished else 0, render)
+    return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
 def repair_report(done: Repaired) -> Report:
@@ -189,7 +191,7 @@ def repair_report(done: Repaired) -> Report:
             console.print(f"  {escape(line)}", soft_wrap=True)  # commands in them stay whole
         console.print(escape(done.summary))
 
-    return Report(done.data, done.exit_code, render, done.notes)
+    return Report(done.data, done.exit_code, render, done.notes, done.outcome)
 
 
 def list_report(done: Listed) -> Report:
@@ -216,7 +218,7 @@ def list_report(done: Listed) -> Report:
         console.print(table)
         console.print(escape(done.summary))
 
-    return Report({"patches": done.rows}, 0, render)
+    return Report({"patches": done.rows}, done.exit_code, render, outcome=done.outcome)
 
 
 def relay_progress(transport, host: str | None) -> None:
@@ -237,12 +239,9 @@ class _ProgressLine:
         self.err.print(f"{self.prefix}{line}", markup=False)
 
 
-def selftest_report(advice: Advice, snap: Snapshot, report: dict) -> Report:
+def selftest_report(advice: Advice, snap: Snapshot, done: SelfTested) -> Report:
     """``selftest``: the judged report (``commands.selftest.selftest``); exit 1 unless OK."""
-    from patcher.commands.selftest import verdict
-
-    data = {**describe(snap), "ok": report["ok"], "selftest": report, "summary": verdict(report)}
-    return Report(data, 0 if report["ok"] else 1, _SelftestRender(report))
+    return Report(done.data, done.exit_code, _SelftestRender(done.report), outcome=done.outcome)
 
 
 class _SelftestRender:

@@ -19,6 +19,7 @@ from patcher.commands.common import notes
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
+    from patcher.commands.selftest import SelfTested
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
     from patcher.fixes.registry import PatchSet
@@ -156,8 +157,8 @@ def apply_on(opts: Options, advice: Advice, snap: Snapshot):
 
 
 def diff_on(opts: Options, advice: Advice, snap: Snapshot):
-    """``commands.apply.diff`` with this run's choice."""
-    from patcher.commands.apply import diff as verb
+    """``commands.diff.diff`` with this run's choice."""
+    from patcher.commands.diff import diff as verb
 
     return verb(advice.transport, snap, select(opts, snap, "diff"), advise=advice.advise)
 
@@ -177,9 +178,9 @@ def verify_on(opts: Options, advice: Advice, snap: Snapshot):
 
 
 def revert_on(opts: Options, advice: Advice, snap: Snapshot):
-    """``commands.status.revert``: every patch, or with ``--only``/``--skip`` the chosen ones
+    """``commands.revert.revert``: every patch, or with ``--only``/``--skip`` the chosen ones
     (and what depends on them)."""
-    from patcher.commands.status import revert as verb
+    from patcher.commands.revert import revert as verb
 
     chosen = select(opts, snap, "revert")
     return verb(
@@ -216,7 +217,9 @@ class SelftestRun(NamedTuple):
     limit: float
     host: str | None
 
-    def __call__(self, opts: Options, advice: Advice, snap: Snapshot) -> dict:
+    def __call__(self, opts: Options, advice: Advice, snap: Snapshot) -> SelfTested:
+        """The check on ``snap``'s target, its progress relayed; returns a ``SelfTested``.
+        Raises ``UserError`` as ``commands.selftest.selftest``."""
         from patcher.commands.selftest import selftest as verb
 
         reports.relay_progress(advice.transport, self.host)

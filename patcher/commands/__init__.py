@@ -1,5 +1,6 @@
-"""The verbs -- apply, diff, status, verify, revert, repair, list, selftest -- as functions
-that return data.
+"""The verbs -- apply, diff, status, verify, revert, repair, list, selftest -- one module
+each, as functions that return a result object: its data, its ``exit_code``, its one-line
+``summary`` and its ``outcome`` in a run over several hosts.
 
 Each takes what it works on (a transport and a snapshot from ``patcher.engine.read_snapshot``;
 ``repair`` reads its own, ``list`` reads no target) and holds every rule of its verb: what it

@@ -1,19 +1,19 @@
-"""``apply``, and ``diff`` (what apply would write), as data."""
+"""``apply``, as data: the commit, then verify's checks on what it wrote (``diff`` says what it
+would write: ``commands.diff``)."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches, refuse_lost_state
 from patcher.commands.status import stale_reason
-from patcher.errors import UserError
+from patcher.commands.verify import UNPROVEN
 
 if TYPE_CHECKING:
     from patcher.commands.verify import InstallCheck
     from patcher.connect.transport import Transport
-    from patcher.engine import CommitResult, FilePlan, Snapshot
+    from patcher.engine import CommitResult, Snapshot
     from patcher.fixes.patch import Patch
 
 
@@ -75,6 +75,25 @@ class Applied:
         return "\n".join(lines)
 
     @property
+    def outcome(self) -> tuple[str, str]:
+        """This host's (outcome, reason) in a run over several hosts: a dry run ``would-change``
+        with the number of files it would change (else ``unchanged``); otherwise ``changed``
+        with the files written and adopted, or ``unchanged``, unless verify's checks on the
+        result fail: ``unproven`` when only the engine proof is missing (exit 3), else
+        ``disagrees`` with the parts that failed."""
+        if self.data.get("dry_run"):
+            return ("would-change", f"{len(self.changed)} file(s)") if self.changed else ("unchanged", "")
+        written, adopted = self.result.written, self.result.adopted
+        outcome, reason = ("changed", f"{len(written)} file(s) written") if written else ("unchanged", "")
+        if adopted:
+            outcome, reason = "changed", "; ".join(filter(None, [reason, f"{len(adopted)} file(s) adopted"]))
+        if self.check is None or self.check.ok:
+            return outcome, reason
+        if self.exit_code == UNPROVEN:  # only the engine proof is missing
+            return "unproven", "; ".join(filter(None, [reason, "verify: NOT PROVEN (every static check passes)"]))
+        return "disagrees", "; ".join(filter(None, [reason, f"verify: FAILED ({', '.join(self.check.failing)})"]))
+
+    @property
     def stale(self) -> list[str]:
         """The patches applied by us for another vLLM release, wrong for the installed one."""
         return sorted({r["id"] for r in self.rows if r["state"] == "stale"})
@@ -107,8 +126,10 @@ def apply(
     costs no round trip of its own): on the whole install, so a patch the installed vLLM
     needs that ``chosen`` leaves out fails the check and is named in ``left_out``, unless
     ``allow_partial`` (then the verdicts of ``chosen`` only count, as ``verify --only``).
-    Refuses an unsupported target, a vLLM change no patch covers, and a user patch whose
-    file changed since it was applied."""
+    Returns an ``Applied``. Raises ``UserError`` (``Unsupported`` for an unsupported target)
+    for a vLLM change no patch covers, a user patch whose file changed since it was applied,
+    lost state, and what ``engine.apply`` refuses (a codemod's refusal, a file modified after
+    patching, ``changed-since-read``)."""
     from patcher import engine
     from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
@@ -171,85 +192,3 @@ def left_out_needed(check: InstallCheck, chosen_ids: set[str], by_id: dict[str, 
         for r in sorted(check.all_rows, key=lambda r: r["id"])
         if r["id"] not in chosen_ids and r["verdict"] == "missing"
     ]
-
-
-@dataclass
-class Diffed:
-    """What ``apply`` would write: the plans, their unified diff, the data of ``diff --json``,
-    and (``summary``) why there is no diff when files changed after patching keep it empty."""
-
-    plans: list[FilePlan]
-    text: str
-    data: dict
-    summary: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        """1 when there is a diff, or files changed after patching keep it empty; else 0."""
-        return 1 if self.text or self.data["modified_files"] else 0
-
-
-def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], str] = str) -> Diffed:
-    """The plans and their unified diff, refusing what ``apply`` would refuse. ``advise``: a
-    way-out command as this caller words it (the CLI adds its target options)."""
-    from patcher import engine
-
-    engine.check_supported(snap)
-    engine.check_covered(snap)
-    refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
-    plans = engine.plan(snap, chosen)
-    refused = engine.refusals(plans)
-    if refused:
-        raise UserError(refused[0])
-    refuse_lost_state(snap, "apply", advise, plans)  # as apply would refuse
-    engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
-    text = unified_diff(plans)
-    modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
-    said = None
-    if modified and not text:  # apply leaves such a file as it is and fails verify's check
-        one = len(modified) == 1
-        said = (
-            f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
-            f"as {'it is' if one else 'they are'} and ends with verify: FAILED (a file modified after patching); "
-            f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
-            f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
-        )
-    return Diffed(
-        plans,
-        text,
-        {
-            **describe(snap),
-            "changed": bool(text),
-            "diff": text,
-            "patches": outcome_rows(plans),
-            "modified_files": modified,
-            "summary": said,
-        },
-        said,
-    )
-
-
-def _text(source: bytes) -> str:
-    """Source bytes as text, in the encoding its coding cookie declares (PEP 263)."""
-    import io
-    import tokenize
-
-    try:
-        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
-        return source.decode(encoding)
-    except (SyntaxError, LookupError, UnicodeError):
-        return source.decode("utf-8", "replace")
-
-
-def unified_diff(plans: list[FilePlan]) -> str:
-    """The changed files of ``plans`` as one unified diff (``a/PATH``, ``b/PATH``)."""
-    chunks = []
-    for p in plans:
-        if p.changed:
-            chunks += difflib.unified_diff(
-                _text(p.before).splitlines(True),
-                _text(p.after).splitlines(True),
-                f"a/{p.path}",
-                f"b/{p.path}",
-            )
-    return "".join(chunks)

@@ -20,6 +20,17 @@ class Listed:
     origins: dict[str, str]
     summary: str
 
+    @property
+    def exit_code(self) -> int:
+        """Always 0: listing reads no target, and what it cannot load is refused before."""
+        return 0
+
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """(outcome, reason) as a run over several hosts would say it: ``ok`` (``list`` reads
+        no host, so it never runs on several)."""
+        return "ok", ""
+
 
 def listing(patch_set: PatchSet) -> Listed:
     """Every patch of ``patch_set`` (the run's: ``registry.loaded``), by id. Raises nothing."""

@@ -37,6 +37,19 @@ class Repaired:
         """1 when a file differs from what pip installed and nothing kept restores it, else 0."""
         return 1 if self.result.unrestorable else 0
 
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """This host's (outcome, reason) in a run over several hosts: ``unrestorable`` with the
+        number of files nothing kept restores (repair ran: that is its finding, not a
+        failure), else ``repaired`` when the state had something wrong, else ``ok``."""
+        unrestorable = self.result.unrestorable
+        if unrestorable:
+            return (
+                "unrestorable",
+                f"{len(unrestorable)} file(s) differ from what pip installed; nothing kept restores them",
+            )
+        return ("repaired", "") if self.was else ("ok", "")
+
 
 def summary(result: RepairResult) -> str:
     """The line ``repair`` ends with."""
@@ -55,7 +68,7 @@ def summary(result: RepairResult) -> str:
 def repair(transport: Transport, patches: PatchSet | None = None) -> Repaired:
     """``repair`` on the target behind ``transport`` (already entered) with this run's
     ``patches`` (None: shipped and installed packs): it reads the target itself, before and
-    after the agent's repair. Raises ``UserError`` as ``engine.repair``."""
+    after the agent's repair. Returns a ``Repaired``. Raises ``UserError`` as ``engine.repair``."""
     from patcher import engine
 
     result = engine.repair(transport, patches)

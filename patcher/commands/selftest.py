@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from patcher.agent.selftest import tiny_models
 from patcher.agent.selftest.run import NOISE_LIMIT
 from patcher.agent.selftest.training import LOSS_TOLERANCE as TRAINING_TOLERANCE
+from patcher.commands.common import describe
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -109,16 +111,55 @@ def run_remote(transport: Transport, snap: Snapshot, req: dict, timeout: float) 
     )
 
 
-def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> dict:
+@dataclass
+class SelfTested:
+    """What ``selftest`` found on one target: the judged report of the check (``report``,
+    ``summarize``'s) and the data of ``selftest --json`` (``data``: the target described,
+    ``ok``, the report as ``selftest``, the ``summary``)."""
+
+    report: dict
+    data: dict
+
+    @property
+    def ok(self) -> bool:
+        """Whether every capture is within the bound and nothing failed."""
+        return bool(self.report["ok"])
+
+    @property
+    def exit_code(self) -> int:
+        """0 when ``ok``, else 1 (a capture out of bound, or the generator or training failed)."""
+        return 0 if self.ok else 1
+
+    @property
+    def summary(self) -> str:
+        """The line the report ends with (``verdict``)."""
+        return verdict(self.report)
+
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """This host's (outcome, reason) in a run over several hosts: ``ok``, else
+        ``disagrees`` with the architectures that failed and the captures out of bound."""
+        if self.ok:
+            return "ok", ""
+        failed = [a["arch"] for a in self.report["archs"] if not a["ok"]]
+        return (
+            "disagrees",
+            f"selftest failed: {', '.join(failed)} ({self.report['bad_captures']} captures out of bound)",
+        )
+
+
+def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> SelfTested:
     """``selftest`` on one target: refuse a target without speculators or with a release no
     patch is written for (its generator is not ours to test), run the check (``run_remote``,
-    at most ``timeout`` seconds) and judge its report (``summarize``). Raises ``UserError``."""
+    at most ``timeout`` seconds) and judge its report (``summarize``). Returns a
+    ``SelfTested``. Raises ``UserError``."""
     from patcher import engine
 
     if snap.speculators_version is None:
         raise UserError(f"{transport.label}: speculators is not installed in this environment")
     engine.check_supported(snap)
-    return summarize(run_remote(transport, snap, req, timeout), snap.patches)
+    report = summarize(run_remote(transport, snap, req, timeout), snap.patches)
+    return SelfTested(report, {**describe(snap), "ok": report["ok"], "selftest": report, "summary": verdict(report)})
 
 
 def summarize(report: dict, patches: PatchSet) -> dict:

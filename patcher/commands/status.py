@@ -1,22 +1,14 @@
-"""``status`` and ``revert``, as data."""
+"""``status``, as data: each file's state, each patch's, and the install's in one word."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from patcher.commands.common import (
-    describe,
-    mark_edited,
-    outcome_rows,
-    refuse_edited_user_patches,
-    refuse_lost_state,
-    source_changes,
-)
+from patcher.commands.common import describe, mark_edited, outcome_rows, source_changes
 
 if TYPE_CHECKING:
-    from patcher.connect.transport import Transport
-    from patcher.engine import CommitResult, FilePlan, Snapshot
+    from patcher.engine import FilePlan, Snapshot
 
 
 @dataclass
@@ -42,9 +34,18 @@ class Status:
         a refused target), else 1 (pristine, partial, stale, modified)."""
         return {"patched": 0, "unsupported": 2}.get(self.data["install"]["state"], 1)
 
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """This host's (outcome, reason) in a run over several hosts: the install's state and
+        its reason (``install_state``)."""
+        return self.data["install"]["state"], self.data["install"]["reason"]
+
 
 def status(snap: Snapshot, chosen) -> Status:
-    """``status``: what ``apply`` would find, file by file and patch by patch."""
+    """``status``: what ``apply`` would find, file by file and patch by patch, and the
+    install's state (``install_state``), as a ``Status``. Raises ``UserError``
+    (``Unsupported`` when no patch is written for the target's speculators or vLLM) as
+    ``engine.check_supported``."""
     from patcher import engine
     from patcher.checks.verify import recorded_states
 
@@ -102,76 +103,4 @@ def stale_reason(ids: list[str], vllm: str) -> str:
     return (
         f"{', '.join(ids)} applied for another vLLM release, wrong for vLLM {vllm}: "
         f"take them out with `speculators-patch revert`, then `speculators-patch apply` for this release"
-    )
-
-
-@dataclass
-class Reverted:
-    """What ``revert`` did (or, a dry run, would do): the engine's result, the files changed,
-    the data of ``revert --json`` and the one-line ``summary``."""
-
-    result: CommitResult
-    changed: list[str]
-    data: dict
-    summary: str = ""
-
-
-def revert_summary(snap: Snapshot, result: CommitResult, changed: list[str], dry_run: bool) -> str:
-    """What ``revert`` restored (or would), or that nothing needed it, in one line."""
-    if dry_run:
-        return f"dry run: {len(changed)} file(s) would be restored, nothing written"
-    if result.written:
-        return f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}"
-    if result.committed:
-        return (
-            f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
-            f"nothing (left by an earlier run)"
-        )
-    return "nothing to revert: no file needed restoring"
-
-
-def revert(
-    transport: Transport,
-    snap: Snapshot,
-    chosen,
-    partial: bool,
-    force: bool,
-    dry_run: bool,
-    advise: Callable[[str], str] = str,
-) -> Reverted:
-    """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
-    patches. A partial revert replays the patches it keeps from the pristine copies, so it
-    refuses when one of those is a user patch whose file changed since it was applied.
-    ``advise``: a way-out command as this caller words it (the CLI adds its target options)."""
-    from patcher import engine
-
-    refuse_lost_state(snap, "revert", advise)
-    if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
-        ids = {p.id for p in chosen}
-        entries = snap.recorded_paths()
-        replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
-        refuse_edited_user_patches(snap, replayed - ids, "this revert")
-    result = engine.revert(
-        transport,
-        snap,
-        chosen,
-        partial=partial,
-        force=force,
-        dry_run=dry_run,
-        repair_command=advise("speculators-patch repair"),
-    )
-    changed = [p.path for p in result.plans if p.changed]
-    said = revert_summary(snap, result, changed, dry_run)
-    return Reverted(
-        result,
-        changed,
-        {
-            **describe(snap),
-            "dry_run": dry_run,
-            "written": result.written,
-            "would_change": changed,
-            "unfinished": result.unfinished,
-            "summary": said,
-        },
-        said,
     )

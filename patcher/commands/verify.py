@@ -74,6 +74,37 @@ class InstallCheck:
 NO_PROOF = "no engine proof for this vLLM"
 
 
+@dataclass
+class Verified:
+    """What ``verify`` found on one target: every check (``check``) and its evidence as the
+    data of ``verify --json`` (``data``)."""
+
+    check: InstallCheck
+    data: dict
+
+    @property
+    def exit_code(self) -> int:
+        """The check's: 0 OK, ``UNPROVEN`` (3) when only the engine proof is missing, else 1."""
+        return self.check.exit_code
+
+    @property
+    def summary(self) -> str:
+        """The verdict ``verify`` ends with, in one line (``InstallCheck.summary``)."""
+        return self.check.summary
+
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """This host's (outcome, reason) in a run over several hosts: ``ok``; ``unproven`` with
+        why there is no engine proof (every static check passes); else ``disagrees`` with the
+        patches whose verdict is not ok."""
+        if self.check.ok:
+            return "ok", ""
+        if self.exit_code == UNPROVEN:
+            return "unproven", self.check.unproven or "no engine proof"
+        bad = sorted(r["id"] for r in self.check.rows if r.get("verdict") != "ok")
+        return "disagrees", "verify failed: " + ", ".join(bad)
+
+
 def check_install(
     transport: Transport,
     snap: Snapshot,
@@ -132,9 +163,11 @@ def _release(minor: tuple[int, int] | None) -> str | None:
 
 def verify(
     transport: Transport, snap: Snapshot, chosen, runtime: bool = False, advise: Callable[[str], str] = str
-) -> tuple[InstallCheck, dict]:
+) -> Verified:
     """``verify``: every check of ``check_install``, and its evidence as data (``verify
-    --json``); ``--only``/``--skip`` (``chosen``) narrow the patch checks, not the call check."""
+    --json``), as a ``Verified``; ``--only``/``--skip`` (``chosen``) narrow the patch checks,
+    not the call check. Raises ``UserError`` on an unsupported target and as the ``sources``
+    exchange does."""
     from patcher import engine
     from patcher.checks import proven
 
@@ -202,7 +235,7 @@ def verify(
             ],
         },
     }
-    return check, data
+    return Verified(check, data)
 
 
 def _libraries(calls: CallsCheck, snap: Snapshot) -> dict:

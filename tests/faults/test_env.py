@@ -191,7 +191,9 @@ def test_a_refused_first_apply_leaves_nothing_and_revert_clears_an_older_leftove
         result = run_cli("apply", "--target", str(sandbox))
     finally:
         subprocess.run(["chattr", "-i", str(directory)], check=True)
-    assert result.returncode == 2 and "permission denied (nothing changed)" in result.stderr, result.stderr
+    assert result.returncode == 2 and "is immutable or append-only (chattr +i/+a; nothing changed)" in result.stderr, (
+        result.stderr
+    )
     assert not (site / ".speculators-patch").exists()
     (site / ".speculators-patch" / "pristine").mkdir(parents=True)  # what main's refused apply left
     (site / ".speculators-patch" / "lock").touch()

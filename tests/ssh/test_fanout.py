@@ -108,7 +108,7 @@ def _probe(in_flight: list[int], peak: list[int], lock):
             raise KeyError("boom")
         from patcher.cli import Report
 
-        return Report({"written": ["x"], "dry_run": False})
+        return Report({"written": ["x"], "dry_run": False}, outcome=("changed", "1 file(s) written"))
 
     return command
 
@@ -135,10 +135,16 @@ def _verify_reports(codes: dict[str, int]):
 
     def command(host: str):
         from patcher.cli import Report
+        from patcher.commands.verify import NO_PROOF, InstallCheck, Verified
 
         code = codes[host]
         unproven = "vLLM 0.33.0 is newer than the newest release proven on the engine (0.32.x)" if code == 3 else None
-        return Report({"ok": code == 0, "patches": [], "proven": {"unproven": unproven}}, code)
+        failing = {0: [], 1: ["the calls"], 3: [NO_PROOF]}[code]
+        found = Verified(
+            InstallCheck([], [], None, unproven, [], [], failing),
+            {"ok": code == 0, "patches": [], "proven": {"unproven": unproven}},
+        )
+        return Report(found.data, found.exit_code, outcome=found.outcome)
 
     return command
 

@@ -49,7 +49,7 @@ class ActionModule(ActionBase):
         from patcher.commands import session
         from patcher.commands.apply import apply
         from patcher.commands.common import chosen, notes
-        from patcher.commands.status import revert
+        from patcher.commands.revert import revert
 
         check = bool(self._task.check_mode)
         patch_set = controller.task_patches(args["patch_files"])

@@ -64,9 +64,9 @@ class ActionModule(ActionBase):
         }
         said = [found.summary]
         if args["verify"]:
-            check, data = verify(transport, snap, chosen(snap, "verify", only, skip))
-            result["verify"] = {k: v for k, v in data.items() if k not in _DESCRIBE}
-            said.append(check.summary)
+            verified = verify(transport, snap, chosen(snap, "verify", only, skip))
+            result["verify"] = {k: v for k, v in verified.data.items() if k not in _DESCRIBE}
+            said.append(verified.summary)
         result["msg"] = "; ".join(said)  # status's summary, then verify's verdict: the CLI's words
         warnings = notes(snap)
         if warnings:

@@ -46,7 +46,7 @@ class ActionModule(ActionBase):
             "unrestorable": done.result.unrestorable,
             "msg": done.summary,
         }
-        if done.result.unrestorable:  # the CLI's exit 1: nothing here restores these files
+        if done.exit_code:  # the CLI's exit 1: nothing here restores these files
             result["failed"] = True
         if done.notes:
             result["warnings"] = done.notes

@@ -1,0 +1,107 @@
+"""``diff``, as data: what ``apply`` would write, as one unified diff, refusing what ``apply``
+would refuse."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches, refuse_lost_state
+from patcher.errors import UserError
+
+if TYPE_CHECKING:
+    from patcher.connect.transport import Transport
+    from patcher.engine import FilePlan, Snapshot
+
+
+@dataclass
+class Diffed:
+    """What ``apply`` would write: the plans, their unified diff, the data of ``diff --json``,
+    and (``summary``) why there is no diff when files changed after patching keep it empty."""
+
+    plans: list[FilePlan]
+    text: str
+    data: dict
+    summary: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """1 when there is a diff, or files changed after patching keep it empty; else 0."""
+        return 1 if self.text or self.data["modified_files"] else 0
+
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """This host's (outcome, reason) in a run over several hosts: ``would-change`` when
+        there is a diff (the diff itself is in ``--json``), else ``unchanged``."""
+        return ("would-change", "diff printed in --json") if self.data["changed"] else ("unchanged", "")
+
+
+def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], str] = str) -> Diffed:
+    """``diff``: the plans of ``chosen`` on ``snap`` and their unified diff, as a ``Diffed``.
+    ``advise``: a way-out command as this caller words it (the CLI adds its target options).
+    Raises ``UserError`` for what ``apply`` would refuse: an unsupported target, a vLLM change
+    no patch covers, a user patch edited since it was applied, a codemod's refusal, lost
+    state, a file modified after patching that the patches would change."""
+    from patcher import engine
+
+    engine.check_supported(snap)
+    engine.check_covered(snap)
+    refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
+    plans = engine.plan(snap, chosen)
+    refused = engine.refusals(plans)
+    if refused:
+        raise UserError(refused[0])
+    refuse_lost_state(snap, "apply", advise, plans)  # as apply would refuse
+    engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
+    text = unified_diff(plans)
+    modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
+    said = None
+    if modified and not text:  # apply leaves such a file as it is and fails verify's check
+        one = len(modified) == 1
+        said = (
+            f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
+            f"as {'it is' if one else 'they are'} and ends with verify: FAILED (a file modified after patching); "
+            f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
+            f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
+        )
+    return Diffed(
+        plans,
+        text,
+        {
+            **describe(snap),
+            "changed": bool(text),
+            "diff": text,
+            "patches": outcome_rows(plans),
+            "modified_files": modified,
+            "summary": said,
+        },
+        said,
+    )
+
+
+def _text(source: bytes) -> str:
+    """Source bytes as text, in the encoding its coding cookie declares (PEP 263)."""
+    import io
+    import tokenize
+
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
+        return source.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeError):
+        return source.decode("utf-8", "replace")
+
+
+def unified_diff(plans: list[FilePlan]) -> str:
+    """The changed files of ``plans`` as one unified diff (``a/PATH``, ``b/PATH``); an empty
+    string when none changed. Raises nothing (undecodable bytes are replaced)."""
+    chunks = []
+    for p in plans:
+        if p.changed:
+            chunks += difflib.unified_diff(
+                _text(p.before).splitlines(True),
+                _text(p.after).splitlines(True),
+                f"a/{p.path}",
+                f"b/{p.path}",
+            )
+    return "".join(chunks)
