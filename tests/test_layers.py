@@ -30,11 +30,12 @@ RANK = {
 }
 
 # What the controller may import from ``patcher/agent/``: the modules both sides run (the
-# parser, the rule that makes a target an interpreter) and selftest's check, which
+# parser, the rule that makes a target an interpreter, what a manifest must look like) and selftest's check, which
 # ``commands.selftest`` ships to the target.
 SHARED = {
     "patcher.agent.pysource": {"checks"},
     "patcher.agent.bootstrap": {"connect"},
+    "patcher.agent.manifest_rules": {"fixes"},
     "patcher.agent.selftest": {"commands"},
 }
 

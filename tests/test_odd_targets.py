@@ -67,18 +67,24 @@ def test_no_cache_reads_and_writes_no_cache(tmp_path, sandbox):
     assert (cache / "fast" / "verify-calls").is_dir()  # without it, the same run keeps its findings
 
 
+def _cached_entries(verb: str, kind: str, sandbox: Path, tmp_path: Path):
+    """``verb`` run without a cache, then with one (the same answer); returns the uncached
+    answer, the cache's environment and the entries of ``kind`` that run stored."""
+    env = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
+    clean = run_cli(verb, "--target", str(sandbox), "--no-cache")
+    assert run_cli(verb, "--target", str(sandbox), env=env).stdout == clean.stdout
+    entries = sorted((tmp_path / "cache" / "fast" / kind).glob("*.json"))
+    assert entries, f"{verb} stored no {kind} entry"
+    return clean, env, entries
+
+
 def test_a_hand_edited_evidence_cache_is_computed_afresh(sandbox: Path, tmp_path: Path) -> None:
     """Found by a fresh-eyes run: one fact deleted from a cached ``vllm-evidence`` entry made
     ``apply`` end in a ``KeyError`` traceback. An entry that lacks a fact, or holds a malformed
     one, is read again from vLLM's files: the same answers as with no cache at all."""
     import json
 
-    cache = tmp_path / "cache"
-    env = {"SPECULATORS_PATCH_CACHE": str(cache)}
-    clean = run_cli("diff", "--target", str(sandbox), "--no-cache")
-    assert run_cli("diff", "--target", str(sandbox), env=env).stdout == clean.stdout
-    entries = sorted((cache / "fast" / "vllm-evidence").glob("*.json"))
-    assert entries, "diff stored no evidence entry"
+    clean, env, entries = _cached_entries("diff", "vllm-evidence", sandbox, tmp_path)
     for damage in (lambda facts: facts[1:], lambda facts: [facts[0][:2]] + facts[1:]):
         for entry in entries:
             entry.write_text(json.dumps(damage(json.loads(entry.read_text()))))
@@ -93,12 +99,7 @@ def test_a_hand_edited_patch_index_entry_is_not_trusted(sandbox: Path, tmp_path:
     sealed with the sha256 of its bytes; an entry that no longer matches is computed afresh."""
     import json
 
-    cache = tmp_path / "cache"
-    env = {"SPECULATORS_PATCH_CACHE": str(cache)}
-    clean = run_cli("status", "--target", str(sandbox), "--no-cache")
-    assert run_cli("status", "--target", str(sandbox), env=env).stdout == clean.stdout
-    entries = sorted((cache / "fast" / "patch-index").glob("*.json"))
-    assert entries, "status stored no patch-index entry"
+    clean, env, entries = _cached_entries("status", "patch-index", sandbox, tmp_path)
     for entry in entries:
         rows = json.loads(entry.read_text())
         rows[0]["title"] = "a title nobody wrote"

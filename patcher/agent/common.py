@@ -8,10 +8,11 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import site
 import sys
 import sysconfig
+
+from .manifest_rules import HEX_DIGEST, REPAIR_HINT, is_speculators_path  # noqa: F401 (re-exported)
 
 STATE_DIR = ".speculators-patch"
 
@@ -40,12 +41,6 @@ MANIFEST = "manifest.json"
 
 
 SPACE_MARGIN = 64 * 1024
-
-
-REPAIR_HINT = "`speculators-patch repair` rebuilds the record from the files and the verified pristine copies"
-
-
-HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class AgentError(Exception):
@@ -164,15 +159,8 @@ def site_dir_of(request):
 
 def check_relative(path, what="path"):
     """A state path must name a speculators source file under the import root: relative,
-    no ``..``/``.``/empty parts, no NUL. Raises AgentError otherwise."""
-    ok = (
-        isinstance(path, str)
-        and path.startswith("speculators/")
-        and path.endswith(".py")
-        and "\0" not in path
-        and "\\" not in path
-        and not any(part in ("", ".", "..") for part in path.split("/"))
-    )
-    if not ok:
+    no ``..``/``.``/empty parts, no NUL (``manifest_rules.is_speculators_path``). Raises
+    AgentError otherwise."""
+    if not is_speculators_path(path):
         raise AgentError("refusing %s %r: not a path under speculators' import root" % (what, path))
     return path

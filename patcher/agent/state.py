@@ -16,7 +16,6 @@ import json
 import os
 
 from .common import (
-    HEX_DIGEST,
     JOURNAL,
     MANIFEST,
     OLD,
@@ -28,6 +27,7 @@ from .common import (
     read_bytes,
     sha256,
 )
+from .manifest_rules import manifest_problem  # noqa: F401 (commit imports it from here)
 
 
 def state_paths(manifest, backups):
@@ -72,28 +72,6 @@ def list_backups(state):
             path, _, digest = name.partition(".sha256-")
             found[name] = (path, digest or None)
     return found
-
-
-def manifest_problem(manifest):
-    """Why a parsed manifest is not one this tool wrote (a short phrase), or None."""
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        return 'it has no "files" record'
-    for path, entry in manifest["files"].items():
-        try:
-            check_relative(path)
-        except AgentError:
-            return "it names %r, which is not a speculators file" % (path,)
-        if not isinstance(entry, dict):
-            return "the entry of %s is not a record" % path
-        for key in ("pristine_sha256", "patched_sha256"):
-            if not isinstance(entry.get(key), str) or not HEX_DIGEST.match(entry[key]):
-                return "the entry of %s has no valid %s" % (path, key)
-        patches = entry.get("patches")
-        if not isinstance(patches, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in patches.items()
-        ):
-            return "the entry of %s has no valid patches list" % path
-    return None
 
 
 State = collections.namedtuple("State", "manifest manifest_sha256 pristine backups problem")

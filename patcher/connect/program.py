@@ -17,7 +17,7 @@ from pathlib import Path
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The agent's modules, each after those it imports (``tests/test_packaging.py`` checks the
 # list against the folder: every other file there is named in ``NOT_AGENT``).
-AGENT_MODULES = ("pysource", "common", "state", "commit", "inspect", "sources", "run_python", "main")
+AGENT_MODULES = ("manifest_rules", "pysource", "common", "state", "commit", "inspect", "sources", "run_python", "main")
 NOT_AGENT = ("__init__", "loader", "bootstrap", "runtime_probe")
 
 

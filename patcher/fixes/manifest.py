@@ -16,18 +16,15 @@ as read (``extra``) and written back unchanged.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from patcher.agent.manifest_rules import REPAIR_HINT
+from patcher.agent.manifest_rules import manifest_problem as problem
 from patcher.errors import UserError
 
 USER_PATCHES = "user_patches"  # the top-level key of the user patch records
 
-# The way out the agent names for a damaged state (``patcher/agent/common.py``, REPAIR_HINT).
-REPAIR_HINT = "`speculators-patch repair` rebuilds the record from the files and the verified pristine copies"
-
-_HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _FILE_KEYS = ("pristine_sha256", "patched_sha256", "patches", "checked")
 _USER_KEYS = ("name", "version", "title", "file", "origin", "source", "sha256")
 _TOP_KEYS = ("tool", "speculators_version", "vllm_versions", "files", USER_PATCHES)
@@ -202,40 +199,6 @@ class Manifest:
             damaged=frozenset(p for p, e in files.items() if not isinstance(e, dict)),
             extra=extra,
         )
-
-
-def problem(data: Any) -> str | None:
-    """Why ``data`` is not a manifest this tool wrote (a short phrase, the agent's
-    ``state.manifest_problem`` word for word), or None."""
-    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-        return 'it has no "files" record'
-    for path, entry in data["files"].items():
-        if not _speculators_path(path):
-            return "it names %r, which is not a speculators file" % (path,)
-        if not isinstance(entry, dict):
-            return "the entry of %s is not a record" % path
-        for key in ("pristine_sha256", "patched_sha256"):
-            if not isinstance(entry.get(key), str) or not _HEX_DIGEST.match(entry[key]):
-                return "the entry of %s has no valid %s" % (path, key)
-        patches = entry.get("patches")
-        if not isinstance(patches, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in patches.items()
-        ):
-            return "the entry of %s has no valid patches list" % path
-    return None
-
-
-def _speculators_path(path: Any) -> bool:
-    """The agent's ``check_relative``: a relative ``speculators/...py`` path, no empty,
-    ``.`` or ``..`` part, no NUL or backslash."""
-    return (
-        isinstance(path, str)
-        and path.startswith("speculators/")
-        and path.endswith(".py")
-        and "\0" not in path
-        and "\\" not in path
-        and not any(part in ("", ".", "..") for part in path.split("/"))
-    )
 
 
 def _str(value: Any) -> str | None:
