@@ -16,17 +16,20 @@ import pytest
 
 from patcher.errors import UserError
 from patcher.fixes import registry
+from patcher.fixes.manifest import Manifest
 from patcher.fixes.registry import PatchSet, loaded
 
 SHIPPED_FILE = loaded().patches[0].file
 
 
-def recording(pid: str) -> dict:
+def recording(pid: str) -> Manifest:
     """A manifest recording user patch ``pid`` on the first shipped patch's file."""
-    return {
-        "files": {SHIPPED_FILE: {"pristine_sha256": "0" * 64, "patched_sha256": "1" * 64, "patches": {pid: 1}}},
-        "user_patches": {pid: {"origin": "file", "source": f"/elsewhere/{pid.lower()}.py", "title": f"fix {pid}"}},
-    }
+    return Manifest.parse(
+        {
+            "files": {SHIPPED_FILE: {"pristine_sha256": "0" * 64, "patched_sha256": "1" * 64, "patches": {pid: 1}}},
+            "user_patches": {pid: {"origin": "file", "source": f"/elsewhere/{pid.lower()}.py", "title": f"fix {pid}"}},
+        }
+    )
 
 
 def test_a_recorded_user_patch_joins_a_new_set_and_leaves_the_one_it_came_from_alone():
@@ -36,7 +39,7 @@ def test_a_recorded_user_patch_joins_a_new_set_and_leaves_the_one_it_came_from_a
     assert "FIX002" in two.ids() and "FIX001" not in two.ids()
     assert not {"FIX001", "FIX002"} & run.ids() and not {"FIX001", "FIX002"} & loaded().ids()
     assert one.by_id()["FIX001"].origin == "recorded" and one.user_patches() == ()  # nameable, not runnable
-    assert run.with_recorded(None) is run and run.with_recorded({"files": "not a map"}) is run
+    assert run.with_recorded(None) is run and run.with_recorded(Manifest.parse_tolerant({"files": "not a map"})) is run
 
 
 def test_selection_is_the_sets_own():
@@ -59,7 +62,7 @@ def test_two_targets_read_in_one_process_get_their_own_recorded_patches(sandbox:
         def request(op, **payload):
             answer = real(op, **payload)
             if op == "inspect" and pid is not None:
-                answer["manifest"] = recording(pid)  # as if that target had the user patch applied
+                answer["manifest"] = recording(pid).as_dict()  # as if that target had the user patch applied
             return answer
 
         transport.request = request

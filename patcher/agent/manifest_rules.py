@@ -27,6 +27,11 @@ def is_speculators_path(path):
     )
 
 
+def is_patches_map(patches):
+    """True for a file record's ``patches`` map: {patch id (str): version (int)}."""
+    return isinstance(patches, dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in patches.items())
+
+
 def manifest_problem(manifest):
     """Why a parsed manifest (any JSON value) is not one this tool wrote, as a short phrase
     ('it has no "files" record', 'the entry of PATH has no valid pristine_sha256', ...), or
@@ -41,9 +46,6 @@ def manifest_problem(manifest):
         for key in ("pristine_sha256", "patched_sha256"):
             if not isinstance(entry.get(key), str) or not HEX_DIGEST.match(entry[key]):
                 return "the entry of %s has no valid %s" % (path, key)
-        patches = entry.get("patches")
-        if not isinstance(patches, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in patches.items()
-        ):
+        if not is_patches_map(entry.get("patches")):
             return "the entry of %s has no valid patches list" % path
     return None

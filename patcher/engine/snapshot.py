@@ -24,12 +24,7 @@ from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
 from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.patch import Patch
-from patcher.fixes.registry import (
-    PatchSet,
-    loaded,
-    shipped_patches,
-    written_for,  # noqa: F401  (patcher.engine.written_for, as before)
-)
+from patcher.fixes.registry import PatchSet, loaded, shipped_patches, written_for
 from patcher.fixes.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from patcher.agent.manifest_rules import REPAIR_HINT
+from patcher.agent.manifest_rules import REPAIR_HINT, is_patches_map
 from patcher.agent.manifest_rules import manifest_problem as problem
 from patcher.errors import UserError
 
@@ -69,9 +69,7 @@ class FileRecord:
         is not a map is None (each such value kept as read in ``extra``, so ``as_dict``
         gives the dict back). Raises nothing (``Manifest.parse`` checks the shape first)."""
         patches = entry.get("patches")
-        good_patches = isinstance(patches, dict) and all(
-            isinstance(k, str) and isinstance(v, int) for k, v in patches.items()
-        )
+        good_patches = is_patches_map(patches)
         checked = entry.get("checked")
         extra = {k: v for k, v in entry.items() if k not in _FILE_KEYS}
         if "patches" in entry and not good_patches:

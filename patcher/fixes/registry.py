@@ -168,11 +168,10 @@ class PatchSet:
         """The loaded (runnable) user patches: installed packs and ``--patch-file`` files."""
         return tuple(p for p in self.patches if p.origin in ("file", "package"))
 
-    def with_recorded(self, manifest: Manifest | dict | None) -> PatchSet:
+    def with_recorded(self, manifest: Manifest | None) -> PatchSet:
         """This set plus stand-ins for the user patches ``manifest`` records (or names in a
         file's patches map) that it does not hold (``userpatches.record.stand_in``); this set
-        itself when there are none. A dict (the manifest as the agent sends it) is read as
-        ``Manifest.parse_tolerant`` reads it: a malformed manifest or record adds nothing."""
+        itself when there are none."""
         stand_ins = _stand_ins(manifest, set(self.ids()))
         return PatchSet(_ordered((*self.patches, *stand_ins))) if stand_ins else self
 
@@ -213,12 +212,10 @@ def loaded(patch_files: tuple[str, ...] | list[str] = ()) -> PatchSet:
     return PatchSet(_ordered((*shipped, *packs, *files)))
 
 
-def _stand_ins(manifest: Manifest | dict | None, known: set[str]) -> list[Patch]:
+def _stand_ins(manifest: Manifest | None, known: set[str]) -> list[Patch]:
     """Stand-ins for the user patches ``manifest``'s files name that are not in ``known``."""
     from patcher.fixes.userpatches import record
 
-    if isinstance(manifest, dict):
-        manifest = Manifest.parse_tolerant(manifest)
     if manifest is None:
         return []
     found: list[Patch] = []

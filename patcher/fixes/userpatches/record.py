@@ -34,11 +34,8 @@ def entry(patch: Patch) -> UserPatchRecord:
     )
 
 
-def records(manifest: Manifest | dict | None) -> dict[str, UserPatchRecord]:
-    """The user patch records of a manifest (``{}`` for none; a dict, as the agent sends it,
-    is read as ``Manifest.parse_tolerant`` reads it: a malformed record is left out)."""
-    if isinstance(manifest, dict):
-        manifest = Manifest.parse_tolerant(manifest)
+def records(manifest: Manifest | None) -> dict[str, UserPatchRecord]:
+    """The user patch records of a manifest (``{}`` for none)."""
     return {} if manifest is None else dict(manifest.user_patches)
 
 
