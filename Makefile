@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEMO   := build/demo-env
 CLI    := $(BIN)/speculators-patch
 
-.PHONY: dev demo lint test test-fast test-engines test-gpu system-deps engine-env bench clean
+.PHONY: dev demo lint check test test-fast test-engines test-gpu system-deps engine-env bench clean
 
 $(BIN)/speculators-patch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,17 @@ PYTEST := $(BIN)/python -m pytest -n $(JOBS)
 lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The quick loop while editing: lint, every codemod's string pairs and the unit tests that need
+# no sandbox, wheel, sshd or engine (marker fast; docs/testing.md). They run with an empty
+# cache and no package index, so a test that would read a wheel fails here instead of
+# slowing the loop down. One process (CHECK_JOBS): two workers each import every test module
+# first, which measured slower for these (docs/testing.md#timings).
+CHECK_CACHE := build/check-cache
+CHECK_JOBS ?= 0
+check: lint  ## about a minute: lint, codemod pairs, unit tests
+	rm -rf $(CHECK_CACHE)
+	SPECULATORS_PATCH_CACHE=$(CURDIR)/$(CHECK_CACHE) PIP_NO_INDEX=1 $(BIN)/python -m pytest -n $(CHECK_JOBS) -m fast
 
 test: dev lint system-deps engine-env  ## every tier, the real-engine one included
 	$(PYTEST) -m "not newer_engine"

@@ -8,12 +8,14 @@ then computes the answer itself. Each entry has a seal beside it (the sha256 of 
 an entry whose bytes differ from what was stored -- edited by hand, cut short -- is computed
 afresh, never trusted. ``SPECULATORS_PATCH_NO_FAST_PATH=1`` turns off every fast
 path (this cache, the patch index and the manifest's record of checked patches), which is
-how the tests compare the fast answers with the full ones.
+how the tests compare the fast answers with the full ones; ``--no-cache`` turns them off for
+one command (``switched_off``), without touching the environment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -22,10 +24,15 @@ from typing import Iterator
 
 NO_FAST_PATH = "SPECULATORS_PATCH_NO_FAST_PATH"
 
+# ``--no-cache`` for the command that runs inside ``switched_off`` (a context variable: set and
+# reset by that block alone, never assigned from another module).
+_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("speculators_patch_cache_off", default=False)
+
 
 def enabled() -> bool:
-    """False when ``$SPECULATORS_PATCH_NO_FAST_PATH`` is set to anything but ``""``/``0``."""
-    return os.environ.get(NO_FAST_PATH, "") in ("", "0")
+    """False inside ``switched_off``, or when ``$SPECULATORS_PATCH_NO_FAST_PATH`` is set to
+    anything but ``""``/``0``."""
+    return not _OFF.get() and os.environ.get(NO_FAST_PATH, "") in ("", "0")
 
 
 def base() -> Path:
@@ -33,10 +40,15 @@ def base() -> Path:
     return Path(os.environ.get("SPECULATORS_PATCH_CACHE") or Path.home() / ".cache" / "speculators-patch")
 
 
-def disable() -> None:
-    """Turn this cache and every fast path off for this process (``--no-cache``): the same
-    switch as ``$SPECULATORS_PATCH_NO_FAST_PATH=1``."""
-    os.environ[NO_FAST_PATH] = "1"
+@contextlib.contextmanager
+def switched_off(off: bool = True) -> Iterator[None]:
+    """Inside the block (when ``off``), this cache and every fast path are off (``--no-cache``):
+    the same switch as ``$SPECULATORS_PATCH_NO_FAST_PATH=1``, for this command alone."""
+    token = _OFF.set(off)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
 
 
 def directory() -> Path:

@@ -4,7 +4,8 @@ transformers 5.24.0 removed `transformers/modeling_attn_mask_utils.py` (present 
 5.0-5.23), whose `_prepare_4d_causal_attention_mask` speculators 0.3.0's EAGLE model
 imports at module level. speculators' registry imports every module of speculators.models
 when speculators is imported, so the data generator itself cannot be imported:
-`ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'`. vLLM
+`ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'`. speculators
+0.4.0 and 0.4.0.1 import it the same way (speculators/models/eagle.py:24). vLLM
 0.19-0.30 allow transformers 5.24 (0.24-0.30 require >= 5.5.3, no upper bound), so a fresh
 install of them gets it. Its successor, `transformers.masking_utils.create_causal_mask`,
 takes a model config and a cache and may return no mask at all, so it is no drop-in.
@@ -13,14 +14,17 @@ Portable form: keep the import where the module exists; where it does not, defin
 function with the same contract (2-D padding mask in, additive float mask
 [batch, 1, query, key] out: 0 where a query may attend, the dtype's minimum elsewhere;
 causal with `past_key_values_length` cached keys; `sliding_window` keys back at most).
-Needed on every install (the emitted code is right with either transformers).
+The emitted code is right with either transformers (portable); needed where the installed
+transformers has no `modeling_attn_mask_utils` (its fact reads the install: 4.x and 5.0-5.23
+still have it, so there the unpatched import works and the patch is not needed).
 """
 
 import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import replace_statements
-from patcher.fixes.patch import Patch, PatchCodemod
+from patcher.fixes.patch import Fact, Patch, PatchCodemod
+from patcher.fixes.probes import module_absent
 
 MODULE = "modeling_attn_mask_utils"
 NAME = "_prepare_4d_causal_attention_mask"
@@ -84,12 +88,20 @@ PATCH = Patch(
     id="SP014",
     name="attention-mask-import",
     version=1,
-    title="EAGLE model: import transformers' removed modeling_attn_mask_utils with a fallback (transformers 5.24)",
+    title="EAGLE model: a fallback for transformers' modeling_attn_mask_utils where it is gone (removed in 5.24)",
     risk="with transformers 5.24 and later speculators cannot be imported (modeling_attn_mask_utils is gone)",
     file="speculators/models/eagle.py",
     codemod=AttentionMaskImport,
+    speculators=">=0.3.0,<0.4.1",  # 0.4.0 and 0.4.0.1 import it the same way (eagle.py:24)
     order=10,
     portable=True,
-    depends_on="at run time: whether transformers has modeling_attn_mask_utils (removed in transformers 5.24)",
+    facts=(
+        Fact(
+            summary="transformers has no modeling_attn_mask_utils (removed in 5.24.0)",
+            symbol=f"transformers.{MODULE}",
+            first_release="5.24.0",
+            probe=module_absent(f"transformers/{MODULE}.py"),
+        ),
+    ),
     symptoms=(r"modeling_attn_mask_utils",),
 )

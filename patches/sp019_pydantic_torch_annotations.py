@@ -1,6 +1,7 @@
 """SP019: speculators' config models cannot be rebuilt under transformers 5 (``torch`` unresolved).
 
-On import, speculators 0.3.0 rebuilds its pydantic config models
+On import, speculators 0.3.0, 0.4.0 and 0.4.0.1 (the same ``pydantic_utils.py`` in the three
+wheels) rebuild their pydantic config models
 (``speculators/__init__.py`` -> ``config.reload_and_populate_configs`` ->
 ``ReloadableBaseModel.reload_schema`` in ``speculators/utils/pydantic_utils.py``:
 ``cls.model_rebuild(force=True)``). ``SpeculatorModelConfig`` derives from transformers'
@@ -62,4 +63,5 @@ PATCH = Patch(
     portable=True,
     depends_on="transformers 5 annotations naming torch (PretrainedConfig); the added import is right on every version",
     symptoms=(r"name 'torch' is not defined",),
+    speculators=">=0.3.0,<0.4.1",
 )

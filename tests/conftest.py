@@ -41,6 +41,34 @@ def site(sandbox) -> Path:
 os.environ["SPECULATORS_PATCH_SSH_PERSIST"] = "0"
 
 
+# --- The fast tier (``make check``, marker ``fast``) ---------------------------------------
+
+# What a fast test may not ask for: a sandbox or the real wheels, an sshd, a vLLM engine.
+SLOW_FIXTURES = frozenset(
+    {"sandbox", "site", "pristine_sources", "sshd", "ssh_config", "keys", "fleet", "fleet_envs", "engine_env"}
+)
+SLOW_MARKERS = ("engine", "newer_engine", "ssh")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse the run when a test marked ``fast`` asks for what makes a test slow (a fixture of
+    ``SLOW_FIXTURES``, directly or through another, or a marker of ``SLOW_MARKERS``): the fast
+    tier stays what ``make check`` promises. A wheel read in a test's body is caught there:
+    ``make check`` runs with an empty cache and no package index."""
+    wrong = []
+    for item in items:
+        if item.get_closest_marker("fast") is None:
+            continue
+        slow = sorted(SLOW_FIXTURES & set(item.fixturenames))
+        slow += [m for m in SLOW_MARKERS if item.get_closest_marker(m) is not None]
+        if slow:
+            wrong.append(f"{item.nodeid}: {', '.join(slow)}")
+    if wrong:
+        raise pytest.UsageError(
+            "tests marked fast that need a sandbox, wheels, an sshd or an engine:\n" + "\n".join(wrong)
+        )
+
+
 # --- Parallel runs (pytest-xdist; ``make test`` runs two workers) ---------------------------
 
 

@@ -18,12 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"
-EAGLE = "speculators/models/eagle.py"  # SP014
+EAGLE = "speculators/models/eagle.py"  # SP014 (transformers 5.24+), SP036 (transformers 5)
 PYDANTIC_UTILS = "speculators/utils/pydantic_utils.py"  # SP019
 PREPROCESSING = "speculators/data_generation/preprocessing.py"  # SP033
+TRAINER = "speculators/train/trainer.py"  # SP035
 # What a full apply rewrites in speculators 0.3.0 on the sandbox's stack (vLLM 0.16, transformers
-# 4.57.6: SP030-SP032, for transformers 5.4+, are not needed there).
-PATCHED_FILES = sorted([GENERATOR, WORKER, EAGLE, PYDANTIC_UTILS, PREPROCESSING])
+# 4.57.6: SP030-SP032, for transformers 5.4+, SP036 for 5.x and SP014 for 5.24+ are not needed
+# there, so eagle.py stays as pip installed it).
+PATCHED_FILES = sorted([GENERATOR, WORKER, PYDANTIC_UTILS, PREPROCESSING, TRAINER])
 CLI = [sys.executable, "-m", "patcher"]
 # The patches that keep hidden states attributed to the right request (SP010, SP012, SP022), and
 # those that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): left out together.
@@ -52,10 +54,10 @@ def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real ``speculators-patch`` CLI in a fresh process."""
+def run_cli(*args: str, env: dict | None = None, text: bool = True) -> subprocess.CompletedProcess:
+    """Run the real ``speculators-patch`` CLI in a fresh process (``text=False``: its output as bytes)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=300)
+    return subprocess.run([*CLI, *args], capture_output=True, text=text, env=full_env, cwd=ROOT, timeout=300)
 
 
 def run_json(*args: str, **kw) -> tuple[int, dict]:

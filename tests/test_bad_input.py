@@ -21,6 +21,13 @@ def test_missing_target(tmp_path):
     assert_refused(run_cli("apply", "--target", str(tmp_path / "nope")), "target does not exist")
 
 
+@pytest.mark.parametrize("target", ["me@gpu-box:/opt/env", "ssh://me@gpu-box/opt/env"])
+def test_a_remote_path_as_target_names_host(target):
+    """scp's or ssh's way of naming a remote env: refused, with --host as the way."""
+    proc = run_cli("status", "--target", target)
+    assert_refused(proc, "target does not exist: ", "; for a remote env pass --host me@gpu-box --target /opt/env")
+
+
 def test_target_is_not_an_environment(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     assert_refused(run_cli("status", "--target", str(tmp_path)), "not a Python environment")
@@ -135,7 +142,7 @@ def test_revert_after_upgrading_speculators_does_not_restore_old_files(sandbox, 
     pip_install(sandbox, "speculators", "0.4.0")
     before = tree_digest(site)
     for force in ((), ("--force",)):
-        assert_refused(run_cli("revert", "--target", str(sandbox), *force), "speculators 0.4.0 is installed")
+        assert_refused(run_cli("revert", "--target", str(sandbox), *force), "pip replaced speculators 0.3.0 by 0.4.0")
     assert tree_digest(site) == before
 
 

@@ -111,7 +111,7 @@ try:
     runpy.run_module("patcher", run_name="__main__")
 except SystemExit:
     pass
-print("loaded: " + " ".join(m for m in ("libcst", "rich", "patcher.engine") if m in sys.modules), file=sys.stderr)
+print("loaded: " + " ".join(m for m in ("libcst", "rich", "click", "patcher.engine") if m in sys.modules), file=sys.stderr)
 """
 
 
@@ -136,7 +136,7 @@ def _loaded(*args: str, env: dict) -> set[str]:
 def test_read_only_commands_on_a_patched_install_run_no_codemod(tmp_path: Path) -> None:
     """What the fast path buys, observed without a clock: on a patched install ``status``,
     ``verify`` and a no-op ``apply`` never import libcst (no codemod runs), and
-    ``--version`` imports neither the engine nor rich."""
+    ``--version`` imports neither the engine, rich nor click."""
     env = make_sandbox(tmp_path / "env", transformers=TRANSFORMERS)
     fast = {"SPECULATORS_PATCH_CACHE": str(tmp_path / "cache")}
     _apply(env, cache=tmp_path / "cache")
@@ -144,6 +144,21 @@ def test_read_only_commands_on_a_patched_install_run_no_codemod(tmp_path: Path) 
         assert "libcst" not in _loaded(*command, "--target", str(env), env=fast), command
     assert _loaded("--version", env=fast) == set()
     assert "libcst" in _loaded("status", "--target", str(env), env={**fast, **SLOW})  # the full path does
+
+
+@pytest.mark.fast
+def test_version_imports_none_of_click_rich_or_libcst(tmp_path: Path) -> None:
+    """``--version`` alone is answered before the command line is imported (docs/ARCHITECTURE.md),
+    in the words click's ``version_option`` prints."""
+    from click.testing import CliRunner
+
+    from patcher.cli.app import main
+
+    assert _loaded("--version", env={"SPECULATORS_PATCH_CACHE": str(tmp_path)}) == set()
+    shown = run_cli("--version")
+    by_click = CliRunner().invoke(main, ["--version"])
+    assert (shown.returncode, shown.stdout, shown.stderr) == (0, by_click.output, "")
+    assert by_click.exit_code == 0 and by_click.output.startswith("speculators-patch, version ")
 
 
 def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkeypatch) -> None:

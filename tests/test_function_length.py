@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 
+import pytest
 from support import ROOT
+
+pytestmark = pytest.mark.fast
 
 MAX_LINES = 80
 

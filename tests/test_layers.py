@@ -6,10 +6,14 @@ another module's underscore-private name."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
+import pytest
 from support import ROOT
+
+pytestmark = pytest.mark.fast
 
 PATCHER = ROOT / "patcher"
 
@@ -95,6 +99,26 @@ def test_the_controller_reaches_the_agent_only_through_what_both_sides_run():
                 if shared is None or unit not in SHARED[shared]:
                     reached.append(f"{path.relative_to(ROOT)}:{line}: {module}")
     assert reached == []
+
+
+def test_architecture_names_what_the_controller_imports_from_the_agent():
+    """docs/ARCHITECTURE.md's agent row names the agent modules the controller imports: each
+    one it does import (``SHARED``), and no other."""
+    imported = set()
+    for path, tree in _modules(PATCHER):
+        if _unit(path) != "agent":
+            for module, names, _ in _imported(tree):
+                if module == "patcher.agent":
+                    module = "patcher.agent." + names[0] if len(names) == 1 else module
+                imported |= {s for s in SHARED if module == s or module.startswith(s + ".")}
+    assert imported == set(SHARED), "SHARED names an agent module the controller no longer imports"
+    row = next(
+        line
+        for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines()
+        if line.startswith("| `patcher/agent/`")
+    )
+    said = row.split("The controller imports ", 1)[1].split(", and nothing else here", 1)[0]
+    assert set(re.findall(r"`(\w+)(?:\.py|/)`", said)) == {s.rsplit(".", 1)[1] for s in SHARED}
 
 
 def test_the_agent_imports_the_standard_library_only():

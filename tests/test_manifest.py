@@ -15,6 +15,8 @@ from patcher.agent.state import manifest_problem
 from patcher.errors import UserError
 from patcher.fixes.manifest import REPAIR_HINT, FileRecord, Manifest, UserPatchRecord, problem
 
+pytestmark = pytest.mark.fast
+
 GEN = "speculators/models/eagle3/core.py"
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

@@ -149,6 +149,24 @@ def test_ctrl_c_before_a_commit_says_nothing_changed(sandbox, site, tmp_path):
     assert not (site / ".speculators-patch").exists()
 
 
+def test_ctrl_c_after_a_commit_says_what_this_run_wrote(sandbox, site):
+    """Ctrl-C while ``apply`` checks what it just wrote: the one line names the files its commit
+    wrote (the run's session keeps them), and the install is patched."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "ctrl_c_after_commit.py"), "apply", "--target", str(sandbox)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 130, result.stderr
+    line = _one_line(result)
+    assert line.startswith("error: interrupted (Ctrl-C) after this run's commit: ") and line.endswith(
+        f"{len(PATCHED_FILES)} file(s) written ({', '.join(sorted(PATCHED_FILES))})"
+    ), line
+    status = run_cli("status", "--target", str(sandbox))
+    assert status.returncode == 0 and status.stdout.count(": patched") == len(PATCHED_FILES)
+
+
 def test_a_bad_line_in_a_hosts_file_is_named(tmp_path):
     hosts = tmp_path / "nodes.txt"
     for content, says in (

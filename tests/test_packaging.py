@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
+pytestmark = pytest.mark.fast
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 

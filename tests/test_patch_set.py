@@ -32,6 +32,7 @@ def recording(pid: str) -> Manifest:
     )
 
 
+@pytest.mark.fast
 def test_a_recorded_user_patch_joins_a_new_set_and_leaves_the_one_it_came_from_alone():
     run = loaded()
     one, two = run.with_recorded(recording("FIX001")), run.with_recorded(recording("FIX002"))
@@ -42,6 +43,7 @@ def test_a_recorded_user_patch_joins_a_new_set_and_leaves_the_one_it_came_from_a
     assert run.with_recorded(None) is run and run.with_recorded(Manifest.parse_tolerant({"files": "not a map"})) is run
 
 
+@pytest.mark.fast
 def test_selection_is_the_sets_own():
     one = loaded().with_recorded(recording("FIX001"))
     assert [p.id for p in one.select(("fix001",))] == ["FIX001"]
@@ -83,6 +85,7 @@ def test_two_targets_read_in_one_process_get_their_own_recorded_patches(sandbox:
 MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque", "bytearray"}
 
 
+@pytest.mark.fast
 def test_the_registry_module_keeps_no_state_that_changes_after_import():
     """No ``global`` statement, no module-level dict/list/set, and building patch sets leaves
     every module-level name as it was: the only caches are the read-once ``lru_cache`` of the
@@ -108,6 +111,7 @@ def test_the_registry_module_keeps_no_state_that_changes_after_import():
     assert [c for c in (registry.shipped_patches, registry.installed_packs) if c.cache_info().maxsize != 1] == []
 
 
+@pytest.mark.fast
 def test_a_patch_set_cannot_be_changed_in_place():
     patches = loaded()
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -61,3 +61,24 @@ def test_a_dist_info_that_existed_before_is_kept(tmp_path):
     answer = _run(site)
     assert answer["returncode"] == 0, answer
     assert (alias / "METADATA").read_text().endswith("0.16.0+cpu\n")
+
+
+# The script answers and exits; a process it started keeps its stdout open for a minute.
+GRANDCHILD = """\
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("answered")
+"""
+
+
+def test_a_grandchild_holding_the_pipe_does_not_hold_the_answer(tmp_path):
+    """The answer comes once the script has exited (within the agent's drain of a few seconds),
+    not at the request's timeout (it did: "runtime reading timed out after 30s")."""
+    import time
+
+    site = _site(tmp_path / "site-packages")
+    start = time.monotonic()
+    with LocalTransport(str(site)) as transport:
+        answer = transport.request("run_python", script=GRANDCHILD, input="{}", site_packages=str(site), timeout=30)
+    assert answer["returncode"] == 0 and answer["stdout"] == "answered\n"
+    assert time.monotonic() - start < 15

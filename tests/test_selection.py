@@ -9,6 +9,8 @@ import pytest
 from patcher.errors import UserError
 from patcher.fixes.registry import loaded
 
+pytestmark = pytest.mark.fast
+
 select = loaded().select  # the shipped patches (and any installed pack)
 
 

@@ -8,13 +8,20 @@ calls (``Executor.sample_tokens`` among them): patches apply and revert there to
 from __future__ import annotations
 
 import pytest
-from support import GENERATOR, PREPROCESSING, run_cli, run_json, tree_digest
+from support import GENERATOR, PREPROCESSING, PYDANTIC_UTILS, TRAINER, run_cli, run_json, tree_digest
 
 PATCHES_04 = ["SP015", "SP016", "SP017", "SP018"]
-# The training half's patches cover 0.4.x's config and preprocessing as well; on the sandbox's
-# transformers 4.57.6 only SP033 (preprocessing) is needed, SP030-SP032 are for 5.4+.
-TRAINING_04 = ["SP030", "SP031", "SP032", "SP033"]
-APPLIED_04 = [*PATCHES_04, "SP033"]
+# The training half's patches cover 0.4.x's config, preprocessing, draft and trainer as well; on
+# the sandbox only SP033 (preprocessing) and SP035 (the trainer records the data's layers, a fact
+# of vLLM's) are needed: SP030-SP032 are for transformers 5.4+, SP034 (the draft's wrapped
+# verifier) wherever transformers has get_text_config, SP036 (the EAGLE draft's pad_token_id) for
+# transformers 5.
+# SP014 (transformers 5.24 lost modeling_attn_mask_utils) is not needed here (4.57.6).
+# SP019 (torch in scope where pydantic rebuilds the config models) is needed on every install:
+# 0.4.x's pydantic_utils.py is 0.3.0's, byte for byte (issue 46: 0.4.0.1 did not import on
+# transformers 5.19 without it).
+TRAINING_04 = ["SP014", "SP019", "SP030", "SP031", "SP032", "SP033", "SP034", "SP035", "SP036"]
+APPLIED_04 = [*PATCHES_04, "SP019", "SP033", "SP035"]
 COMBINATIONS = [("0.4.0.1", v) for v in ("0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")] + [
     ("0.4.0", "0.16.0"),
     ("0.4.0", "0.17.1"),
@@ -31,13 +38,15 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
 
     code, diff = run_json("diff", "--target", str(env))
     assert code == 1 and diff["changed"] and f"+++ b/{GENERATOR}" in diff["diff"]
-    assert sorted(p["id"] for p in diff["patches"]) == PATCHES_04 + TRAINING_04  # no 0.3.0-only patch
+    assert sorted(p["id"] for p in diff["patches"]) == sorted(PATCHES_04 + TRAINING_04)  # no 0.3.0-only patch
     assert tree_digest(site / "speculators") == before
 
     # apply ends with verify's verdict: OK (exit 0) only where 0.4.x ran on the engine (0.16.0)
     proven_here = vllm == "0.16.0"
     code, applied = run_json("apply", "--target", str(env))
-    assert code == (0 if proven_here else 3) and sorted(applied["written"]) == sorted([GENERATOR, PREPROCESSING])
+    assert code == (0 if proven_here else 3) and sorted(applied["written"]) == sorted(
+        [GENERATOR, PREPROCESSING, TRAINER, PYDANTIC_UTILS]
+    )
     assert applied["verify"]["failing"] == ([] if proven_here else ["no engine proof for this vLLM"])
     assert sorted(p["id"] for p in applied["patches"] if p["state"] == "applied-now") == APPLIED_04
     compile((site / GENERATOR).read_bytes(), GENERATOR, "exec")
@@ -62,7 +71,7 @@ def test_diff_apply_verify_revert(tmp_path, speculators, vllm):
     assert {c["id"] for c in verified["patches"]} == set(PATCHES_04 + TRAINING_04)
     assert all(c["verdict"] == "ok" for c in verified["patches"])
     vllm_facts = {f["patch"] for f in verified["facts"] if f["library"] == "vllm"}
-    assert vllm_facts == {"SP015"}  # executors answer available memory
+    assert vllm_facts == {"SP015", "SP035"}  # executors answer available memory; auxiliary layers = inputs
 
     code, status = run_json("status", "--target", str(env))
     assert code == 0 and {p: status["files"][p] for p in (GENERATOR, PREPROCESSING)} == {
@@ -99,6 +108,17 @@ def test_vllm_0_11_apply_and_revert_work_and_verify_names_the_breaks(tmp_path):
     breaks = [f["call"] for f in verified["calls"]["findings"] if f["severity"] == "error"]
     assert code == 1 and not verified["ok"] and "self.executor.sample_tokens(...)" in breaks
     assert all(c["verdict"] == "ok" for c in verified["patches"])
+    # issue 46: every needed patch is recorded, but the install would not run: status never
+    # says "patched" (exit 0) there; it says what verify's static checks found, exit 1
+    status = run_cli("status", "--target", str(env))
+    assert status.returncode == 1, status.stdout
+    assert "install is patched" not in status.stdout
+    assert (
+        "install is broken (every needed patch is applied, but verify's static checks fail (the calls" in status.stdout
+    )
+    assert f"`speculators-patch verify --target {env}` names each break" in status.stdout
+    code, data = run_json("status", "--target", str(env))
+    assert (code, data["install"]["state"]) == (1, "broken")
     assert run_json("revert", "--target", str(env))[0] == 0
     assert tree_digest(site / "speculators") == before
 

@@ -11,7 +11,7 @@ import json
 import shutil
 
 from sandbox import make_sandbox, site_packages
-from support import GENERATOR, PATCHED_FILES, run_cli, run_json
+from support import GENERATOR, run_cli, run_json
 
 
 def _status(*pythons):
@@ -59,7 +59,6 @@ def test_status_of_one_target_names_its_install(sandbox):
 def test_a_patched_file_without_a_record_is_never_called_pristine(sandbox, site):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     shutil.rmtree(site / ".speculators-patch")  # the record lost: the files stay patched
-    code, data = run_json("status", "--target", str(sandbox))
-    assert code == 1 and {p: data["files"][p] for p in PATCHED_FILES} == dict.fromkeys(PATCHED_FILES, "edited")
-    assert set(data["files"].values()) <= {"edited", "pristine"}  # files no patch rewrote here stay pristine
-    assert data["install"]["state"] == "modified"
+    code, data = run_json("status", "--target", str(sandbox))  # it cannot tell: apply's words (issue 46)
+    assert code == 2 and "speculators-patch's state was lost" in data["error"], data
+    assert "pristine" not in data["error"] and "install is" not in data["error"]

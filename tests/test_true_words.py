@@ -74,25 +74,48 @@ def _lose_state(site, how: str) -> None:
 
 def test_a_lost_state_is_not_called_patched_or_nothing_to_revert(sandbox, site):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
-    for how in ("deleted", "a plain file"):
-        _lose_state(site, how)
-        before = tree_digest(site)
-        for verb in ("revert", "apply", "diff"):
-            result = run_cli(verb, "--target", str(sandbox))
-            said = _one_error(result)
-            assert result.returncode == 2 and result.stdout == "", (how, verb, result.stdout)
-            assert "nothing to" not in said and f"{site}/.speculators-patch records no file" in said, said
-            assert "differ from what pip installed (their RECORD)" in said and "state was lost" in said
-            assert f"`speculators-patch repair --target {sandbox}`" in said, said
-            assert "pip install --force-reinstall --no-deps speculators==0.3.0" in said
-            assert tree_digest(site) == before, (how, verb)
-        if how == "deleted":
-            assert run_cli("repair", "--target", str(sandbox)).returncode == 1  # the way out it names tells
+    _lose_state(site, "deleted")
+    before = tree_digest(site)
+    for verb in ("status", "revert", "apply", "diff"):  # status in apply's words, never "changed by hand"
+        result = run_cli(verb, "--target", str(sandbox))
+        said = _one_error(result)
+        assert result.returncode == 2 and result.stdout == "", (verb, result.stdout)
+        assert "nothing to" not in said and f"{site}/.speculators-patch records no file" in said, said
+        assert "differ from what pip installed (their RECORD)" in said and "state was lost" in said
+        assert "changed by hand" not in said and "modified" not in said, said
+        assert f"`speculators-patch repair --target {sandbox}`" in said, said
+        assert "pip install --force-reinstall --no-deps speculators==0.3.0" in said
+        assert tree_digest(site) == before, verb
     assert "with this tool's fixes already in (SP001, SP002, SP003, " in _one_error(
-        run_cli("apply", "--target", str(sandbox))
+        run_cli("status", "--target", str(sandbox))
     )
-    for path in PATCHED_FILES:  # never called pristine or patched
-        assert run_json("status", "--target", str(sandbox))[1]["files"][path] == "edited"
+    code, data = run_json("status", "--target", str(sandbox))
+    assert (code, data["exit_code"]) == (2, 2) and "so status cannot tell what it wrote there" in data["error"]
+    assert run_cli("repair", "--target", str(sandbox)).returncode == 1  # the way out it names tells
+
+
+def test_a_file_where_the_state_folder_goes_is_named_by_every_verb(tmp_path):
+    patched, stock = make_sandbox(tmp_path / "patched"), make_sandbox(tmp_path / "stock")
+    assert run_cli("apply", "--target", str(patched)).returncode == 0
+    for env in (patched, stock):
+        site = site_packages(env)
+        _lose_state(site, "a plain file")
+        (site / ".speculators-patch").write_text("x\n")
+        before = tree_digest(site)
+        for verb in ("status", "apply", "diff", "revert", "verify", "repair"):
+            result = run_cli(verb, "--target", str(env))
+            said = _one_error(result)
+            assert result.returncode == 2 and result.stdout == "", (env, verb, result.stdout)
+            assert said == (
+                f"error: {site}/.speculators-patch is a file, not this tool's state folder (where speculators-patch "
+                f"keeps its record of this install); nothing was changed; remove it (rm {site}/.speculators-patch) "
+                "or move it away, then run again"
+            ), (verb, said)
+            assert tree_digest(site) == before and (site / ".speculators-patch").read_text() == "x\n", (env, verb)
+    (site_packages(stock) / ".speculators-patch").unlink()  # the way out it names
+    assert run_cli("apply", "--target", str(stock)).returncode == 0
+    (site_packages(patched) / ".speculators-patch").unlink()  # then the lost record is named as such
+    assert "speculators-patch's state was lost" in _one_error(run_cli("status", "--target", str(patched)))
 
 
 def test_a_hand_edit_without_the_fixes_is_still_patched(sandbox, site):
@@ -154,13 +177,11 @@ def test_a_record_of_a_patch_this_tool_lacks_names_a_way_out_that_exists(sandbox
     said = _one_error(result)
     assert result.returncode == 2 and "or newer" not in said, said
     assert f"this speculators-patch {patcher.__version__} has no SP999: the record names a patch" in said
-    assert said.endswith(
-        f"pip install --force-reinstall --no-deps speculators==0.3.0, then remove {site}/.speculators-patch"
-    ), said
-    pip_install(sandbox, "speculators", "0.3.0", force=True)  # the way out, as named
-    shutil.rmtree(site / ".speculators-patch")
+    assert "nothing was changed; `speculators-patch repair` rebuilds the record from the files" in said, said
+    repaired = run_cli("repair", "--target", str(sandbox))  # the way out, as named (issue 46)
+    assert repaired.returncode == 0 and f"rewrote the record of {GENERATOR}" in repaired.stdout, repaired.stdout
     code, data = run_json("status", "--target", str(sandbox))
-    assert (code, data["install"]["state"]) == (1, "pristine")
+    assert (code, data["install"]["state"]) == (0, "patched") and "SP999" not in json.dumps(data)
 
 
 def test_a_repair_that_finds_an_unrestorable_file_is_not_called_failed(tmp_path):

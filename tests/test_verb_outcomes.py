@@ -17,6 +17,8 @@ from patcher.commands.selftest import SelfTested
 from patcher.commands.status import Status
 from patcher.commands.verify import NO_PROOF, InstallCheck, Verified
 
+pytestmark = pytest.mark.fast
+
 
 def _commit(written=(), adopted=(), unfinished=None):
     return SimpleNamespace(written=list(written), adopted=list(adopted), unfinished=unfinished)
@@ -90,8 +92,9 @@ def test_verify():
 
 
 def test_repair():
-    def repaired(was, unrestorable):
-        return Repaired(SimpleNamespace(unrestorable=unrestorable, dropped=[]), was, [], [], "", {})
+    def repaired(was, unrestorable, rewritten=()):
+        result = SimpleNamespace(unrestorable=unrestorable, dropped=[], rewritten=list(rewritten))
+        return Repaired(result, was, [], [], "", {})
 
     assert repaired("damaged", ["a.py", "b.py"]).outcome == (
         "unrestorable",
@@ -99,12 +102,26 @@ def test_repair():
     )
     assert repaired("damaged", []).outcome == ("repaired", "")
     assert repaired(None, []).outcome == ("ok", "")
+    assert repaired(None, [], ["rewrote the record of a.py"]).outcome == ("repaired", "")  # issue 46
 
 
 def test_selftest():
     report = {"ok": False, "archs": [{"arch": "llama", "ok": True}, {"arch": "qwen3", "ok": False}], "bad_captures": 3}
     assert SelfTested(report, {}).outcome == ("disagrees", "selftest failed: qwen3 (3 captures out of bound)")
     assert SelfTested({**report, "ok": True}, {}).outcome == ("ok", "")
+
+
+def test_check_draft():
+    from patcher.checks.draft_serving import Check
+    from patcher.commands.check_draft import DraftChecked
+
+    def checked(*verdicts):
+        return DraftChecked("d", "0.34.0", "", [Check(f"c{i}", v, "") for i, v in enumerate(verdicts)])
+
+    assert checked("ok", "problem", "unknown", "problem").outcome == ("disagrees", "not served as trained: c1, c3")
+    assert checked("ok", "unknown").outcome == ("unproven", "not checked: c1")
+    assert checked("ok", "ok").outcome == ("ok", "")
+    assert [checked(*v).exit_code for v in (("problem", "unknown"), ("unknown",), ("ok",))] == [1, 3, 0]
 
 
 def test_list():

@@ -85,7 +85,10 @@ def resolve(target, where=None, environ=None, executable=None):
     except OSError as e:  # missing, or under a directory this user cannot traverse
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             shown = target if path in (target, target.rstrip("/")) else "%s (%s)" % (target, path)
-            raise Refused("target does not exist%s: %s" % (on, shown))
+            # scp's [user@]host:/path, or an ssh:// URL: the remote env is --host's
+            remote = re.match(r"^ssh://([^/\s]+)(/.*)$", target) or re.match(r"^([^/:\s]+):(/.*)$", target)
+            hint = "; for a remote env pass --host %s --target %s" % remote.groups() if remote else ""
+            raise Refused("target does not exist%s: %s%s" % (on, shown, hint))
         raise Refused("cannot read target%s %s: %s" % (on, target, e.strerror))
     if os.path.isfile(path):
         if not os.access(path, os.X_OK) or not is_python(path):

@@ -30,14 +30,17 @@ from .common import (
     OLD,
     REPAIR_HINT,
     SPACE_MARGIN,
+    STATE_DIR,
     TMP,
     AgentError,
     check_relative,
     digest_of,
     dist_infos,
+    package_root,
     read_bytes,
     record_digests,
     sha256,
+    site_dir_of,
 )
 from .state import backup_name, find_backup, list_backups, load_state, manifest_problem
 
@@ -1026,3 +1029,35 @@ def repair(request):
             return {"salvaged": done}
     except OSError as e:
         raise AgentError("cannot repair %s: %s: %s" % (state, e.filename or state, e.strerror)) from None
+
+
+def forget(request):
+    """Under the lock: remove the state this tool left in a site-packages from which
+    speculators was uninstalled since (``state.orphaned_state``): its manifest, pristine
+    copies, any record of a commit and the lock. Nothing of speculators is left for them to
+    restore or describe. Changes nothing while speculators is installed.
+
+    request: {"site_packages": str|None}. Returns {"removed": the state directory or None}.
+    Raises AgentError when it cannot be removed (one line, the way out)."""
+    site_dir = site_dir_of(request)
+    state = os.path.join(site_dir, STATE_DIR)
+    if package_root("speculators") is not None or not os.path.isdir(state):
+        return {"removed": None}
+    try:
+        with _Lock(state, None, request):
+            if package_root("speculators") is not None:  # reinstalled while we waited
+                return {"removed": None}
+            for dirpath, dirs, names in os.walk(state, topdown=False):
+                for n in names:
+                    if os.path.join(dirpath, n) != os.path.join(state, "lock"):
+                        _unlink(os.path.join(dirpath, n))
+                for d in dirs:
+                    os.rmdir(os.path.join(dirpath, d))
+            _unlink(os.path.join(state, "lock"))
+            os.rmdir(state)
+    except OSError as e:
+        raise AgentError(
+            "cannot remove %s: %s: %s; nothing of speculators needs it: remove it by hand (rm -r %s)"
+            % (state, e.filename or state, e.strerror, state)
+        ) from None
+    return {"removed": state}

@@ -114,6 +114,19 @@ def dist_infos(name, search_dirs):
     return found
 
 
+def dist_metadata(name, search_dirs):
+    """{"version", "local", "requires", "dist_info"} of distribution ``name``, read from its
+    first dist-info's METADATA (``Version`` and each ``Requires-Dist`` line, as written);
+    None when it is not installed. Nothing is imported."""
+    found = dist_infos(name, search_dirs)
+    if not found:
+        return None
+    dist_dir, version = found[0]
+    meta = (read_bytes(os.path.join(dist_dir, "METADATA")) or b"").decode("utf-8", "replace")
+    requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    return {"version": version, "requires": requires, "dist_info": dist_dir}
+
+
 def record_digests(dist_info, paths):
     """sha256 (hex) of ``paths`` as pip installed them, from the dist-info's RECORD."""
     raw = read_bytes(os.path.join(dist_info, "RECORD")) if dist_info else None
@@ -144,13 +157,26 @@ def editable_source(dist_info):
     return url[len("file://") :] if url.startswith("file://") else url
 
 
+def not_a_directory(path):
+    """Why ``path`` is not a directory, in a few words: ``a file, not a directory``, ``no
+    such directory``, or ``not a directory`` (a socket, a device); None when it is one."""
+    if os.path.isdir(path):
+        return None
+    if os.path.isfile(path):
+        return "a file, not a directory"
+    return "not a directory" if os.path.lexists(path) else "no such directory"
+
+
 def site_dir_of(request):
     """The target's site-packages; a bare directory target is added to sys.path first."""
     if not request.get("site_packages"):
         return sysconfig.get_paths()["purelib"]
     site_dir = os.path.abspath(request["site_packages"])
-    if not os.path.isdir(site_dir):
+    why = not_a_directory(site_dir)
+    if why == "no such directory":
         raise AgentError("no such directory: %s" % site_dir)
+    if why:
+        raise AgentError("%s: %s" % (site_dir, why))
     if site_dir not in sys.path:
         site.addsitedir(site_dir)  # honours .pth files, as the interpreter would
         sys.path.insert(0, site_dir)

@@ -21,7 +21,7 @@ from .common import (
     record_digests,
     site_dir_of,
 )
-from .state import load_state, state_paths
+from .state import load_state, orphaned_state, state_paths
 
 
 def inspect(request):
@@ -36,7 +36,9 @@ def inspect(request):
               "have": optional [sha256 hex] of contents the caller already holds}
     Returns a JSON-able dict (file contents base64, ``{"sha256": hex}`` for contents in
     ``have``, ``None`` for a missing file), with
-    "state_problem": one line naming the damaged state file and the way out, or None.
+    "state_problem": one line naming the damaged state file and the way out, or None;
+    "state_blocked": that line too when the state folder's path holds something else
+    (``not_a_state_folder``: no verb reads or writes past it, ``repair`` included), or None.
     Raises AgentError when the target has no speculators, or it is inside an archive.
     """
     site_dir = site_dir_of(request)
@@ -50,7 +52,8 @@ def inspect(request):
     state_parent = os.path.dirname(dist_dir) if dist_dir else spec_root
 
     state = os.path.join(state_parent, STATE_DIR)
-    recovered, problem, unfinished = heal(state, spec_root, request)
+    blocked = not_a_state_folder(state)
+    recovered, problem, unfinished = (False, blocked, None) if blocked else heal(state, spec_root, request)
     have = set(request.get("have") or ())
     loaded = load_state(state, spec_root)
     if problem is None:
@@ -72,6 +75,7 @@ def inspect(request):
             "dist_info": dist_dir,
             "editable_source": editable,
             "record": record_digests(dist_dir, set(wanted)),
+            "installer": _installer(dist_dir),
             "files": {p: content_or_digest(d, have) for p, d in files.items()},
         },
         "vllm": _vllm(request.get("vllm_files", []), search, have),
@@ -83,18 +87,43 @@ def inspect(request):
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
         "state_exists": os.path.isdir(state),
         "state_problem": problem,
+        "state_blocked": blocked,
         "recovered": recovered,
         "unfinished": unfinished,
         "record_differs": _record_differs(spec_root, dist_dir) if request.get("record_check") else None,
     }
 
 
+def not_a_state_folder(state):
+    """One line when ``state`` (the state folder's path) holds something other than a folder
+    -- a file, a broken link, a socket -- naming it and what removes it, else None: it is
+    not this tool's, so no verb writes a record past it or removes it."""
+    if not os.path.lexists(state) or os.path.isdir(state):
+        return None
+    kind = "a file" if os.path.isfile(state) else "a broken link" if os.path.islink(state) else "a special file"
+    return (
+        "%s is %s, not this tool's state folder (where speculators-patch keeps its record of this install); "
+        "nothing was changed; remove it (rm %s) or move it away, then run again" % (state, kind, state)
+    )
+
+
+def _installer(dist_dir):
+    """What installed speculators, as its dist-info's INSTALLER file says (``pip``, ``uv``...),
+    or None when it has none."""
+    raw = read_bytes(os.path.join(dist_dir, "INSTALLER")) if dist_dir else None
+    said = (raw or b"").decode("utf-8", "replace").strip()
+    return said.splitlines()[0] if said else None
+
+
 def _speculators_root(site_dir):
-    """speculators' import root. Raises AgentError when it is not installed, or when it is
-    imported from an archive (no files to patch in place)."""
+    """speculators' import root. Raises AgentError when it is not installed (naming the
+    state this tool left there, ``orphaned_state``), or when it is imported from an archive
+    (no files to patch in place)."""
     spec_root = package_root("speculators")
     if spec_root is None:
-        raise AgentError("no speculators installed in %s (python %s)" % (site_dir, sys.executable))
+        raise AgentError(
+            "no speculators installed in %s (python %s)%s" % (site_dir, sys.executable, orphaned_state(site_dir))
+        )
     if not os.path.isdir(os.path.join(spec_root, "speculators")):
         raise AgentError(
             "speculators is imported from an archive (%s), which cannot be patched in place; "

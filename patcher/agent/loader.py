@@ -1,7 +1,7 @@
 """Starts the agent under the target's interpreter from the sources the controller sent.
 
-The controller sends this file's text followed by one call, ``run(SOURCES, DIGEST)``
-(``patcher.connect.program``), as one ``python -c`` argument: ``SOURCES`` is the agent's
+The controller sends this file's text followed by one call, ``run(packed(BLOB), DIGEST)``
+(``patcher.connect.program``), as one ``python -c`` argument: ``packed(BLOB)`` is the agent's
 modules, ``(name, text)`` in the order they import each other, and ``DIGEST`` their sha256.
 ``run`` makes them the package ``speculators_patch_agent`` in ``sys.modules`` (their
 relative imports resolve there; nothing is installed or written on the target but the
@@ -53,6 +53,17 @@ def _codes(sources, digest):
             except OSError:
                 pass
     return codes
+
+
+def packed(blob):
+    """The agent's sources as ``AGENT_PROGRAM`` carries them: ``(name, text)`` pairs as JSON,
+    zlib-compressed, base64 (so the one ``python -c`` argument stays far below Linux's limit on
+    a single argument, 128 KiB: ``MAX_ARG_STRLEN``; the plain sources are about that size)."""
+    import base64
+    import json
+    import zlib
+
+    return [tuple(pair) for pair in json.loads(zlib.decompress(base64.b64decode(blob)).decode("utf-8"))]
 
 
 def load(sources, digest):

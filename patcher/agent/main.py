@@ -6,13 +6,22 @@ import json
 import os
 import sys
 
-from .commit import commit, repair
+from .commit import commit, forget, repair
 from .common import AgentError
+from .draft import draft
 from .inspect import inspect
 from .run_python import run_python
 from .sources import sources
 
-HANDLERS = {"inspect": inspect, "commit": commit, "repair": repair, "sources": sources, "run_python": run_python}
+HANDLERS = {
+    "inspect": inspect,
+    "commit": commit,
+    "repair": repair,
+    "forget": forget,
+    "sources": sources,
+    "run_python": run_python,
+    "draft": draft,
+}
 
 
 def handle(message):

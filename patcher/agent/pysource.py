@@ -399,47 +399,64 @@ def auto_packages(tree):
     return found
 
 
-def walk_import_path(read, listdir, start, own="speculators", failed=None):
+def walk_import_path(read, listdir, start, own="speculators", failed=None, broken=None):
     """Follow what importing ``start`` runs inside package ``own``.
 
     read(path) -> bytes or None; listdir(package path) -> [relative .py paths under it].
     ``start``: a module name, or a list of them.
     Returns ({path: bytes or None} of ``own``'s files read, [(importer path, module, name,
     line, guarded)] of imports leaving ``own``). ``failed``: as for ``collect_sources``.
+    ``broken``: gets (path, line, kind, statement, detail) of each break of the chain
+    (``patcher.checks.import_path``).
     """
     files, external, seen = {}, [], set()
-    queue = [start] if isinstance(start, str) else list(start)
+    starts = [start] if isinstance(start, str) else list(start)
+    queue = [(m, ("", 0, "start")) for m in starts]  # (module, (importer, line, statement) or None)
     while queue:
-        module = queue.pop(0)
+        module, why = queue.pop(0)
         if module in seen or module.split(".")[0] != own:
             continue
-        seen.add(module)
         parts = module.split(".")
-        queue += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run first
-        for path in module_paths(module):
+        queue += [(".".join(parts[:i]), ("", 0, "parent")) for i in range(1, len(parts))]  # run first
+        paths, found = module_paths(module), None
+        for path in paths:
             if path not in files:
                 files[path] = read(path)
-            data = files[path]
-            if data is None:
-                continue
-            try:
-                tree = ast.parse(data)
-            except (SyntaxError, ValueError):
-                if failed is not None:
-                    failed.append(path)
+            if files[path] is not None:
+                found = path
                 break
-            for pkg in auto_packages(tree):
-                for sub in listdir(pkg.replace(".", "/")):
-                    name = sub[:-3].replace("/", ".")
-                    queue.append(name[: -len(".__init__")] if name.endswith(".__init__") else name)
-            for target, name, line, guarded in executed_imports(tree, module, path.endswith("__init__.py")):
-                if target.split(".")[0] == own:
-                    queue.append(target)
-                    if name is not None:
-                        queue.append(target + "." + name)  # ``from pkg import submodule``
-                else:
-                    external.append((path, target, name, line, guarded))
-            break
+        if found is None and why is None:
+            continue  # ``from pkg import name``: not a submodule
+        seen.add(module)
+        if found is None:
+            if broken is not None:
+                init = bool(listdir(paths[0][:-12]))  # a folder without its __init__.py
+                where = (paths[0], 0) if init else (why[0] or paths[1], why[1])
+                broken.append(where + ("missing-init" if init else "missing-module", why[2], module))
+            continue
+        try:
+            tree = ast.parse(files[found])
+        except (SyntaxError, ValueError) as e:
+            if failed is not None:
+                failed.append(found)
+            if broken is not None:
+                broken.append(
+                    (found, getattr(e, "lineno", 0) or 0, "syntax-error", type(e).__name__, getattr(e, "msg", str(e)))
+                )
+            continue
+        for pkg in auto_packages(tree):
+            for sub in listdir(pkg.replace(".", "/")):
+                name = sub[:-3].replace("/", ".")
+                name = name[: -len(".__init__")] if name.endswith(".__init__") else name
+                queue.append((name, (found, 0, "auto_package = %r" % pkg)))
+        for target, name, line, guarded in executed_imports(tree, module, found.endswith("__init__.py")):
+            if target.split(".")[0] == own:
+                statement = "import %s" % target if name is None else "from %s import %s" % (target, name)
+                queue.append((target, None if guarded else (found, line, statement)))
+                if name is not None:
+                    queue.append((target + "." + name, None))  # ``from pkg import submodule``
+            else:
+                external.append((found, target, name, line, guarded))
     return files, external
 
 

@@ -60,13 +60,12 @@ def run_python(request):
     payload = json.loads(request.get("input") or "{}")
     payload["site_packages"] = site_dir if request.get("site_packages") else None
     try:
-        done = subprocess.run(
+        returncode, out, err = _run_child(
             [sys.executable, "-c", request["script"]],
-            input=json.dumps(payload).encode(),
-            stdout=subprocess.PIPE,
-            env=env,
-            timeout=float(request.get("timeout") or 600),
-            stderr=None if request.get("stream_stderr") else subprocess.PIPE,
+            json.dumps(payload).encode(),
+            env,
+            float(request.get("timeout") or 600),
+            not request.get("stream_stderr"),
         )
     except subprocess.TimeoutExpired:
         raise AgentError(
@@ -76,7 +75,61 @@ def run_python(request):
         _remove_created_dist_infos(before)
     tail = 256 * 1024
     return {
-        "returncode": done.returncode,
-        "stdout": done.stdout[-tail:].decode("utf-8", "replace"),
-        "stderr": (done.stderr or b"")[-tail:].decode("utf-8", "replace"),
+        "returncode": returncode,
+        "stdout": out[-tail:].decode("utf-8", "replace"),
+        "stderr": err[-tail:].decode("utf-8", "replace"),
     }
+
+
+# Seconds to read what the child wrote once it has exited: a process it started that still
+# holds its stdout or stderr (a worker left running) must not keep the answer back.
+DRAIN_AFTER_EXIT = 5
+
+
+def _run_child(argv, data, env, timeout, capture_stderr):
+    """Run ``argv`` with ``data`` on its stdin; returns (returncode, stdout, stderr bytes) once
+    the child has exited and its pipes are read, or ``DRAIN_AFTER_EXIT`` seconds after it
+    exited where a process it started keeps them open (what was read by then is returned;
+    that process is left as it is, in this agent's process group). Raises
+    ``subprocess.TimeoutExpired`` when the child itself runs past ``timeout`` seconds (it is
+    killed). ``subprocess.run`` would wait for the pipes to close, up to the timeout."""
+    import subprocess
+    import threading
+    import time
+
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if capture_stderr else None,
+        env=env,
+    )
+    chunks = {"stdout": [], "stderr": []}
+
+    def read(stream, into):
+        for block in iter(lambda: stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536), b""):
+            into.append(block)
+
+    def write():
+        try:
+            proc.stdin.write(data)
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):  # the child ended, or closed its stdin, first
+            pass
+
+    threads = [threading.Thread(target=write, daemon=True)]
+    threads.append(threading.Thread(target=read, args=(proc.stdout, chunks["stdout"]), daemon=True))
+    if capture_stderr:
+        threads.append(threading.Thread(target=read, args=(proc.stderr, chunks["stderr"]), daemon=True))
+    for thread in threads:
+        thread.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    drained = time.monotonic() + DRAIN_AFTER_EXIT
+    for thread in threads[1:]:
+        thread.join(max(0.0, drained - time.monotonic()))
+    return proc.returncode, b"".join(chunks["stdout"]), b"".join(chunks["stderr"])

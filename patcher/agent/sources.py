@@ -6,7 +6,17 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import AgentError, digest_of, dist_infos, package_root, read_bytes, sha256, site_dir_of, to_b64
+from .common import (
+    AgentError,
+    digest_of,
+    dist_infos,
+    dist_metadata,
+    package_root,
+    read_bytes,
+    sha256,
+    site_dir_of,
+    to_b64,
+)
 from .pysource import (
     ast,
     attributes_read,
@@ -129,6 +139,8 @@ def _sources(request):
               besides the ones those modules import from vLLM,
               "import_path": optional {"start": module, "packages": [name]} (see import_path),
               "env": optional [variable names] whose values in this process are returned,
+              "builds": optional [distribution names] whose METADATA is returned as "builds"
+              (``common.dist_metadata``), read afresh on every answer,
               "follow_attributes": optional bool: also the vLLM classes of the attributes
               speculators reads (see collect_sources),
               "libraries": optional {"start": [speculators module], "packages": [name],
@@ -151,8 +163,14 @@ def _sources(request):
     for package in (request.get("libraries") or {}).get("packages", []):
         roots[package] = package_root(package)
     env = {name: os.environ.get(name) for name in request.get("env") or []}
+    # dist-info METADATA, read on every answer (a reinstall changes no file the answer was
+    # computed from): torch and the builds that must match it (patcher.checks.torch_builds)
+    search = [p for p in sys.path if p and os.path.isdir(p)]
+    builds = {name: dist_metadata(name, search) for name in request.get("builds") or []}
     if request.get("expect") and _still(request["expect"], roots):
         answer = {"unchanged": True}
+        if request.get("builds"):
+            answer["builds"] = builds
         if request.get("env"):
             answer["env"] = env
         if request.get("libraries"):
@@ -183,6 +201,8 @@ def _sources(request):
         answer["import_path"] = import_path(request["import_path"], reads)
     if request.get("env"):
         answer["env"] = env
+    if request.get("builds"):
+        answer["builds"] = builds
     if request.get("libraries"):
         answer["libraries"] = libraries(request["libraries"], reads, roots)
         answer["library_versions"] = _versions(request["libraries"], roots)
@@ -250,9 +270,9 @@ def libraries(request, reads, roots):
 
 
 def import_path(request, reads=None):
-    """For ``sources``: speculators' files on the generator's import path, and for every
-    package named in ``packages`` the files that resolve what those modules import.
-    ``reads``: a ``_Reads`` that records what was read."""
+    """For ``sources``: speculators' files on the import path of ``start``, and for every
+    package named in ``packages`` the files that resolve what those modules import;
+    "broken": ``walk_import_path``'s. ``reads``: a ``_Reads`` that records what was read."""
     spec_root = package_root("speculators")
     reads = reads or _Reads({})
 
@@ -260,9 +280,9 @@ def import_path(request, reads=None):
         found = reads.listing("py_tree", os.path.join(spec_root, rel), _py_tree)
         return sorted(os.path.relpath(p, spec_root) for p in found)
 
-    files, external = walk_import_path(
-        lambda p: reads.read(os.path.join(spec_root, p)), listdir, request["start"], failed=reads.unparsed
-    )
+    broken = []
+    read = lambda p: reads.read(os.path.join(spec_root, p))  # noqa: E731
+    files, external = walk_import_path(read, listdir, request["start"], failed=reads.unparsed, broken=broken)
     packages = {}
     for package in request.get("packages", []):
         root = package_root(package)
@@ -278,4 +298,8 @@ def import_path(request, reads=None):
                     seeds.append((target, name))
         found = collect_sources(lambda p, r=root: reads.read(os.path.join(r, p)), seeds, package, failed=reads.unparsed)
         packages[package] = {p: to_b64(d) for p, d in found.items()}
-    return {"speculators": {p: to_b64(d) for p, d in files.items()}, "packages": packages}
+    return {
+        "speculators": {p: to_b64(d) for p, d in files.items()},
+        "packages": packages,
+        "broken": broken,
+    }

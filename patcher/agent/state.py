@@ -20,6 +20,7 @@ from .common import (
     MANIFEST,
     OLD,
     REPAIR_HINT,
+    STATE_DIR,
     TMP,
     AgentError,
     check_relative,
@@ -81,6 +82,18 @@ kept copy]}, and ``problem``: None, or one line naming the file at fault and the
 out (then the manifest and pristine copies are what could be read before it)."""
 
 
+def _wrong_record(state, path, entry):
+    """The problem line for a record whose ``pristine_sha256`` names no kept copy of ``path``
+    while an intact one (its bytes match the digest in its name) is kept: the record is at
+    fault, not the copy."""
+    names = sorted(n for n, (p, d) in list_backups(state).items() if p == path and d)
+    return (
+        "%s records pristine_sha256 %s... for %s, but the copy kept for it (pristine/%s) is intact (its bytes "
+        "match the digest in its name): the record is wrong (edited?), not the copy; nothing was restored; %s"
+        % (os.path.join(state, MANIFEST), entry["pristine_sha256"][:12], path, names[0] if names else path, REPAIR_HINT)
+    )
+
+
 def load_state(state, root):
     """Read and validate the state as a whole: a ``State``."""
     mpath = os.path.join(state, MANIFEST)
@@ -112,6 +125,8 @@ def load_state(state, root):
     for path in sorted(entries):
         entry = entries[path]
         hit = find_backup(state, path, entry["pristine_sha256"])
+        if hit is None and backups.get(path):  # an intact copy is kept: the record's digest is what is wrong
+            return State(manifest, digest, pristine, backups, _wrong_record(state, path, entry))
         if hit is None:
             current = digest_of(os.path.join(root, path))
             if current == entry["pristine_sha256"]:
@@ -148,3 +163,27 @@ def load_state(state, root):
                 ),
             )
     return State(manifest, digest, pristine, backups, None)
+
+
+def orphaned_state(site_dir):
+    """What to add to "no speculators installed in SITE_DIR": "" when ``site_dir`` holds no
+    state of this tool, else one clause naming it, what it recorded (the speculators release,
+    the number of files) and the way out (``repair`` removes it). Raises nothing."""
+    state = os.path.join(site_dir, STATE_DIR)
+    if not os.path.isdir(state):
+        return ""
+    try:
+        manifest = json.loads((read_bytes(os.path.join(state, MANIFEST)) or b"null").decode("utf-8"))
+    except ValueError:
+        manifest = None
+    manifest = manifest if isinstance(manifest, dict) else {}
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    release = manifest.get("speculators_version")
+    what = "its record of %d patched file(s) of speculators %s and their pristine copies" % (
+        len(files),
+        release if isinstance(release, str) else "(unknown release)",
+    )
+    return (
+        "; %s is left over from patching it (%s), and speculators was uninstalled since: nothing there is "
+        "needed; `speculators-patch repair` removes it" % (state, what if files else "no record")
+    )

@@ -24,7 +24,6 @@ import base64
 from typing import TYPE_CHECKING
 
 from patcher import cache
-from patcher.checks import lifecycle, model_runner
 from patcher.checks.callsite import Checked, Finding
 from patcher.checks.import_path import ImportFinding, ImportPathCheck
 from patcher.digest import tool as tool_digest
@@ -33,9 +32,14 @@ if TYPE_CHECKING:
     from patcher.engine import Snapshot
 
 KIND = "verify-calls"
-# The vLLM files of the checks computed afresh on each run (they depend on more than these
-# files: the job's environment, the patches applied), kept with the findings.
-KEPT = (model_runner.WORKER, model_runner.CONFIG, *lifecycle.FILES)
+
+
+def kept() -> tuple[str, ...]:
+    """The vLLM files of the checks computed afresh on each run (``Check.reads``: they depend
+    on more than these files, the job's environment, the patches applied), kept with the findings."""
+    from patcher.checks.checklist import checks
+
+    return tuple(path for check in checks() for path in check.reads)
 
 
 def _key(snap: Snapshot, request: dict) -> str:
@@ -86,7 +90,7 @@ def save(
     could not parse, whose imports were then not followed)."""
     if not reads or unparsed:
         return
-    runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode() for p in KEPT}
+    runner_files = {p: None if vllm.get(p) is None else base64.b64encode(vllm[p]).decode() for p in kept()}
     entry = {
         "reads": reads,
         "findings": [f.__dict__ for f in findings],
@@ -103,7 +107,7 @@ def save(
 
 
 def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck, dict[str, bytes | None]] | None:
-    """(findings, checked calls, import-path check, the ``KEPT`` vLLM files) of an entry, or
+    """(findings, checked calls, import-path check, the ``kept()`` vLLM files) of an entry, or
     None when it is not of the shape ``save`` writes. The checked calls carry no parsed call
     or signature (only ``verify --runtime`` needs them, and it never reads this cache)."""
     try:
@@ -115,7 +119,7 @@ def restore(entry: dict) -> tuple[list[Finding], list[Checked], ImportPathCheck,
             int(entry["imports"]["checked"]),
         )
         vllm = {p: None if d is None else base64.b64decode(d) for p, d in entry["runner_files"].items()}
-        if set(vllm) != set(KEPT):
+        if set(vllm) != set(kept()):
             return None
     except (KeyError, TypeError, ValueError):
         return None

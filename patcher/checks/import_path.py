@@ -1,4 +1,4 @@
-"""Can speculators' data-generation module still be imported? A static check, no import.
+"""Can speculators' data-generation and training modules still be imported? A static check, no import.
 
 ``from speculators.data_generation.vllm_hidden_states_generator import ...`` runs more than
 that module: the package ``__init__``s, every speculators module they import, and the
@@ -15,6 +15,14 @@ transformers and vLLM those modules import; here each import is resolved against
   by re-export or star import) nor has a submodule Y (ImportError). A package that builds
   its namespace lazily (transformers' ``_LazyModule``) is not checked by name.
 
+The chain inside speculators is checked as the agent reads it, on the target's interpreter
+(``walk_import_path``'s ``broken``): every package ``__init__.py`` on the path of each
+module followed, ``speculators/__init__.py`` first, must parse (``syntax-error``, at the
+error's line) and exist (``missing-init``: a package directory without it, whose names are
+then gone; ``missing-module``: a module an import needs). The path starts at the generator
+and at the training entry points (``speculators.train``, ``speculators.train.trainer``,
+``speculators.models``).
+
 An import inside ``try: ... except ImportError:`` has a fallback and is not a finding, nor
 is one under ``if TYPE_CHECKING:`` or inside a function (not run at import). vLLM imports of
 the data-generation modules themselves are the call-site check's (``missing-import``).
@@ -30,7 +38,14 @@ from dataclasses import dataclass
 from patcher.agent.pysource import walk_import_path
 from patcher.checks.callsite import SPECULATORS_DIR, Index
 
-START = "speculators.data_generation.vllm_hidden_states_generator"
+# The generator, then the training entry points (``speculators.train.trainer`` is what a
+# training script imports; ``speculators.models``' registry already runs every model module).
+START = (
+    "speculators.data_generation.vllm_hidden_states_generator",
+    "speculators.train",
+    "speculators.train.trainer",
+    "speculators.models",
+)
 PACKAGES = ("transformers", "vllm")
 
 
@@ -81,7 +96,7 @@ class ImportPathCheck:
 
 def request() -> dict:
     """The ``import_path`` part of the agent's ``sources`` request."""
-    return {"start": START, "packages": list(PACKAGES)}
+    return {"start": list(START), "packages": list(PACKAGES)}
 
 
 def _unb64(files: dict) -> dict[str, bytes | None]:
@@ -95,9 +110,9 @@ def check(answer: dict) -> ImportPathCheck:
     def listdir(rel: str) -> list[str]:
         return sorted(p for p in spec if p.startswith(rel + "/"))
 
-    _, external = walk_import_path(spec.get, listdir, START)
+    _, external = walk_import_path(spec.get, listdir, list(START))
+    findings = [_broken(*entry) for entry in answer.get("broken") or []]
     indexes = {name: None if files is None else Index(_unb64(files)) for name, files in answer["packages"].items()}
-    findings: list[ImportFinding] = []
     absent: dict[str, tuple[str, int, str]] = {}
     checked = 0
     for importer, module, name, line, guarded in external:
@@ -128,6 +143,24 @@ def check(answer: dict) -> ImportPathCheck:
         )
     modules = sorted(p for p, d in spec.items() if d is not None)
     return ImportPathCheck(findings, modules, checked)
+
+
+def _broken(path: str, line: int, kind: str, what: str, detail: str) -> ImportFinding:
+    """A break of speculators' own chain, as the agent found it (``walk_import_path``'s
+    ``broken``: ``what`` is the exception's name for a ``syntax-error``, else the statement
+    that needs the module; ``detail`` the error's message, else the module's name)."""
+    if kind == "syntax-error":
+        return ImportFinding(kind, path, int(line), "does not parse", f"{what}: {detail}")
+    if kind == "missing-init":
+        return ImportFinding(
+            kind,
+            path,
+            0,
+            "missing",
+            f"package {detail} has no __init__.py: it imports only as a namespace package, without "
+            "the names its __init__ binds (the speculators wheel installs it: reinstall speculators)",
+        )
+    return ImportFinding(kind, path, int(line), what, f"ModuleNotFoundError: No module named '{detail}'")
 
 
 def _resolve(index: Index, module: str, name: str | None) -> tuple[str, str] | None:

@@ -28,11 +28,17 @@ from __future__ import annotations
 import ast
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from patcher import cache
 from patcher.checks.callsite import Finding
+from patcher.checks.check import Check, Found, InstallCheck
 from patcher.digest import tool as tool_digest
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from patcher.engine import Snapshot
 
 CORE = "vllm/v1/engine/core.py"
 EXECUTOR = "vllm/v1/executor/abstract.py"
@@ -299,3 +305,48 @@ def _check(
                 )
             )
     return LifecycleCheck(steps, calls, end, findings)
+
+
+class Lifecycle(Check):
+    """The engine core's set-up steps against the generator's (``check``), as one of ``verify``'s checks."""
+
+    key = "lifecycle"
+    failing = "the engine's life cycle"
+    reads = FILES
+
+    def ask(self, snap: Snapshot) -> dict:
+        return {"symbols": [["vllm.v1.engine.core", "EngineCore"], ["vllm.v1.executor.abstract", "Executor"]]}
+
+    def judge(self, found: Found) -> LifecycleCheck | None:
+        snap = found.snap
+        if snap.training_only:  # no vLLM: no engine core to read
+            return None
+        return check(found.calls.vllm or {}, snap.files.get(GENERATOR), snap.written, found.present)
+
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+        """vLLM's engine-core set-up steps against the generator's: a summary, then each
+        skipped step with both file:lines and the patch that handles it."""
+        from rich.markup import escape
+
+        life = install.parts.get(self.key)
+        if life is None:
+            return
+        count = {how: sum(s.how == how for s in life.steps) for how in ("made", "handled", "not-needed")}
+        title = (
+            f"engine life cycle ({len(life.steps)} steps vLLM's engine core makes on its executor, static): "
+            f"{count['made']} made by the generator, {count['handled']} handled by patches, "
+            f"{count['not-needed']} not needed for it"
+        )
+        console.print(f"{title}" + (f", [red]{len(life.findings)} skipped[/]" if life.findings else ""))
+        for f in life.findings:
+            console.print(f"  [red]break[/] {escape(f'{f.where}: {f.call}: {f.detail}')}")
+            console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
+
+    def render_failed(
+        self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]
+    ) -> None:
+        if not self.ok(install.parts.get(self.key)):
+            self.render(console, install, snap, again)
+
+
+CHECK = Lifecycle()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from patcher.engine import FilePlan, Snapshot, plan
+from patcher.errors import UserError
 from patcher.fixes.patch import Patch, VllmFact
 from patcher.fixes.vllm_source import Evidence
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (stat
     from patcher.checks.import_path import ImportPathCheck
     from patcher.checks.library_calls import LibraryCalls
     from patcher.checks.model_runner import RunnerCheck
-    from patcher.connect.transport import Transport
+    from patcher.connect.session import Session
 
 
 STALE_FIX = "speculators-patch revert && speculators-patch apply"
@@ -46,7 +47,7 @@ class PatchCheck:
     hint: str = ""
 
 
-def verify(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
+def verdicts(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
     """Check every patch written for the installed speculators against the snapshot (no
     writes, no imports)."""
     patches = snap.written
@@ -136,28 +137,26 @@ def _v2_fix(snap: Snapshot) -> str | None:
 def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:
     """The ``sources`` request of ``verify_calls`` (without ``expect``) and the cached entry
     whose ``reads`` it sends as ``expect`` (None: read in full)."""
-    from patcher.checks import calls_cache, callsite, import_path, library_calls, model_runner
+    from patcher.checks import calls_cache, callsite, checklist, library_calls
 
-    request = dict(
-        site_packages=snap.site_packages,
-        speculators_dir=callsite.SPECULATORS_DIR,
-        symbols=[
-            list(callsite.WORKER),
-            ["vllm.config.vllm", "VllmConfig"],
-            ["vllm.v1.engine.core", "EngineCore"],
-            ["vllm.v1.executor.abstract", "Executor"],
-        ],
-        import_path=import_path.request(),
-        env=[model_runner.VARIABLE],
-        follow_attributes=True,
-        libraries=library_calls.request(),
-    )
+    if snap.training_only:  # no vLLM: only the training half's calls into transformers and torch
+        return {
+            "site_packages": snap.site_packages,
+            "speculators_dir": callsite.SPECULATORS_DIR,
+            "libraries": library_calls.request(),
+        }, None
+    request = {
+        "site_packages": snap.site_packages,
+        "speculators_dir": callsite.SPECULATORS_DIR,
+        **checklist.ask(snap),  # what each check of verify asks the target
+        "libraries": library_calls.request(),
+    }
     return request, None if runtime else calls_cache.lookup(snap, request)
 
 
-def _first_reader(transport: Transport, snap: Snapshot, runtime: bool) -> tuple[dict, dict | None]:
+def _first_reader(session: Session, snap: Snapshot, runtime: bool) -> tuple[dict, dict | None]:
     """``_sources_request``, and where the controller holds no entry for it: the lock of
-    the request's entry (``calls_cache.lock``), held by ``transport`` until
+    the request's entry (``calls_cache.lock``), held by ``session`` until
     ``verify_calls`` has stored what it read. Of several hosts with the same files (a
     fan-out's forked workers), the first reads in full and the others wait, then send its
     record as ``expect`` and are answered ``unchanged``: eight identical hosts cost one
@@ -165,29 +164,29 @@ def _first_reader(transport: Transport, snap: Snapshot, runtime: bool) -> tuple[
     from patcher.checks import calls_cache
 
     request, earlier = _sources_request(snap, runtime)
-    if earlier is None and not runtime and getattr(transport, "held", None) is not None:
+    if earlier is None and not runtime and not snap.training_only:
         lock = calls_cache.lock(request)
         lock.__enter__()
         request, earlier = _sources_request(snap, runtime)  # stored by another host meanwhile?
         if earlier is None:
-            transport.held.append(lock)
+            session.held.push(lock.__exit__)  # left by ``verify_calls``, or at the session's end
         else:
             lock.__exit__(None, None, None)
     return request, earlier
 
 
-def send_calls_ahead(transport: Transport, snap: Snapshot) -> tuple[dict, dict | None]:
-    """Have ``verify_calls``'s ``sources`` request ride on the transport's next request
-    (``Transport.send_ahead``): ``apply`` sends it with its commit, so checking the
+def send_calls_ahead(session: Session, snap: Snapshot) -> tuple[dict, dict | None]:
+    """Have ``verify_calls``'s ``sources`` request ride on the session's next request
+    (``Session.send_ahead``): ``apply`` sends it with its commit, so checking the
     install it just wrote costs no round trip of its own. Returns what was sent (the
     request and the cached entry it expects), for ``verify_calls(sent_ahead=...)``."""
-    request, earlier = _first_reader(transport, snap, False)
-    transport.send_ahead("sources", **request, expect=earlier["reads"] if earlier else None)
+    request, earlier = _first_reader(session, snap, False)
+    session.send_ahead("sources", **request, expect=earlier["reads"] if earlier else None)
     return request, earlier
 
 
 def verify_calls(
-    transport: Transport, snap: Snapshot, runtime: bool = False, sent_ahead: tuple[dict, dict | None] | None = None
+    session: Session, snap: Snapshot, runtime: bool = False, sent_ahead: tuple[dict, dict | None] | None = None
 ) -> CallsCheck:
     """One ``sources`` exchange (plus one ``run_python`` with ``runtime``): every call from
     speculators' data-generation modules into vLLM, checked against the installed vLLM;
@@ -200,20 +199,27 @@ def verify_calls(
     agent confirms that nothing they were computed from changed (``patcher.checks.calls_cache``)."""
     from patcher.agent.pysource import gc_paused
 
-    request, earlier = sent_ahead if sent_ahead is not None and not runtime else _first_reader(transport, snap, runtime)
+    request, earlier = sent_ahead if sent_ahead is not None and not runtime else _first_reader(session, snap, runtime)
     try:
         with gc_paused():  # hundreds of files parsed: the collector's passes cost more than parsing
-            return _verify_calls(transport, snap, runtime, request, earlier)
+            return _verify_calls(session, snap, runtime, request, earlier)
     finally:  # what was read is stored (or failed): hosts waiting for it go on
-        while getattr(transport, "held", None):
-            transport.held.pop().__exit__(None, None, None)
+        session.release()
 
 
-def _verify_calls(
-    transport: Transport, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None
-) -> CallsCheck:
-    from patcher.checks import attribute_reads, calls_cache, callsite, import_path, library_calls, model_runner
+def _verify_calls(transport: Session, snap: Snapshot, runtime: bool, request: dict, earlier: dict | None) -> CallsCheck:
+    from patcher.checks import (
+        attribute_reads,
+        calls_cache,
+        callsite,
+        import_path,
+        library_calls,
+        model_runner,
+        torch_builds,
+    )
 
+    if snap.training_only:
+        return _training_calls(transport, snap, runtime, request)
     answer = transport.request("sources", **request, expect=earlier["reads"] if earlier else None)
     stored = calls_cache.restore(earlier) if answer.get("unchanged") and earlier is not None else None
     versions = library_calls.versions(answer)
@@ -223,7 +229,7 @@ def _verify_calls(
             vllm, answer["env"].get(model_runner.VARIABLE), snap.files.get(model_runner.EXTENSION), _v2_fix(snap)
         )
         ours, library = _split(findings, checked, versions)
-        return CallsCheck(*ours, None, imports, runner, vllm, library)
+        return CallsCheck(*ours, None, torch_builds.joined(imports, answer), runner, vllm, library)
     if answer.get("unchanged"):  # an entry that cannot be read back: read in full
         answer = transport.request("sources", **request)
         versions = library_calls.versions(answer)
@@ -250,11 +256,31 @@ def _verify_calls(
             vllm,
             answer.get("unparsed"),
         )
-        return CallsCheck(findings, checked, None, imports, runner, vllm, library)
+        return CallsCheck(findings, checked, None, torch_builds.joined(imports, answer), runner, vllm, library)
     from patcher.checks.runtime import runtime_verify  # only verify --runtime needs it (vLLM's calls)
 
     report = runtime_verify(transport, snap.site_packages, checked, findings, callsite.WORKER)
-    return CallsCheck(findings, checked, report, imports, runner, vllm, library)
+    return CallsCheck(findings, checked, report, torch_builds.joined(imports, answer), runner, vllm, library)
+
+
+def _training_calls(transport: Session, snap: Snapshot, runtime: bool, request: dict) -> CallsCheck:
+    """Without vLLM (``Snapshot.training_only``): the calls of speculators' training half
+    into transformers and torch, read afresh in one ``sources`` exchange (nothing of vLLM's to
+    check or to keep). Raises ``UserError`` for ``runtime``: it imports vLLM."""
+    from patcher.checks import library_calls
+
+    if runtime:
+        raise UserError(
+            f"--runtime re-checks the calls into vLLM by importing it; no vLLM is installed in "
+            f"{snap.site_packages}: verify without it checks the training half"
+        )
+    answer = transport.request("sources", **request, expect=None)
+    versions = library_calls.versions(answer)
+    library = library_calls.LibraryCalls(versions)
+    training, library_files = library_calls.decode(answer)
+    installed = tuple(lib for lib, version in versions.items() if version is not None)
+    library.findings = library_calls.check(training, library_files, library.checked, installed=installed)
+    return CallsCheck([], [], library=library)
 
 
 def _split(

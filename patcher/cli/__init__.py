@@ -23,9 +23,9 @@ def say_error(message: str, as_json: bool, code: int) -> None:
     ``error: MESSAGE`` on stderr, or with ``--json`` the object ``{"error", "exit_code"}``
     on stdout. Standard library only: a Ctrl-C while click is still being imported uses it."""
     if as_json:
-        import json
+        from patcher.cli import jsontext
 
-        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        sys.stdout.write(jsontext.dumps({"error": message, "exit_code": code}) + "\n")
         sys.stdout.flush()
     else:
         sys.stderr.write(f"error: {message}\n")
@@ -54,7 +54,13 @@ def _interrupted_while_loading(signum, frame) -> None:
 
 def console() -> None:
     """The ``speculators-patch`` console script: ``main``, and Ctrl-C at any moment one line
-    (exit 130) -- while click and rich are still being imported too."""
+    (exit 130) -- while click and rich are still being imported too. ``--version`` alone is
+    answered before any of them is imported, in click's own words (``version_option``)."""
+    if sys.argv[1:] == ["--version"]:
+        from patcher import __version__
+
+        sys.stdout.write(f"speculators-patch, version {__version__}\n")
+        return
     import signal
 
     loading = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored

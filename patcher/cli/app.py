@@ -16,7 +16,6 @@ left an install that fails verify's checks, ``repair`` found a file nothing kept
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 import click
 
 import patcher
-from patcher.cli import reports, say_error
+from patcher.cli import exit_codes, jsontext, reports, say_error
 from patcher.cli.options import DEFAULT_JOBS, Options
 from patcher.cli.render import Report, interrupted_message, print_out
 from patcher.cli.run import (
@@ -35,6 +34,7 @@ from patcher.cli.run import (
     VERIFY,
     Verb,
     all_hosts,
+    check_draft_on,
     repair_on,
     run_on_target,
     run_patches,
@@ -46,9 +46,9 @@ from patcher.errors import Interrupted, UserError, interrupted_exit
 if TYPE_CHECKING:
     from patcher.fixes.registry import PatchSet
 
-# The engine, libcst and rich are imported where used, not here: ``--version`` imports none of
-# them, read-only commands on a patched install never import libcst, and rich is imported only
-# to render (docs/speed.md).
+# The engine, libcst and rich are imported where used, not here: read-only commands on a patched
+# install never import libcst, and rich is imported only to render (docs/speed.md). ``--version``
+# alone never gets here (``patcher.cli.console`` answers it before click is imported).
 
 # --- Errors: one writer ------------------------------------------------------------------
 
@@ -204,18 +204,17 @@ def _main(opts: Options, command: Callable[[PatchSet, str | None], Report]) -> N
     """Run ``command(patches, host)`` with this run's patches (``run_patches``) on the local
     target or one host; several hosts go to ``patcher.cli.fanout``. Prints the report (or
     the refusal) and exits with its code."""
+    from patcher import cache
+
     try:
-        if opts.no_cache:
-            from patcher import cache
+        with cache.switched_off(opts.no_cache):  # --no-cache: the option, for this command only
+            command = functools.partial(command, run_patches(opts))
+            hosts = all_hosts(opts)
+            if len(hosts) > 1:
+                from patcher.cli.fanout import run_many
 
-            cache.disable()
-        command = functools.partial(command, run_patches(opts))
-        hosts = all_hosts(opts)
-        if len(hosts) > 1:
-            from patcher.cli.fanout import run_many
-
-            sys.exit(run_many(hosts, command, opts.as_json, opts.jobs))
-        report = command(hosts[0] if hosts else None)
+                sys.exit(run_many(hosts, command, opts.as_json, opts.jobs))
+            report = command(hosts[0] if hosts else None)
     except KeyboardInterrupt:
         fail(interrupted_message(), opts.as_json, interrupted_exit())
     except Interrupted as e:  # during a commit: what became of it
@@ -228,7 +227,7 @@ def _main(opts: Options, command: Callable[[PatchSet, str | None], Report]) -> N
 
 def _emit(report: Report, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps({**report.data, "notes": report.notes, "exit_code": report.exit_code}, indent=1))
+        click.echo(jsontext.dumps({**report.data, "notes": report.notes, "exit_code": report.exit_code}, indent=1))
     else:
         if report.notes:
             from rich.console import Console
@@ -346,11 +345,7 @@ def diff(ctx: click.Context, **params: Any) -> None:
 @target_options
 @click.pass_context
 def status(ctx: click.Context, **params: Any) -> None:
-    """Show each file's state and each patch: applied / pending / not needed.
-
-    Exit 0 when the install is patched, 1 when it is not (pristine, partial, stale,
-    modified), 2 when it cannot tell (no answer, bad input) or the install is unsupported.
-    """
+    """Show each file's state and each patch: applied / pending / not needed."""
     run_verb(read_options(ctx, params), STATUS)
 
 
@@ -400,7 +395,21 @@ def revert(ctx: click.Context, **params: Any) -> None:
     show_default=True,
     help="GPU model runner: vLLM's own choice, V1, Model Runner V2, or one run with each.",
 )
-@click.option("--timeout", "limit", type=click.IntRange(60, 86400), default=3600, show_default=True, metavar="SECONDS")
+@click.option(
+    "--serve/--no-serve",
+    default=None,
+    help="Serve each trained draft with vLLM as EAGLE-3 and report its acceptance (default: on a GPU only).",
+)
+@click.option(
+    "--timeout",
+    "limit",
+    type=click.IntRange(60, 86400),
+    default=3600,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up when the whole run (every --arch: extraction, training, serving) has not finished within this "
+    "time: its processes on the target are stopped, one error line, exit 2.",
+)
 @click.pass_context
 def selftest(
     ctx: click.Context,
@@ -409,6 +418,7 @@ def selftest(
     device: str,
     tp: int,
     runner: str,
+    serve: bool | None,
     limit: int,
     **params: Any,
 ) -> None:
@@ -418,10 +428,38 @@ def selftest(
     as_json = params["as_json"]
     try:  # its --timeout is its own run's; $SPECULATORS_PATCH_TIMEOUT still bounds each exchange
         opts = read_options(ctx, params, timeout=_seconds("SPECULATORS_PATCH_TIMEOUT"))
-        asked = request(archs, model, device, tp, runner)
+        asked = request(archs, model, device, tp, runner, serve)
     except UserError as e:
         fail(one_line(str(e)), as_json)
     _main(opts, functools.partial(selftest_on, opts, asked, limit))
+
+
+@main.command(name="check-draft")
+@click.argument("draft", metavar="DRAFT_DIR")
+@click.option(
+    "--data-config",
+    metavar="PATH",
+    help="The training data's data_config.json (or the directory holding it): compare the draft's "
+    "auxiliary layers with the layers its data holds.",
+)
+@click.option(
+    "--verifier",
+    metavar="PATH",
+    help="The verifier vLLM will serve the draft with (default: the one the draft's config names).",
+)
+@connection_options
+@timeout_option
+@click.pass_context
+def check_draft_command(
+    ctx: click.Context, draft: str, data_config: str | None, verifier: str | None, **params: Any
+) -> None:
+    """Say whether the installed vLLM serves a saved EAGLE-3 draft on the hidden states it was trained on.
+
+    Reads the draft directory (speculators' config.json and weights), its verifier and vLLM's
+    source on the target.
+    """
+    opts = read_options(ctx, params)
+    _main(opts, functools.partial(check_draft_on, opts, draft, data_config, verifier))
 
 
 @main.command(name="list")
@@ -438,7 +476,7 @@ def list_command(ctx: click.Context, **params: Any) -> None:
     except UserError as e:
         fail(str(e).replace("\n", " "), opts.as_json)
     if opts.as_json:
-        click.echo(json.dumps(done.rows, indent=1))
+        click.echo(jsontext.dumps(done.rows, indent=1))
     else:
         print_out(reports.list_report(done).render)
 
@@ -484,3 +522,7 @@ def new(patch_id, file, output, speculators, force):
         f"next: edit both, {run_tests}, then "
         f"`speculators-patch diff --patch-file {shlex.quote(str(patch_path))} --target ...`"
     )
+
+
+for _name, _command in main.commands.items():  # every verb's --help ends with its exit codes
+    _command.epilog = exit_codes.epilog(_name)

@@ -20,7 +20,7 @@ engine proof); 130 after Ctrl-C.
 
 from __future__ import annotations
 
-import json
+import contextvars
 import multiprocessing
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -33,6 +33,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from patcher.cli import jsontext
 from patcher.cli.options import DEFAULT_JOBS
 from patcher.commands.common import hosts_summary
 from patcher.errors import Interrupted, Unsupported, UserError, interrupted_exit, interruption
@@ -46,7 +47,7 @@ class HostResult:
     host: str
     # changed | unchanged | would-change | ok | disagrees (verify, or apply then verify) | unproven | failed |
     # unsupported | unrestorable, repaired (repair) | status: the install's state (patched | pristine | partial |
-    # stale | modified | unsupported)
+    # stale | modified | broken | reinstalled | unsupported)
     outcome: str
     exit_code: int
     reason: str
@@ -106,6 +107,14 @@ _COMMAND: Callable[[str], object] | None = None
 def _run_inherited(host: str) -> HostResult:
     assert _COMMAND is not None
     return _run_one(host, _COMMAND)
+
+
+def _in_context(pool: Executor, host: str) -> tuple:
+    """What to submit for ``host``: a forked worker inherits this command's context (its
+    ``--no-cache``, ``cache.switched_off``); a thread gets a copy of it."""
+    if isinstance(pool, ThreadPoolExecutor):
+        return contextvars.copy_context().run, _run_inherited, host
+    return _run_inherited, host
 
 
 def _pool(workers: int) -> Executor:
@@ -218,7 +227,9 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     interrupted = False
     futures: dict = {}
     try:
-        futures = {pool.submit(_run_inherited, h): h for h in hosts}  # workers start here, before any progress thread
+        futures = {
+            pool.submit(*_in_context(pool, h)): h for h in hosts
+        }  # workers start here, before any progress thread
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -264,7 +275,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
     else:
         code = max(r.exit_code for r in ordered)
     if as_json:
-        click.echo(json.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
+        click.echo(jsontext.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
     else:
         from patcher.cli.render import print_out
 

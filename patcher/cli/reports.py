@@ -11,14 +11,11 @@ from typing import TYPE_CHECKING
 from patcher.cli.render import (
     APPLY_WORDS,
     DRY_RUN_WORDS,
+    RUNTIME_HINT,
     SELFTEST_HINT,
     Report,
     escape,
     outcome_table,
-    render_calls,
-    render_findings,
-    render_imports_and_runner,
-    render_lifecycle,
     verdict_line,
 )
 
@@ -28,6 +25,7 @@ if TYPE_CHECKING:
 
     from patcher.cli.options import Advice
     from patcher.commands.apply import Applied
+    from patcher.commands.check_draft import DraftChecked
     from patcher.commands.diff import Diffed
     from patcher.commands.listing import Listed
     from patcher.commands.repair import Repaired
@@ -46,7 +44,7 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
 
     def render(console: Console) -> None:
         words = DRY_RUN_WORDS if dry_run else APPLY_WORDS
-        title = f"speculators {snap.speculators_version} on vLLM {snap.vllm.version} ({snap.label})"
+        title = f"speculators {snap.speculators_version} {_on(snap)} ({snap.label})"
         console.print(outcome_table(rows, snap.patches, title, words))
         lines = done.summary.split("\n")
         if done.dry_run_modified:  # apply would leave these as they are and fail verify's check on them
@@ -70,11 +68,14 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
         if result.unfinished:
             console.print(f"[red]apply: NOT FINISHED[/]: {escape(result.unfinished)}", soft_wrap=True)
         if check is not None and not check.ok:
-            if check.lifecycle is not None and not check.lifecycle.ok:
-                render_lifecycle(console, check)
-            render_findings(console, check, snap, advice)
+            from patcher.checks.checklist import checks
+
+            for each in checks():
+                each.render_failed(console, check, snap, advice.again)
             console.print(verdict_line(check))
             console.print(f"[dim]`{escape(advice.again('verify'))}` shows the evidence[/]", soft_wrap=True)
+        elif check is not None and check.not_checked:  # OK, for the half it could check: said so
+            console.print(verdict_line(check), soft_wrap=True)
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
@@ -115,55 +116,47 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
         console.print(outcome_table(rows, snap.patches, "patches"))
         if any(r["state"] == "stale" for r in rows):
             console.print(
-                f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version}; "
+                f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version if snap.vllm else 'none'}; "
                 f"fix: {escape(advice.advise(STALE_FIX))}"
             )
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
-LIBRARY_NAMES = {"vllm": "vLLM"}  # how the facts' title names a library (others: as imported)
+# verify on an env without vLLM: selftest starts with the extraction, which needs vLLM.
+TRAINING_ONLY_HINT = (
+    "verify reads source only; 'speculators-patch selftest' needs vLLM (it trains on what the extraction "
+    "captures): run it in the data-generation env"
+)
 
 
-def facts_title(snap: Snapshot, facts: list) -> str:
-    """The facts table's title: each library the facts read, with its installed version
-    (``facts (static read of ...): vLLM 0.34.0, transformers 5.22.2``)."""
-    libraries = dict.fromkeys(["vllm", *(f.fact.library for f in facts)])
-    read = ", ".join(f"{LIBRARY_NAMES.get(lib, lib)} {snap.vllm.version_of(lib)}" for lib in libraries)
-    return f"facts (static read of {snap.vllm_root}): {read}"
+def _on(snap: Snapshot) -> str:
+    """``on vLLM 0.34.0``, or ``without vLLM (training half)`` in a training-only env."""
+    return f"on vLLM {snap.vllm.version}" if snap.vllm is not None else "without vLLM (training half)"
 
 
 def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
-    """``verify``: every check of ``commands.verify.check_install`` with its evidence; exit 1
+    """``verify``: every check of ``checks.checklist.checks`` with its evidence; exit 1
     when one fails, ``UNPROVEN`` (3) when only the engine proof is missing."""
     check = done.check
-    facts, rows, calls = check.facts, check.rows, check.calls
 
     def render(console: Console) -> None:
-        from rich.table import Table
+        from patcher.checks.checklist import checks
 
-        table = Table(title=facts_title(snap, facts), title_justify="left")
-        for col in ("patch", "symbol", "holds", "evidence", "found"):
-            table.add_column(col, overflow="fold", no_wrap=col in ("patch", "evidence"))
-        for f in sorted(facts, key=lambda f: f.patch.id):
-            mark = "[red]missing[/]" if f.evidence.missing else "[green]yes[/]" if f.evidence.holds else "[dim]no[/]"
-            table.add_row(f.patch.id, escape(f.fact.symbol), mark, escape(f.evidence.where), escape(f.evidence.found))
-        console.print(table)
-        console.print(f"speculators {snap.speculators_version} patches (installed at {snap.speculators_root})")
-        table = Table()
-        for col in ("patch", "needed", "state", "verdict", "fix"):
-            table.add_column(col, overflow="fold")
-        for r in sorted(rows, key=lambda r: r["id"]):
-            color = "green" if r["verdict"] == "ok" else "red"
-            needed = "?" if r["needed"] is None else "yes" if r["needed"] else "no"
-            table.add_row(r["id"], needed, r["state"], f"[{color}]{r['verdict']}[/]", escape(r["hint"]))
-        console.print(table)
-        render_calls(console, calls, snap)
-        render_lifecycle(console, check)
-        render_imports_and_runner(console, calls)
-        render_findings(console, check, snap, advice)
+        for each in checks():  # each check's lines, in the list's order
+            each.render(console, check, snap, advice.again)
+        if snap.not_checked:  # what was checked, and what could not be, said before the verdict
+            from patcher.engine.snapshot import id_ranges
+
+            console.print(
+                f"checked: the training half ({id_ranges([r['id'] for r in check.rows])}): its facts and its calls into "
+                f"transformers and torch",
+                soft_wrap=True,
+            )
+            console.print(escape(snap.not_checked), soft_wrap=True)
         console.print(verdict_line(check))
-        console.print(f"[dim]{SELFTEST_HINT}[/]")
+        hint = TRAINING_ONLY_HINT if snap.vllm is None else RUNTIME_HINT if check.calls.runtime else SELFTEST_HINT
+        console.print(f"[dim]{hint}[/]")
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
@@ -203,7 +196,14 @@ def list_report(done: Listed) -> Report:
 
         table = Table()
         for col in ("id", "name", "v", "file", "depends on", "requires", *(("origin",) if done.origins else ())):
-            table.add_column(col, overflow="fold")
+            # ids, names and file names whole (file names were cut mid-word); the others wrap, and fold
+            # a symbol only where the terminal is too narrow for it
+            table.add_column(
+                col,
+                overflow="fold",
+                no_wrap=col in ("id", "name", "v", "file"),
+                min_width=24 if col == "depends on" else None,  # "speculators' own logic" on one line
+            )
         for r in done.rows:
             origin = (escape(done.origins.get(r["id"], "shipped")),) if done.origins else ()
             table.add_row(
@@ -215,8 +215,15 @@ def list_report(done: Listed) -> Report:
                 ", ".join(r["requires"]),
                 *origin,
             )
+        # a pipe or a file gets the table at its natural width, nothing wrapped; a terminal its own
+        shown = console.width
+        if not console.is_terminal:
+            console.width = 10_000  # measured unbounded
+            console.width = max(shown, console.measure(table).maximum)
         console.print(table)
+        console.width = shown
         console.print(escape(done.summary))
+        console.print(escape(done.supported), soft_wrap=True)
 
     return Report({"patches": done.rows}, done.exit_code, render, outcome=done.outcome)
 
@@ -288,6 +295,8 @@ def render_selftest(report: dict, console: Console) -> None:
             _render_generator_error(arch["error"], console)
         if arch.get("training"):
             render_training(arch["training"], console)
+        if arch.get("serving"):
+            render_serving(arch["serving"], console)
     console.print(verdict(report))
 
 
@@ -392,3 +401,61 @@ def render_training(training: dict, console: Console) -> None:
     if reload:
         kept = "every tensor as saved (bf16)" if reload["ok"] else f"[red]differs[/red]: {reload['tensors_differing']}"
         console.print(f"  checkpoint {reload['checkpoint']} reloaded: {kept}", highlight=False)
+
+
+def render_serving(serving: dict, console: Console) -> None:
+    """selftest's serving stage of one architecture (``patcher/agent/selftest/serve.py``): the
+    auxiliary layers served, each draft's acceptance from vLLM's counters, or what failed."""
+    if "skipped" in serving:
+        console.print(f"  serving: not run: {serving['skipped']}", markup=False, highlight=False)
+        return
+    ids = serving.get("aux_layer_ids")
+    if ids:
+        recorded = "written by selftest" if ids["recorded"] is None else f"recorded in the draft: {ids['recorded']}"
+        mark = "" if ids["match"] else f" [red]trained on {ids['trained_on']}[/red]"
+        console.print(
+            f"  served by vLLM as EAGLE-3, {serving['speculative_tokens']} speculative tokens, auxiliary layers "
+            f"{ids['served']} ({recorded}){mark}",
+            highlight=False,
+        )
+    for name, d in (serving.get("drafts") or {}).items():
+        if "error" in d:
+            console.print(f"    [red]{name} draft: {escape(d['error'])}[/red]", highlight=False)
+            continue
+        console.print(
+            f"    {name} draft: acceptance length {d['acceptance_length']} (per position {d['per_position']}), "
+            f"{d['drafts']} draft steps, {d['accepted']} of {d['draft_tokens']} draft tokens accepted; "
+            f"engine up in {d['engine_start_s']} s",
+            highlight=False,
+        )
+    if serving.get("same_greedy_output"):
+        console.print(f"    same greedy output with either draft: {serving['same_greedy_output']}", highlight=False)
+    if "error" in serving:
+        e = serving["error"]
+        fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+        console.print(f"  [red]serving failed at {escape(e['stage'])}[/red]{fix}:", highlight=False)
+        worker = e.get("worker")
+        said = (
+            f"{worker['process']}: {worker['type']}: {worker['message']}" if worker else f"{e['type']}: {e['message']}"
+        )
+        lines = said.splitlines()[:6] + [f"  at {frame}" for frame in (worker or {}).get("frames", [])]
+        for line in lines:
+            console.print(f"    {line}", markup=False, highlight=False)
+
+
+def check_draft_report(done: DraftChecked) -> Report:
+    """``check-draft``: one row per check (verdict, what was found, where), what vLLM will serve
+    the draft, the verdict line."""
+
+    def render(console: Console) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"{escape(done.draft)} on vLLM {escape(done.vllm)}", title_justify="left")
+        for col in ("check", "verdict", "found", "evidence"):
+            table.add_column(col, overflow="fold")
+        for c in done.checks:
+            table.add_row(c.name, c.verdict, escape(c.detail), escape(c.evidence))
+        console.print(table)
+        console.print(escape(done.summary), soft_wrap=True)
+
+    return Report(done.data, done.exit_code, render, outcome=done.outcome)

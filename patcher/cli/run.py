@@ -20,6 +20,7 @@ from patcher.errors import UserError
 
 if TYPE_CHECKING:
     from patcher.commands.selftest import SelfTested
+    from patcher.connect.session import Session
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
     from patcher.fixes.registry import PatchSet
@@ -29,12 +30,12 @@ if TYPE_CHECKING:
 
 
 class Verb(NamedTuple):
-    """One verb as the command line runs it on a target: ``run(opts, advice, snap)`` calls
+    """One verb as the command line runs it on a target: ``run(opts, advice, work, snap)`` calls
     the ``patcher.commands`` verb (through ``commands.session.run``: the first snapshot, and
     a fresh one when a file changed between the read and the commit, unless not ``retry``);
     ``report(advice, snap, done)`` turns its answer into a ``Report``."""
 
-    run: Callable[[Options, Advice, Snapshot], Any]
+    run: Callable[[Options, Advice, Session, Snapshot], Any]
     report: Callable[[Advice, Snapshot, Any], Report]
     retry: bool = True
 
@@ -54,10 +55,18 @@ def run_on_target(opts: Options, verb: Verb, patches: PatchSet, host: str | None
     """Connect to ``host`` (None: this machine), run ``verb`` there with this run's
     ``patches`` (``run_patches``) and report its answer, with the notes on the install and
     the number of exchanges it took."""
+    from patcher.connect.session import Session
+    from patcher.errors import Interrupted
+
     transport = connect(opts, host)
-    with transport:
+    with transport, Session(transport) as work:
         advice = Advice(transport, opts)
-        snap, done = session.run(transport, functools.partial(verb.run, opts, advice), verb.retry, patches)
+        try:
+            snap, done = session.run(work, functools.partial(verb.run, opts, advice, work), verb.retry, patches)
+        except KeyboardInterrupt:  # what this run had already written on the target, from its session
+            from patcher.cli.render import interrupted_message
+
+            raise Interrupted(interrupted_message([(work.label, work.written)])) from None
         shown = verb.report(advice, snap, done)
         shown.notes = notes(snap)
         shown.data["exchanges"] = transport.exchanges
@@ -141,12 +150,12 @@ def select(opts: Options, snap: Snapshot, verb: str):
     return chosen(snap, verb, opts.only, opts.skip)
 
 
-def apply_on(opts: Options, advice: Advice, snap: Snapshot):
+def apply_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
     """``commands.apply.apply`` with this run's choice and flags."""
     from patcher.commands.apply import apply as verb
 
     return verb(
-        advice.transport,
+        work,
         snap,
         select(opts, snap, "apply"),
         opts.dry_run,
@@ -156,36 +165,34 @@ def apply_on(opts: Options, advice: Advice, snap: Snapshot):
     )
 
 
-def diff_on(opts: Options, advice: Advice, snap: Snapshot):
+def diff_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
     """``commands.diff.diff`` with this run's choice."""
     from patcher.commands.diff import diff as verb
 
-    return verb(advice.transport, snap, select(opts, snap, "diff"), advise=advice.advise)
+    return verb(work, snap, select(opts, snap, "diff"), advise=advice.advise)
 
 
-def status_on(opts: Options, advice: Advice, snap: Snapshot):
+def status_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
     """``commands.status.status`` with this run's choice."""
     from patcher.commands.status import status as verb
 
-    return verb(snap, select(opts, snap, "status"))
+    return verb(snap, select(opts, snap, "status"), advice.transport, advice.again("verify"), advice.advise)
 
 
-def verify_on(opts: Options, advice: Advice, snap: Snapshot):
+def verify_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
     """``commands.verify.verify`` with this run's choice and ``--runtime``."""
     from patcher.commands.verify import verify as verb
 
-    return verb(advice.transport, snap, select(opts, snap, "verify"), opts.runtime, advise=advice.advise)
+    return verb(work, snap, select(opts, snap, "verify"), opts.runtime, advise=advice.advise)
 
 
-def revert_on(opts: Options, advice: Advice, snap: Snapshot):
+def revert_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
     """``commands.revert.revert``: every patch, or with ``--only``/``--skip`` the chosen ones
     (and what depends on them)."""
     from patcher.commands.revert import revert as verb
 
     chosen = select(opts, snap, "revert")
-    return verb(
-        advice.transport, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run, advise=advice.advise
-    )
+    return verb(work, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run, advise=advice.advise)
 
 
 APPLY = Verb(apply_on, reports.apply_report)
@@ -208,6 +215,21 @@ def repair_on(opts: Options, patches: PatchSet, host: str | None) -> Report:
         return shown
 
 
+def check_draft_on(
+    opts: Options, draft: str, data_config: str | None, verifier: str | None, patches: PatchSet, host: str | None
+) -> Report:
+    """``commands.check_draft.check_draft`` on one target: it reads the draft, the verifier and
+    vLLM's files itself (no snapshot of speculators: a serving box may have none); ``patches``
+    is unused (the run's set, which ``_main`` hands every verb)."""
+    from patcher.commands.check_draft import check_draft as verb
+
+    transport = connect(opts, host)
+    with transport:
+        shown = reports.check_draft_report(verb(transport, draft, data_config, verifier))
+        shown.data["exchanges"] = transport.exchanges
+        return shown
+
+
 class SelftestRun(NamedTuple):
     """``commands.selftest.selftest`` on one host with this run's request and its own time
     limit; it relays the check's progress lines as they arrive (``host: `` first when a host
@@ -217,7 +239,7 @@ class SelftestRun(NamedTuple):
     limit: float
     host: str | None
 
-    def __call__(self, opts: Options, advice: Advice, snap: Snapshot) -> SelfTested:
+    def __call__(self, opts: Options, advice: Advice, work: Session, snap: Snapshot) -> SelfTested:
         """The check on ``snap``'s target, its progress relayed; returns a ``SelfTested``.
         Raises ``UserError`` as ``commands.selftest.selftest``."""
         from patcher.commands.selftest import selftest as verb

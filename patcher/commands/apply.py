@@ -6,12 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches, refuse_lost_state
+from patcher.commands.common import (
+    describe,
+    outcome_rows,
+    refuse_edited_user_patches,
+    refuse_lost_state,
+    refuse_replaced,
+    unsupported_reason,
+)
 from patcher.commands.status import stale_reason
 from patcher.commands.verify import UNPROVEN
 
 if TYPE_CHECKING:
     from patcher.commands.verify import InstallCheck
+    from patcher.connect.session import Session
     from patcher.connect.transport import Transport
     from patcher.engine import CommitResult, Snapshot
     from patcher.fixes.patch import Patch
@@ -31,11 +39,15 @@ class Applied:
     check: InstallCheck | None
     data: dict = field(default_factory=dict)
     left_out: list[dict] = field(default_factory=list)
+    unsupported: str = ""  # status's reason when no patch handles this vLLM: nothing was written
 
     @property
     def exit_code(self) -> int:
-        """verify's exit code on the result (0 when none was made); 1 at least when the commit's
+        """2 when the target is unsupported (nothing written, as ``status`` exits); else
+        verify's exit code on the result (0 when none was made); 1 at least when the commit's
         cleanup could not finish (``CommitResult.unfinished``)."""
+        if self.unsupported:
+            return 2
         code = 0 if self.check is None else self.check.exit_code
         return 1 if self.result.unfinished and code in (0, 3) else code
 
@@ -44,6 +56,8 @@ class Applied:
         """What was written (or would be), what was adopted, or why nothing was: the line
         under the patch table (two lines when files were adopted)."""
         result, dry_run = self.result, self.data.get("dry_run", False)
+        if self.unsupported:
+            return f"install is unsupported ({self.unsupported}): nothing was changed"
         lines = []
         if dry_run:
             lines.append(f"dry run: {len(self.changed)} file(s) would change, nothing written")
@@ -81,6 +95,8 @@ class Applied:
         with the files written and adopted, or ``unchanged``, unless verify's checks on the
         result fail: ``unproven`` when only the engine proof is missing (exit 3), else
         ``disagrees`` with the parts that failed."""
+        if self.unsupported:
+            return "unsupported", self.unsupported
         if self.data.get("dry_run"):
             return ("would-change", f"{len(self.changed)} file(s)") if self.changed else ("unchanged", "")
         written, adopted = self.result.written, self.result.adopted
@@ -112,7 +128,7 @@ class Applied:
 
 
 def apply(
-    transport: Transport,
+    transport: Transport | Session,
     snap: Snapshot,
     chosen,
     dry_run: bool,
@@ -130,21 +146,47 @@ def apply(
     for a vLLM change no patch covers, a user patch whose file changed since it was applied,
     lost state, and what ``engine.apply`` refuses (a codemod's refusal, a file modified after
     patching, ``changed-since-read``)."""
+    from patcher.connect.session import Session
+
+    with Session.of(transport) as session:  # verify's request queued on the commit; the calls cache's lock
+        return _apply(session, snap, chosen, dry_run, adopt, verify_after, advise, allow_partial)
+
+
+def _apply(
+    session: Session,
+    snap: Snapshot,
+    chosen,
+    dry_run: bool,
+    adopt: bool,
+    verify_after: bool,
+    advise: Callable[[str], str],
+    allow_partial: bool,
+) -> Applied:
     from patcher import engine
     from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
 
+    refuse_replaced(snap, "apply", advise)
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
-    if any(snap.file_state(path) == "edited" for path in snap.files):  # planning twice costs little (plan_cache)
+    plans = None  # planned once for this snapshot, then handed to the commit
+    if any(snap.file_state(path) == "edited" for path in snap.files):
         plans = engine.plan(snap, chosen)
         if not engine.refusals(plans):  # a codemod's refusal comes first, from engine.apply, as in diff
             refuse_lost_state(snap, "apply", advise, plans)
-    check_after = verify_after and not dry_run
-    sent_ahead = send_calls_ahead(transport, snap) if check_after else None
+    planned = plans if plans is not None else engine.plan(snap, chosen)
+    unsupported = unsupported_reason(outcome_rows(planned))  # status's verdict: write nothing
+    check_after = verify_after and not dry_run and not unsupported
+    sent_ahead = send_calls_ahead(session, snap) if check_after else None
     result = engine.apply(
-        transport, snap, chosen, dry_run=dry_run, adopt=adopt, revert_command=advise("speculators-patch revert")
+        session,
+        snap,
+        chosen,
+        dry_run=dry_run or bool(unsupported),
+        adopt=adopt,
+        plans=None if adopt else planned,  # adopting plans on new pristine copies
+        revert_command=advise("speculators-patch revert"),
     )
     rows = outcome_rows(result.plans)
     moved = recorded_states(snap, result.plans)  # applied by us for another vLLM release: shown as status shows them
@@ -153,11 +195,11 @@ def apply(
     if result.written:  # in JSON as in text: what this run applied, not what was pending
         for row in rows:
             row["state"] = "applied-now" if row["state"] == "pending" else row["state"]
-    changed = sorted({r["file"] for r in rows if r["state"] == "pending"})
+    changed = [] if unsupported else sorted({r["file"] for r in rows if r["state"] == "pending"})
     chosen_ids = {p.id for p in chosen}
     counted = chosen_ids if allow_partial else set(snap.patches.ids())
     check = (
-        check_install(transport, engine.after(snap, result), counted, advise=advise, sent_ahead=sent_ahead)
+        check_install(session, engine.after(snap, result), counted, advise=advise, sent_ahead=sent_ahead)
         if check_after
         else None
     )
@@ -177,8 +219,9 @@ def apply(
         "left_out": left_out,
         "allow_partial": allow_partial,
         "unfinished": result.unfinished,
+        "unsupported": unsupported or None,
     }
-    done = Applied(result, rows, changed, modified, check, data, left_out)
+    done = Applied(result, rows, changed, modified, check, data, left_out, unsupported)
     data["summary"] = done.summary
     return done
 

@@ -26,13 +26,27 @@ def describe(snap: Snapshot) -> dict:
     }
 
 
-def notes(snap: Snapshot) -> list[str]:
-    """What the user should know about the install whatever the verb (one line each)."""
+def notes(snap: Snapshot, installer: bool = True) -> list[str]:
+    """What the user should know about the install whatever the verb (one line each);
+    ``installer``: with what an installer did to the patched files (``repair``, which has
+    just dealt with it, says so in its own lines)."""
     notes = []
     if snap.editable_source:
         notes.append(f"speculators is an editable install: patching the source at {snap.speculators_root}")
     if snap.recovered:
         notes.append("an interrupted commit was found and rolled back: the install is as it was before it")
+    if snap.raced:  # the loser of a race says what it found, never as if it had found the install as before
+        notes.append(
+            "another speculators-patch run changed this install between this run's read and its commit; "
+            "this run read it again and answers for what it found then"
+        )
+    if installer and snap.installer_did:  # what pip did is pip's doing, never a hand edit
+        way = (
+            "`speculators-patch repair` drops the record"
+            if snap.replaced_from
+            else "`speculators-patch apply` patches them again, `speculators-patch revert` drops their record"
+        )
+        notes.append(f"{snap.installer_did}; {way}")
     from patcher.engine.snapshot import state_written_by
 
     written_by = state_written_by(snap)
@@ -41,6 +55,14 @@ def notes(snap: Snapshot) -> list[str]:
             f"{snap.state_dir}/manifest.json was written by speculators-patch {written_by}; read by this "
             f"speculators-patch {patcher.__version__}, which records its own version at its next write"
         )
+    if snap.vllm is not None and snap.speculators_version:
+        from patcher.fixes.support import outside_range
+
+        outside = outside_range(snap.speculators_version, snap.vllm.version)
+        if outside:  # never called supported where the support statement does not say so
+            notes.append(outside)
+    if snap.not_checked:  # no vLLM: every verb says which half it did not look at
+        notes.append(snap.not_checked)
     if snap.unfinished:
         notes.append(snap.unfinished)
     elif snap.journal_pending:
@@ -49,6 +71,15 @@ def notes(snap: Snapshot) -> list[str]:
             "(read-only?) and will be on the next writable run"
         )
     return notes
+
+
+def unsupported_reason(rows: list[dict]) -> str:
+    """Why the install is unsupported when a patch's vLLM fact is missing in ``rows``
+    (``outcome_rows``): ``no patch handles this vLLM (ID: fact missing)``; "" when none is.
+    ``status`` says ``install is unsupported (REASON)`` (exit 2); ``apply`` and ``diff`` say the
+    same words, write nothing and exit 2 (docs/design.md, "one support verdict")."""
+    gone = sorted({r["id"] for r in rows if r["state"] == "fact-missing"})
+    return f"no patch handles this vLLM ({', '.join(gone)}: fact missing)" if gone else ""
 
 
 def outcome_rows(plans: list[FilePlan]) -> list[dict]:
@@ -81,10 +112,24 @@ def chosen(snap: Snapshot, verb: str, only: tuple[str, ...] = (), skip: tuple[st
     """The patches of ``snap.patches`` that ``only``/``skip`` (ids or names) choose for
     ``verb`` (a key of ``KEEP``), in set order; for ``revert`` the dependents kept are those
     applied on ``snap``. The command line and the Ansible plugins both choose here. Raises
-    ``UserError`` as ``PatchSet.select``, and ``KeyError`` for an unknown ``verb``."""
+    ``UserError`` as ``PatchSet.select``, and ``KeyError`` for an unknown ``verb``.
+
+    Without vLLM (``Snapshot.training_only``) every verb but ``revert`` gets the training half
+    only (``Snapshot.judged``), and an ``only`` that names a data-generation patch is refused:
+    nothing here can judge it. ``revert`` takes back whatever is recorded, either half."""
     keep = KEEP[verb]
     applied = snap.applied_ids() if keep == "dependents" else None
-    return snap.patches.select(tuple(only), tuple(skip), keep, applied)
+    picked = snap.patches.select(tuple(only), tuple(skip), keep, applied)
+    if verb == "revert" or not snap.training_only:
+        return picked
+    unjudged = [p.id for p in picked if p not in snap.judged(picked)]
+    if only and unjudged:
+        raise UserError(
+            f"{', '.join(unjudged)}: data-generation patch{'es' if len(unjudged) > 1 else ''} (speculators/"
+            f"data_generation/, which imports vLLM); no vLLM is installed in {snap.site_packages}, so {verb} "
+            f"cannot judge {'them' if len(unjudged) > 1 else 'it'}; nothing was changed"
+        )
+    return snap.judged(picked)
 
 
 def source_changes(snap: Snapshot) -> list[dict]:
@@ -109,18 +154,25 @@ def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None
             )
 
 
-def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
-    """In ``status``/``verify`` rows: a user patch in ``changes`` (``source_changes``) is
-    still applied (from its earlier source), not "refused"; ``key`` (state or verdict)
-    says its source changed."""
-    edited = {c["id"]: c for c in changes}
-    for row in rows:
-        if row["id"] in edited:
-            row[key] = "source-changed"
-            row["detail" if key == "state" else "hint"] = (
-                f"applied from its earlier source; {edited[row['id']]['source']} changed since: "
-                f"'revert --only {row['id']}', then apply the new one"
-            )
+def refuse_replaced(snap: Snapshot, verb: str, advise) -> None:
+    """Raise ``UserError`` when an installer replaced speculators by another release since
+    this tool patched it (``Snapshot.replaced_from``): ``verb`` would mix the record of one
+    release with the files of another. Named as the installer's doing (its dist-info's
+    INSTALLER), with ``repair`` as the way out. ``advise``: a way-out command as the caller
+    words it."""
+    if not snap.replaced_from:
+        return
+    from patcher.fixes.registry import shipped_patches, written_for
+
+    then = (
+        f", then `{advise('speculators-patch apply')}` patches {snap.speculators_version}"
+        if written_for(snap.speculators_version, shipped_patches())
+        else ""
+    )
+    raise UserError(
+        f"{snap.installer_did}; {verb} would mix that record with {snap.speculators_version}'s files; nothing was "
+        f"changed; `{advise('speculators-patch repair')}` drops the record and its copies{then}"
+    )
 
 
 def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] | None = None) -> None:
@@ -154,7 +206,7 @@ def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] |
 
 # The states ``status`` gives an install (``commands.status.install_state``); a host whose
 # outcome is one of these was read (``unsupported`` too: its speculators or vLLM was).
-INSTALL_STATES = ("patched", "pristine", "partial", "stale", "modified", "unsupported")
+INSTALL_STATES = ("patched", "pristine", "partial", "stale", "modified", "broken", "reinstalled", "unsupported")
 
 
 def hosts_summary(outcomes: list[str]) -> str:

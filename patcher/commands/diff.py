@@ -7,7 +7,14 @@ import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from patcher.commands.common import describe, outcome_rows, refuse_edited_user_patches, refuse_lost_state
+from patcher.commands.common import (
+    describe,
+    outcome_rows,
+    refuse_edited_user_patches,
+    refuse_lost_state,
+    refuse_replaced,
+    unsupported_reason,
+)
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -27,13 +34,19 @@ class Diffed:
 
     @property
     def exit_code(self) -> int:
-        """1 when there is a diff, or files changed after patching keep it empty; else 0."""
+        """2 when the target is unsupported (``apply`` would write nothing: ``status``'s exit);
+        1 when there is a diff, or files changed after patching keep it empty; else 0."""
+        if self.data.get("unsupported"):
+            return 2
         return 1 if self.text or self.data["modified_files"] else 0
 
     @property
     def outcome(self) -> tuple[str, str]:
         """This host's (outcome, reason) in a run over several hosts: ``would-change`` when
-        there is a diff (the diff itself is in ``--json``), else ``unchanged``."""
+        there is a diff (the diff itself is in ``--json``), ``unsupported`` with ``status``'s
+        reason, else ``unchanged``."""
+        if self.data.get("unsupported"):
+            return "unsupported", self.data["unsupported"]
         return ("would-change", "diff printed in --json") if self.data["changed"] else ("unchanged", "")
 
 
@@ -45,6 +58,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     state, a file modified after patching that the patches would change."""
     from patcher import engine
 
+    refuse_replaced(snap, "diff", advise)
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
@@ -54,10 +68,13 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
         raise UserError(refused[0])
     refuse_lost_state(snap, "apply", advise, plans)  # as apply would refuse
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
-    text = unified_diff(plans)
+    unsupported = unsupported_reason(outcome_rows(plans))
+    text = "" if unsupported else unified_diff(plans)  # apply would write nothing there
     modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
     said = None
-    if modified and not text:  # apply leaves such a file as it is and fails verify's check
+    if unsupported:
+        said = f"install is unsupported ({unsupported}): apply would write nothing; nothing was changed"
+    elif modified and not text:  # apply leaves such a file as it is and fails verify's check
         one = len(modified) == 1
         said = (
             f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
@@ -75,6 +92,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
             "patches": outcome_rows(plans),
             "modified_files": modified,
             "summary": said,
+            "unsupported": unsupported or None,
         },
         said,
     )

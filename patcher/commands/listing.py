@@ -19,6 +19,7 @@ class Listed:
     rows: list[dict]
     origins: dict[str, str]
     summary: str
+    supported: str = ""  # the support statement (``fixes.support.sentence``)
 
     @property
     def exit_code(self) -> int:
@@ -34,6 +35,7 @@ class Listed:
 
 def listing(patch_set: PatchSet) -> Listed:
     """Every patch of ``patch_set`` (the run's: ``registry.loaded``), by id. Raises nothing."""
+    from patcher.fixes.support import releases_for, sentence
     from patcher.fixes.userpatches.loader import describe, origin_fields
 
     patches = sorted(patch_set.patches, key=lambda p: p.id)
@@ -44,6 +46,7 @@ def listing(patch_set: PatchSet) -> Listed:
             "version": p.version,
             "file": p.file,
             "title": p.title,
+            "speculators": releases_for([p.speculators]),
             **origin_fields(p),
             "facts": [
                 {"symbol": f.symbol, "modules": list(f.modules), "summary": f.summary, "first_release": f.first_release}
@@ -60,6 +63,7 @@ def listing(patch_set: PatchSet) -> Listed:
         rows,
         origins,
         f"{len(patches)} patch(es): {shipped} shipped" + (f", {len(origins)} of your own" if origins else ""),
+        f"supported: {sentence()}",
     )
 
 

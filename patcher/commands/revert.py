@@ -39,19 +39,49 @@ class Reverted:
         return ("changed", f"{len(written)} file(s) written") if written else ("unchanged", "")
 
 
-def revert_summary(snap: Snapshot, result: CommitResult, changed: list[str], dry_run: bool) -> str:
+def revert_summary(
+    snap: Snapshot, result: CommitResult, changed: list[str], dry_run: bool, partial: bool = False
+) -> str:
     """What ``revert`` restored (or would), or that nothing needed it, in one line (the
-    ``Reverted.summary``). Raises nothing."""
+    ``Reverted.summary``); ``partial`` (``--only``/``--skip``): per file, the patches taken
+    out and those it keeps. Raises nothing."""
     if dry_run:
         return f"dry run: {len(changed)} file(s) would be restored, nothing written"
+    kept_on = {p: result.manifest.patches_of(p) for p in result.written} if result.manifest is not None else {}
+    if partial and result.written:  # a file that keeps other patches is not "restored"
+        return f"reverted under {snap.speculators_root}: " + "; ".join(
+            _taken_out(path, snap.manifest.patches_of(path) if snap.manifest else {}, kept_on.get(path, {}))
+            for path in result.written
+        )
     if result.written:
         return f"restored {len(result.written)} file(s) under {snap.speculators_root}: {', '.join(result.written)}"
+    back = snap.reinstalled_paths()
+    if result.committed and back:
+        kept = result.manifest is not None
+        return f"nothing to restore: {snap.installer_did}; " + (
+            f"dropped their record and pristine copies ({', '.join(back)})"
+            if kept
+            else f"removed {snap.state_dir}, its record and pristine copies"
+        )
     if result.committed:
         return (
             f"nothing to revert: no file needed restoring; removed {snap.state_dir}, which recorded "
             f"nothing (left by an earlier run)"
         )
+    if snap.raced:
+        return "nothing to revert: another run restored the files first; no file needed restoring when read again"
     return "nothing to revert: no file needed restoring"
+
+
+def _taken_out(path: str, before: dict[str, int], after: dict[str, int]) -> str:
+    """What a partial revert did to ``path``, whose record held ``before`` and now ``after``
+    ({patch id: version}): the patches taken out, and those it keeps, or that it is pristine."""
+    from patcher.engine.snapshot import id_ranges
+
+    out = id_ranges(sorted(set(before) - set(after))) or "its patches"
+    if not after:
+        return f"took {out} out of {path}, which is pristine again"
+    return f"took {out} out of {path}, which keeps its {len(after)} other patch(es) ({id_ranges(sorted(after))})"
 
 
 def revert(
@@ -88,7 +118,7 @@ def revert(
         repair_command=advise("speculators-patch repair"),
     )
     changed = [p.path for p in result.plans if p.changed]
-    said = revert_summary(snap, result, changed, dry_run)
+    said = revert_summary(snap, result, changed, dry_run, partial)
     return Reverted(
         result,
         changed,

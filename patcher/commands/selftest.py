@@ -65,8 +65,11 @@ def diagnose(error: dict, patches: PatchSet, speculators: str | None = None) -> 
 RUNNERS = ("auto", "v1", "v2", "both")  # --runner: vLLM's choice, V1, Model Runner V2, one run each
 
 
-def request(archs: tuple[str, ...], model: str | None, device: str, tp: int, runner: str = "auto") -> dict:
-    """The remote ``run.main`` request; ``archs`` defaults to ``llama``."""
+def request(
+    archs: tuple[str, ...], model: str | None, device: str, tp: int, runner: str = "auto", serve: bool | None = None
+) -> dict:
+    """The remote ``run.main`` request; ``archs`` defaults to ``llama``; ``serve``: whether vLLM
+    serves each trained draft (``--serve``/``--no-serve``; None: on a GPU only)."""
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         raise UserError(f"unknown --arch {', '.join(unknown)} (known: {', '.join(ARCHS)})")
@@ -81,6 +84,7 @@ def request(archs: tuple[str, ...], model: str | None, device: str, tp: int, run
         "tp": tp,
         "bound": COSINE_FLOOR,
         "runner": runner,
+        "serve": serve,
     }
 
 
@@ -149,8 +153,8 @@ class SelfTested:
 
 
 def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) -> SelfTested:
-    """``selftest`` on one target: refuse a target without speculators or with a release no
-    patch is written for (its generator is not ours to test), run the check (``run_remote``,
+    """``selftest`` on one target: refuse a target without speculators, with a release no
+    patch is written for (its generator is not ours to test) or without vLLM, run the check (``run_remote``,
     at most ``timeout`` seconds) and judge its report (``summarize``). Returns a
     ``SelfTested``. Raises ``UserError``."""
     from patcher import engine
@@ -158,14 +162,25 @@ def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) ->
     if snap.speculators_version is None:
         raise UserError(f"{transport.label}: speculators is not installed in this environment")
     engine.check_supported(snap)
-    report = summarize(run_remote(transport, snap, req, timeout), snap.patches)
+    if snap.training_only:
+        raise UserError(
+            f"{transport.label}: selftest runs speculators' generator on vLLM first and trains on what it captures; "
+            f"no vLLM is installed in {snap.site_packages}: run it in the data-generation env"
+        )
+    try:
+        raw = run_remote(transport, snap, req, timeout)
+    except UserError as failed:  # the import chain may be what broke: name it, as verify does
+        from patcher.checks.torch_builds import explain
+
+        raise UserError(explain(str(failed), transport, snap)) from None
+    report = summarize(raw, snap.patches)
     return SelfTested(report, {**describe(snap), "ok": report["ok"], "selftest": report, "summary": verdict(report)})
 
 
 def summarize(report: dict, patches: PatchSet) -> dict:
     """Add verdicts: per architecture the patch of ``patches`` (the target's) that fixes a
     failure (of the generator or of the training stage), overall counts."""
-    captures = bad = trained = attempted = 0
+    captures = bad = trained = attempted = served = served_attempts = 0
     speculators = report.get("versions", {}).get("speculators")
     for arch in report["archs"]:
         if "error" in arch:
@@ -173,13 +188,19 @@ def summarize(report: dict, patches: PatchSet) -> dict:
         training = arch.get("training") or {}
         if "error" in training:
             training["error"]["patch"] = diagnose(training["error"], patches, speculators)
+        serving = arch.get("serving") or {}
+        if "error" in serving:
+            serving["error"]["patch"] = diagnose(serving["error"], patches, speculators)
         attempted += bool(training) and "skipped" not in training
         trained += bool(training.get("ok")) and "skipped" not in training
+        served_attempts += bool(serving) and "skipped" not in serving
+        served += bool(serving.get("ok")) and "skipped" not in serving
         for case in arch["cases"]:
             captures += case.get("prompts", 0) * len(arch["layers"])
             bad += len(case.get("bad", []))
     report["captures"], report["bad_captures"] = captures, bad
     report["drafts_ok"], report["drafts"] = trained, attempted
+    report["served_ok"], report["served"] = served, served_attempts
     return report
 
 
@@ -198,5 +219,21 @@ def verdict(report: dict) -> str:
         f"{report['bad_captures']} out of bound (per-token cosine to transformers >= "
         f"min({report['bound']}, 1 - 4 x (1 - its own bf16 noise)), never below {NOISE_LIMIT}); "
         f"{report['drafts_ok']} of {report['drafts']} EAGLE-3 draft(s) {DRAFT_RUNS.get(report['device'], DRAFT_RUNS['cuda'])}, saved, "
-        f"reloaded, loss matching a plain-torch reference (within {TRAINING_TOLERANCE:g})"
+        f"reloaded, loss matching a plain-torch reference (within {TRAINING_TOLERANCE:g}); " + served_words(report)
     )
+
+
+def served_words(report: dict) -> str:
+    """What the verdict says of the serving stage: how many trained drafts vLLM served as
+    EAGLE-3, with their acceptance length (trained vs untrained); or that it did not run."""
+    if not report.get("served"):
+        return "no draft served by vLLM" + (" (on the CPU only with --serve)" if report["device"] == "cpu" else "")
+    lengths = []
+    for arch in report["archs"]:
+        drafts = (arch.get("serving") or {}).get("drafts") or {}
+        trained = drafts.get("trained", {}).get("acceptance_length")
+        if trained is not None:
+            untrained = drafts.get("untrained", {}).get("acceptance_length")
+            lengths.append(f"{trained}" + (f" vs {untrained} untrained" if untrained is not None else ""))
+    said = f"{report['served_ok']} of {report['served']} served by vLLM as EAGLE-3"
+    return said + (f" (acceptance length {'; '.join(lengths)})" if lengths else "")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
+    from patcher.connect.session import Session
     from patcher.connect.transport import Transport
     from patcher.engine import Snapshot
     from patcher.fixes.registry import PatchSet
@@ -22,9 +23,10 @@ TRIES = 5
 
 
 def run(
-    transport: Transport, verb: Callable[[Snapshot], T], retry: bool = True, patches: PatchSet | None = None
+    transport: Transport | Session, verb: Callable[[Snapshot], T], retry: bool = True, patches: PatchSet | None = None
 ) -> tuple[Snapshot, T]:
-    """``verb(snapshot)`` on the target behind ``transport`` (already entered), each snapshot
+    """``verb(snapshot)`` on the target behind ``transport`` (already entered; or this run's
+    ``connect.session.Session``, whose queued requests then ride on the reads), each snapshot
     read with this run's ``patches`` (None: shipped and installed packs); again on a
     fresh snapshot, up to ``TRIES`` times in all, when a file changed between the read and
     the commit (another node applied meanwhile: each retry follows another writer's
@@ -40,10 +42,11 @@ def run(
             if not (retry and tries < TRIES and str(e).startswith("changed-since-read")):
                 raise
             snap = engine.read_snapshot(transport, patches)
+            snap.raced = True  # its answer says what this run found after the other's commit
     raise AssertionError("unreachable")
 
 
-def first_snapshot(transport: Transport, patches: PatchSet | None = None) -> Snapshot:
+def first_snapshot(transport: Transport | Session, patches: PatchSet | None = None) -> Snapshot:
     """``engine.read_snapshot`` with ``patches``; where no target was named and none is active, a missing
     speculators is said to be missing from the tool's own environment, with the way out."""
     from patcher import engine
@@ -51,7 +54,9 @@ def first_snapshot(transport: Transport, patches: PatchSet | None = None) -> Sna
     try:
         return engine.read_snapshot(transport, patches)
     except UserError as e:
-        if getattr(transport, "tool_env", False) and str(e).startswith("no speculators installed"):
+        if getattr(getattr(transport, "transport", transport), "tool_env", False) and str(e).startswith(
+            "no speculators installed"
+        ):
             prefix = os.path.dirname(os.path.dirname(sys.executable))
             raise UserError(
                 f"no speculators installed in {prefix}, the environment speculators-patch itself runs in "

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from patcher.commands.common import describe, mark_edited, outcome_rows, source_changes
+from patcher.checks.parts import mark_edited
+from patcher.commands.common import describe, outcome_rows, refuse_lost_state, source_changes, unsupported_reason
+from patcher.commands.verify import TRAINING_HALF_ONLY
 
 if TYPE_CHECKING:
     from patcher.engine import FilePlan, Snapshot
@@ -31,7 +33,8 @@ class Status:
     def exit_code(self) -> int:
         """``status`` as a gate, the same on one target and in each host's row of many: 0 when
         the install is ``patched``, 2 when it is ``unsupported`` (no patch here handles it, as
-        a refused target), else 1 (pristine, partial, stale, modified)."""
+        a refused target), else 1 (pristine, partial, stale, modified, broken: its static checks
+        fail, reinstalled: an installer replaced the release this tool patched)."""
         return {"patched": 0, "unsupported": 2}.get(self.data["install"]["state"], 1)
 
     @property
@@ -41,23 +44,43 @@ class Status:
         return self.data["install"]["state"], self.data["install"]["reason"]
 
 
-def status(snap: Snapshot, chosen) -> Status:
+def status(
+    snap: Snapshot,
+    chosen,
+    transport=None,
+    verify_command: str = "speculators-patch verify",
+    advise=lambda hint: hint,
+) -> Status:
     """``status``: what ``apply`` would find, file by file and patch by patch, and the
-    install's state (``install_state``), as a ``Status``. Raises ``UserError``
+    install's state (``install_state``), as a ``Status``. With a ``transport``, an install
+    the record calls ``patched`` is checked as ``verify`` checks it (its static checks, one
+    ``sources`` exchange) and called ``broken`` when they fail (``checks.install_verdict``),
+    naming ``verify_command`` (worded with the caller's target options). Raises ``UserError``
     (``Unsupported`` when no patch is written for the target's speculators or vLLM) as
-    ``engine.check_supported``."""
+    ``engine.check_supported``, and in ``apply``'s words when files hold this tool's fixes
+    but no record names them (``refuse_lost_state``: the state was lost, never "changed by
+    hand"; ``advise`` words its way-out commands)."""
     from patcher import engine
     from patcher.checks.verify import recorded_states
 
     engine.check_supported(snap)
     plans = engine.plan(snap, chosen)
+    if not engine.refusals(plans):  # as apply refuses: its words, its exit code (2)
+        refuse_lost_state(snap, "status", advise, plans)
     rows = outcome_rows(plans)
     moved = recorded_states(snap, plans)  # applied by us for another vLLM (upgraded or downgraded since)
     for r in rows:
         r["state"] = moved.get(r["id"], r["state"])
     mark_edited(source_changes(snap), rows, "state")
-    files = {p.path: snap.file_state(p.path) for p in plans}
+    # every file this run's patches name and every file the record names (of another release too)
+    files = {path: snap.file_state(path) for path in sorted({p.path for p in plans} | set(snap.recorded_paths()))}
     state, reason = install_state(rows, files, snap.vllm.version if snap.vllm else "")
+    if snap.replaced_from:  # what pip did is pip's doing: never "changed by hand"
+        state, reason = "reinstalled", f"{snap.installer_did}; `speculators-patch repair` drops that record"
+    elif state == "patched" and transport is not None:
+        state, reason = checked_state(transport, snap, verify_command)
+    if snap.training_only:  # the state of the training half: never a word on the half nothing read
+        reason = "; ".join(filter(None, [reason, TRAINING_HALF_ONLY]))
     found = Status(
         plans,
         rows,
@@ -66,6 +89,21 @@ def status(snap: Snapshot, chosen) -> Status:
     )
     found.data["summary"] = found.summary
     return found
+
+
+def checked_state(transport, snap: Snapshot, verify_command: str) -> tuple[str, str]:
+    """(state, reason) of an install the record calls patched, once verify's static checks
+    have read it: ``patched`` when they pass, else ``broken`` with what failed."""
+    from patcher.checks.install_verdict import BROKEN, broken_reason, static_failures
+    from patcher.commands.verify import NO_PROOF, check_install
+    from patcher.connect.session import Session
+
+    with Session.of(transport) as session:
+        check = check_install(session, snap, set(snap.patches.ids()))
+    failures = static_failures(check.failing, NO_PROOF)
+    if failures:
+        return BROKEN, broken_reason(failures, verify_command)
+    return "patched", ""
 
 
 # A patch's states that leave it out of the installed code (``install_state``).
@@ -83,9 +121,9 @@ def install_state(rows: list[dict], files: dict[str, str], vllm: str = "") -> tu
     changed = [p for p, state in files.items() if state in ("modified", "edited")]
     if changed:
         return "modified", f"changed by hand: {', '.join(changed)}"
-    gone = sorted({r["id"] for r in rows if r["state"] == "fact-missing"})
-    if gone:
-        return "unsupported", f"no patch handles this vLLM ({', '.join(gone)}: fact missing)"
+    unsupported = unsupported_reason(rows)
+    if unsupported:  # the words apply and diff refuse in
+        return "unsupported", unsupported
     stale = sorted({r["id"] for r in rows if r["state"] == "stale"})
     if stale:
         return "stale", stale_reason(stale, vllm)

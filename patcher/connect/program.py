@@ -2,7 +2,8 @@
 real files of ``patcher/agent/`` (standard library only there; nothing is installed).
 
 - ``AGENT_PROGRAM``: one ``python -c`` argument -- ``agent/loader.py`` followed by
-  ``run(SOURCES, DIGEST)``, the agent's modules in the order they import each other.
+  ``run(packed(BLOB), DIGEST)``: the agent's modules in the order they import each other,
+  compressed (``loader.packed``), so the argument stays far below Linux's 128 KiB per argument.
 - ``BOOTSTRAP``: ``agent/bootstrap.py``, what ``--host`` and ``--exec`` start first (and the
   Ansible collection's module runs); ``bootstrap_program()`` is it as one argument.
 """
@@ -12,12 +13,24 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import zlib
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 # The agent's modules, each after those it imports (``tests/test_packaging.py`` checks the
 # list against the folder: every other file there is named in ``NOT_AGENT``).
-AGENT_MODULES = ("manifest_rules", "pysource", "common", "state", "commit", "inspect", "sources", "run_python", "main")
+AGENT_MODULES = (
+    "manifest_rules",
+    "pysource",
+    "common",
+    "state",
+    "commit",
+    "inspect",
+    "sources",
+    "run_python",
+    "draft",
+    "main",
+)
 NOT_AGENT = ("__init__", "loader", "bootstrap", "runtime_probe")
 
 
@@ -27,7 +40,8 @@ def _read(name: str) -> str:
 
 SOURCES = tuple((name, _read(name)) for name in AGENT_MODULES)
 DIGEST = hashlib.sha256(json.dumps(SOURCES).encode()).hexdigest()
-AGENT_PROGRAM = f"{_read('loader')}\nrun({SOURCES!r}, {DIGEST!r})\n"
+PACKED = base64.b64encode(zlib.compress(json.dumps(SOURCES).encode("utf-8"), 9)).decode("ascii")
+AGENT_PROGRAM = f"{_read('loader')}\nrun(packed({PACKED!r}), {DIGEST!r})\n"
 """What ``python -c`` runs: the agent, from the target machine's compiled-code cache."""
 BOOTSTRAP = _read("bootstrap")
 

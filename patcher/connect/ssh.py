@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -385,7 +386,10 @@ class SshTransport(BootstrapTransport):
         if opts.get("remotecommand", "none") != "none":
             argv += ["-o", "RemoteCommand=none"]
         if opts.get("connecttimeout", "none") == "none":
-            argv += ["-o", f"ConnectTimeout={self.tcp_connect_timeout}"]
+            # ssh gives up on a host that does not answer before --connect-timeout does, so the
+            # error is ssh's own "Connection timed out", not a silent far side
+            tcp = max(1, min(self.tcp_connect_timeout, math.ceil(self.connect_timeout) - 1))
+            argv += ["-o", f"ConnectTimeout={tcp}"]
         if opts.get("serveraliveinterval", "0") == "0":
             argv += ["-o", f"ServerAliveInterval={self.keepalive[0]}", "-o", f"ServerAliveCountMax={self.keepalive[1]}"]
         shared = reuse_options(opts, self.persist)

@@ -31,11 +31,6 @@ DEFAULT_CONNECT_TIMEOUT = 30.0
 DEFAULT_TIMEOUT = 600.0
 
 
-# Commits this process saw answered (label, files written): after a Ctrl-C, the message
-# says what this run had already changed.
-COMMITTED: list[tuple[str, list[str]]] = []
-
-
 class _Deadline(Exception):
     """No line from the far side before the deadline."""
 
@@ -86,9 +81,6 @@ class Transport:
         self.resolved: str | None = None  # the interpreter a bootstrap chose, once it says so
         self._started = 0.0
         self._preamble = b""  # bytes to write before the first request (a bootstrap's header)
-        self.held: list = []  # context managers (cache locks) this run holds until it ends
-        self._ahead: list[dict] = []  # requests to send with the next one (``send_ahead``)
-        self._answers: dict[str, dict] = {}  # their answers, until asked for
 
     def _argv(self) -> list[str]:
         raise NotImplementedError
@@ -170,8 +162,6 @@ class Transport:
     EXIT_WAIT = 10
 
     def __exit__(self, *exc: object) -> None:
-        while self.held:  # a lock another host waits on is never kept past this run
-            self.held.pop().__exit__(None, None, None)
         if self._proc is None:
             return
         if self.OWN_GROUP and exc and isinstance(exc[1], KeyboardInterrupt) and self._proc.poll() is None:
@@ -223,28 +213,17 @@ class Transport:
     def _handshake_deadline(self) -> float:
         return self._started + self.connect_timeout
 
-    def send_ahead(self, op: str, **payload: object) -> None:
-        """Have ``op`` ride on the next request: the agent runs it right after that one
-        succeeds and answers both in one line; a later ``request(op, **payload)`` with the
-        same payload gets that answer without an exchange. Used by ``apply``, whose
-        verdict check reads the files its commit wrote."""
-        self._ahead.append({"op": op, **payload})
-
-    @staticmethod
-    def _key(message: dict) -> str:
-        return json.dumps(message, sort_keys=True)
-
     def request(self, op: str, **payload: object) -> dict:
         """Send one request; return the agent's answer. Raises ``UserError`` on failure,
         ``Interrupted`` on Ctrl-C (saying whether a commit in flight was finished)."""
+        return self.request_then(op, [], **payload)[0]
+
+    def request_then(self, op: str, ahead: list[dict], **payload: object) -> tuple[dict, list[dict]]:
+        """``request``, with the requests ``ahead`` run by the agent right after this one
+        succeeds (``{"op": ..., **payload}`` each): the answer, and theirs (``{"ok": ...}`` or
+        ``{"error": ...}`` each, maybe fewer) from the same line."""
         assert self._proc is not None and self._proc.stdin and self._proc.stdout
         message = {"op": op, **payload}
-        early = self._answers.pop(self._key(message), None)
-        if early is not None:  # sent with an earlier request (send_ahead)
-            if "error" in early:
-                raise UserError(early["error"])
-            return early["ok"]
-        ahead, self._ahead = [a for a in self._ahead if self._key(a) != self._key(message)], []
         if ahead:
             message["then"] = ahead
         self.exchanges += 1
@@ -270,11 +249,7 @@ class Transport:
             raise UserError(self._not_json(line)) from None
         if "error" in answer:
             raise UserError(answer["error"])
-        for sent, got in zip(ahead, answer.get("then") or [], strict=False):  # an answer may carry fewer
-            self._answers[self._key(sent)] = got
-        if op == "commit":
-            COMMITTED.append((self.label, list(answer["ok"].get("written") or [])))
-        return answer["ok"]
+        return answer["ok"], list(answer.get("then") or [])
 
     def _exchange(self, op: str, data: bytes, wait: float) -> bytes:
         """Write one request and read its answer line (b"" when the agent ended first)."""
@@ -395,7 +370,6 @@ class Transport:
             answer = None
         if isinstance(answer, dict) and "ok" in answer:
             written = answer["ok"].get("written") or []
-            COMMITTED.append((self.label, list(written)))
             return (
                 f"interrupted ({interruption()}) while {where} was committing; the commit was finished first: "
                 f"{len(written)} file(s) written ({', '.join(written)})"

@@ -174,12 +174,10 @@ def revert(
     after patching unless ``force``, and on a record of another speculators release (naming
     ``repair_command``, which drops it)."""
     entries = dict(snap.manifest.files) if snap.manifest is not None else {}
-    kept_for = snap.manifest.speculators_version if snap.manifest is not None else None
-    if entries and kept_for != snap.speculators_version:
+    if snap.replaced_from:
         raise UserError(
-            f"speculators {snap.speculators_version} is installed but the kept pristine copies are of "
-            f"{kept_for}: not restoring them over another version (the reinstall already replaced the patched files); "
-            f"nothing was changed; `{repair_command}` drops that record and its copies"
+            f"{snap.installer_did}; not restoring them over another release; nothing was changed; "
+            f"`{repair_command}` drops that record and its copies"
         )
     plans, files, fresh = [], {}, {}
     chosen_ids = {p.id for p in chosen}
@@ -222,7 +220,9 @@ def revert(
         k: v.patches for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")
     }
     litter = not partial and snap.manifest is None and snap.state_exists and not snap.backups
-    if dry_run or (not changed and same_record and not litter):
+    # a recorded file the installer put back (``pip install --force-reinstall``): its record goes
+    reinstalled = [p for p in entries if p not in files and snap.file_state(p) == "reinstalled"]
+    if dry_run or (not changed and same_record and not litter and not reinstalled):
         return CommitResult([], plans)
     # (``litter``: a state directory recording nothing, left by an earlier run: the commit removes it)
     return _commit(transport, snap, changed, {}, manifest, plans, verb="revert")

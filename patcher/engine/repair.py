@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from patcher.connect.transport import Transport
 from patcher.engine.commit import new_manifest
 from patcher.engine.file_plan import plan_file
-from patcher.engine.snapshot import Snapshot, read_snapshot, sha256
+from patcher.engine.snapshot import Snapshot, read_snapshot, sha256, unknown_patches
 from patcher.errors import UserError
-from patcher.fixes.manifest import FileRecord
+from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.registry import PatchSet
 from patcher.fixes.userpatches import record as user_records
 
@@ -27,6 +27,7 @@ class RepairResult:
     unrestorable: list[str]
     dropped: str | None = None  # the speculators release whose record was dropped (another one is installed)
     after: Snapshot | None = None  # the install as read after the agent's repair, before the new record
+    rewritten: list[str] = field(default_factory=list)  # what the new manifest changed (``record_changes``)
 
 
 def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResult:
@@ -54,7 +55,10 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
     paths = sorted({p.file for p in snap.patches.patches} | set(entries) | damaged | set(snap.backups))
     kept_for = snap.manifest.speculators_version if snap.manifest is not None else None
     if kept_for not in (None, snap.speculators_version):  # a reinstall of another version replaced the files
-        lines.append(f"the record of speculators {kept_for} is dropped: {snap.speculators_version} is installed")
+        lines.append(
+            f"{snap.installer_name} replaced speculators {kept_for} by {snap.speculators_version} since it was "
+            f"patched: the record of {kept_for} and its pristine copies are dropped"
+        )
         paths = []
     for path in paths:
         record, line = _repair_file(snap, path, entries, path in damaged)
@@ -62,7 +66,7 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
             files[path] = record
         if line is not None:
             lines.append(line)
-    _commit_records(transport, snap, files)
+    written = _commit_records(transport, snap, files)
     unrestorable = [p for p in (snap.record_differs or []) if p not in files]
     for path in unrestorable:
         lines.append(
@@ -71,7 +75,35 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
             f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
         )
     dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
-    return RepairResult(first, lines, unrestorable, dropped, snap)
+    return RepairResult(first, lines, unrestorable, dropped, snap, record_changes(snap.manifest, written))
+
+
+def record_changes(old: Manifest | None, new: Manifest | None) -> list[str]:
+    """What writing ``new`` over ``old`` (each None for no manifest) changed, one phrase each:
+    the manifest removed or written, the files whose record was dropped, added or rewritten,
+    the user patch records and the top-level fields. [] when the record is the same."""
+    if old is None and new is None:
+        return []
+    if new is None:
+        return [f"removed manifest.json and the pristine copies (it recorded {len(old.files)} file(s))"]
+    if old is None:
+        return [f"wrote manifest.json ({len(new.files)} file(s) recorded)"]
+    was, now = old.as_dict(), new.as_dict()
+    said = []
+    for what, paths in (
+        ("dropped the record of", sorted(set(was["files"]) - set(now["files"]))),
+        ("recorded", sorted(set(now["files"]) - set(was["files"]))),
+        (
+            "rewrote the record of",
+            sorted(p for p in now["files"] if was["files"].get(p, now["files"][p]) != now["files"][p]),
+        ),
+    ):
+        if paths:
+            said.append(f"{what} {', '.join(paths)}")
+    fields = sorted(k for k in set(was) | set(now) if k != "files" and was.get(k) != now.get(k))
+    if fields:
+        said.append(f"rewrote {', '.join(fields)}")
+    return said
 
 
 def _repair_file(
@@ -97,6 +129,7 @@ def _repair_file(
         entry is not None
         and entry.patched_sha256 == digest
         and entry.patches  # (a patches map that is not {id: version} was read as none)
+        and not unknown_patches(entry)  # (an id no release has: the record was edited)
         and any(sha256(c) == entry.pristine_sha256 for c in snap.backups.get(path, []))
     ):
         # the record it has still describes the file and its copy
@@ -150,9 +183,10 @@ def _modified_record(entry: FileRecord | None, copies: list[bytes], digest: str)
     return FileRecord(sha256(kept), patched, dict(entry.patches) if entry is not None else {})
 
 
-def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileRecord]) -> None:
+def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileRecord]) -> Manifest | None:
     """Write the rebuilt manifest (``files``: its records) and the pristine copies it names,
-    as a ``repair`` commit: no speculators file is written, copies nothing names go."""
+    as a ``repair`` commit: no speculators file is written, copies nothing names go. Returns
+    the manifest now on the target (None: none)."""
     pristine = {
         p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e.pristine_sha256)).decode()
         for p, e in files.items()
@@ -172,3 +206,4 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileR
             repair=True,
             verb="repair",
         )
+    return manifest

@@ -23,7 +23,7 @@ from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
 from patcher.fixes.manifest import FileRecord, Manifest
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import Patch, needs_vllm
 from patcher.fixes.registry import PatchSet, loaded, shipped_patches, written_for
 from patcher.fixes.vllm_source import Evidence, VllmSource
 
@@ -106,7 +106,8 @@ class Snapshot:
     """Everything read from a target in one ``inspect`` exchange.
 
     ``files`` and ``pristine`` map speculators paths (``speculators/...py``, relative to its
-    import root) to bytes; ``vllm`` is ``None`` when no vLLM is installed.
+    import root) to bytes; ``vllm`` is ``None`` when no vLLM is installed (a training-only
+    env: ``library_source`` then holds the transformers and torch files the facts read).
     """
 
     label: str
@@ -133,40 +134,121 @@ class Snapshot:
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
     unfinished: str | None = None  # a finished commit's cleanup that could not be completed (one line)
     state_exists: bool = False  # the state directory is there (perhaps only a lock an earlier run left)
+    library_source: VllmSource | None = None  # no vLLM: the other libraries' fact files
+    installer: str | None = None  # what installed speculators: its dist-info's INSTALLER (pip, uv...)
+    raced: bool = False  # read again: another run changed the install between this run's read and commit
+
+    @property
+    def installer_name(self) -> str:
+        """What installed speculators, for a message: the dist-info's INSTALLER (``pip``), or
+        ``the installer`` when it names none."""
+        return self.installer or "the installer"
+
+    @property
+    def replaced_from(self) -> str | None:
+        """The speculators release the manifest was written for when another one is installed
+        now (an installer replaced the package since it was patched: the record and pristine
+        copies describe files that are gone), else None."""
+        kept_for = self.manifest.speculators_version if self.manifest is not None else None
+        if not self.recorded_paths() or kept_for in (None, self.speculators_version):
+            return None
+        return kept_for
+
+    def reinstalled_paths(self) -> list[str]:
+        """The recorded files that are again what the installer put there (``file_state``
+        ``reinstalled``), sorted."""
+        return sorted(p for p in self.recorded_paths() if self.file_state(p) == "reinstalled")
+
+    @property
+    def installer_did(self) -> str | None:
+        """What the installer did to files this tool patched, in one clause (None: nothing):
+        it replaced speculators by another release (``replaced_from``), or it put back the
+        files of this one (``pip install --force-reinstall``) over some patched files."""
+        if self.replaced_from:
+            return (
+                f"{self.installer_name} replaced speculators {self.replaced_from} by {self.speculators_version} "
+                f"after speculators-patch patched it: the record and pristine copies in {self.state_dir} are of "
+                f"{self.replaced_from}"
+            )
+        back = self.reinstalled_paths()
+        if not back:
+            return None
+        return (
+            f"{self.installer_name} reinstalled speculators {self.speculators_version} over {len(back)} of the "
+            f"{len(self.recorded_paths())} file(s) speculators-patch patched: they are as it installed them again"
+        )
+
+    @property
+    def training_only(self) -> bool:
+        """speculators without vLLM (an env that only trains): the patches of the training
+        half are judged and applied; the data-generation half (``needs_vllm``) is not checked."""
+        return self.vllm is None
+
+    def judged(self, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
+        """Those of ``patches`` this target can judge: all of them, or without vLLM those
+        that do not need it (``patcher.fixes.patch.needs_vllm``)."""
+        return tuple(p for p in patches if not (self.training_only and needs_vllm(p)))
+
+    @property
+    def not_checked(self) -> str | None:
+        """What no verb can check here, in one line (None where vLLM is installed): without
+        vLLM the data-generation half, named with the patches written for it."""
+        if not self.training_only:
+            return None
+        ids = [p.id for p in self.patches.written_for(self.speculators_version) if needs_vllm(p)]
+        which = f" ({id_ranges(ids)} rewrite speculators/data_generation/, which imports vLLM)" if ids else ""
+        return f"data generation not checked: no vLLM installed in {self.site_packages}{which}"
 
     @cached_property
     def evidence(self) -> dict[tuple[str, str], Evidence]:
         """Evidence per (patch id, fact symbol), each probe run once (or read from the cache
         of evidence for these very vLLM files: ``cached_evidence``)."""
-        assert self.vllm is not None
-        vllm = self.vllm
-        wanted = [(p, f) for p in self.patches.patches for f in p.facts]
+        source = self.vllm if self.vllm is not None else self.library_source
+        assert source is not None
+        wanted = [(p, f) for p in self.judged(self.patches.patches) for f in p.facts]
         return cached_evidence(
-            vllm.files,
-            lambda: {(p.id, f.symbol): f.probe(vllm) for p, f in wanted},
+            source.files,
+            lambda: {(p.id, f.symbol): self._probe(f, source) for p, f in wanted},
             {(p.id, f.symbol) for p, f in wanted},
         )
 
+    def _probe(self, fact, source) -> Evidence:
+        """``fact.probe(source)``; without vLLM a fact about the serving vLLM
+        (``Fact.of_serving``) holds, as on every release from its first, and says so."""
+        if self.vllm is None and fact.of_serving:
+            return Evidence(
+                True,
+                fact.modules[0],
+                None,
+                f"no vLLM installed here: {fact.summary}, on every vLLM release from {fact.first_release} "
+                "(the one that will serve the draft)",
+            )
+        return fact.probe(source)
+
     @property
     def written(self) -> tuple[Patch, ...]:
-        """The patches of ``patches`` written for this target's speculators version."""
-        return self.patches.written_for(self.speculators_version)
+        """The patches of ``patches`` written for this target's speculators version that it
+        can judge (``judged``: without vLLM, the training half's)."""
+        return self.judged(self.patches.written_for(self.speculators_version))
 
     def file_state(self, path: str) -> str:
-        """``pristine`` | ``patched`` | ``reinstalled`` (pristine again after patching) | ``modified``
-        (changed after patching) | ``edited`` (no record here, and not the bytes pip installed:
-        its ``RECORD`` digest differs; never called pristine)."""
+        """``pristine`` | ``patched`` | ``reinstalled`` (recorded as patched, and now the bytes
+        the installer put there: its pristine copy, or pip's ``RECORD`` digest, whatever
+        release that is) | ``modified`` (changed after patching) | ``edited`` (no valid record
+        here, and not the bytes pip installed: its ``RECORD`` digest differs; never called
+        pristine). A record of another speculators release (``replaced_from``) describes no
+        file here: each is ``reinstalled`` or ``edited`` against pip's ``RECORD``."""
         entry = self.entry(path)
         current = self.files.get(path)
-        if entry is None or current is None:
-            installed = self.record.get(path)
+        installed = self.record.get(path)
+        if entry is None or current is None or self.replaced_from:
             if current is not None and installed is not None and sha256(current) != installed:
                 return "edited"
-            return "pristine"
+            return "reinstalled" if entry is not None and current is not None else "pristine"
         digest = sha256(current)
         if digest == entry.patched_sha256:
             return "patched"
-        if digest == entry.pristine_sha256:
+        if digest in (entry.pristine_sha256, installed):
             return "reinstalled"
         return "modified"
 
@@ -202,7 +284,7 @@ def read_snapshot(
     (``read_manifest``: strict, or tolerant with ``tolerate_damage``). Raises ``UserError``
     when the target has no speculators, or (unless ``tolerate_damage``: ``repair``) when its
     state is inconsistent or its manifest malformed: one line naming the file at fault and
-    the way out."""
+    the way out; and, ``repair`` too, when a file (not a folder) holds the state folder's path."""
     run_patches = loaded() if patches is None else patches
     patches_named = run_patches.patches
     fact_files = {m for p in patches_named for f in p.facts for m in f.modules}
@@ -214,21 +296,23 @@ def read_snapshot(
     if record_check:
         request["record_check"] = True
     answer, contents = _inspect(transport, request)
+    if answer.get("state_blocked"):  # something else holds the state folder's path: never written past
+        raise UserError(answer["state_blocked"])
     if answer.get("state_problem") and not tolerate_damage:
         raise UserError(answer["state_problem"])
     manifest = read_manifest(answer["manifest"], f"{answer['state_dir']}/manifest.json", tolerate_damage)
     spec, vllm = answer["speculators"], answer["vllm"]
-    vllm_source = None
+    libraries = {
+        name: (", ".join(lib["versions"]) or "unknown") if lib["root"] else None
+        for name, lib in (answer.get("libraries") or {}).items()
+    }
+    vllm_source = library_source = None
     if vllm is not None:
-        libraries = answer.get("libraries") or {}
         vllm_source = VllmSource(
-            {**contents["vllm"], **contents["libraries"]},
-            ", ".join(vllm["versions"]) or "unknown",
-            {
-                name: (", ".join(lib["versions"]) or "unknown") if lib["root"] else None
-                for name, lib in libraries.items()
-            },
+            {**contents["vllm"], **contents["libraries"]}, ", ".join(vllm["versions"]) or "unknown", libraries
         )
+    else:  # a training-only env: the facts of the training half read transformers and torch alone
+        library_source = VllmSource(contents["libraries"], "not installed", libraries)
     snap = Snapshot(
         label=transport.label,
         python=answer["python"],
@@ -251,11 +335,13 @@ def read_snapshot(
         backups=contents["backups"],
         record=spec.get("record") or {},
         dist_info=spec.get("dist_info"),
+        installer=spec.get("installer"),
         record_differs=answer.get("record_differs"),
         unfinished=answer.get("unfinished"),
         state_exists=bool(answer.get("state_exists")),
+        library_source=library_source,
     )
-    check_state_version(snap)
+    check_state_version(snap, repairing=tolerate_damage)
     return snap
 
 
@@ -278,12 +364,25 @@ def state_written_by(snap: Snapshot) -> Version | None:
         return None
 
 
-def check_state_version(snap: Snapshot) -> None:
+def unknown_patches(record: FileRecord) -> list[str]:
+    """The shipped-style ids (``SPnnn``) ``record`` names that this tool does not have, or has
+    only at an older version than recorded, sorted."""
+    shipped = {p.id: p for p in shipped_patches()}
+    return sorted(
+        pid
+        for pid, version in record.patches.items()
+        if pid.startswith("SP") and pid[2:].isdigit() and (pid not in shipped or version > shipped[pid].version)
+    )
+
+
+def check_state_version(snap: Snapshot, repairing: bool = False) -> None:
     """Raise ``UserError`` (both versions named, nothing changed) when the target's state was
     written by a newer speculators-patch, or records a shipped patch (``SPnnn``) this one does
     not have or has only at an older version: what it recorded may not be what this version
     would write or could take back. A state of an older version is read as this one's (the
-    next write records this version)."""
+    next write records this version). ``repairing``: a record no release wrote (an id this
+    tool and the one that wrote it both lack: an edited record) is let through, for ``repair``
+    to rebuild from the files and the kept copies."""
     if snap.manifest is None:
         return
     files = snap.manifest.files
@@ -312,16 +411,18 @@ def check_state_version(snap: Snapshot) -> None:
                         f"{said}; nothing was changed; run speculators-patch {theirs} on this target "
                         f"(pip install 'speculators-patch=={theirs}'), which has it"
                     )
+                if repairing:
+                    continue
                 raise UserError(  # no release of this version wrote it: an edited record, or another build
                     f"{said}: the record names a patch this tool does not have (edited, or written by another "
-                    f"build); nothing was changed; run the build that applied it, or give speculators back what "
-                    f"pip installed: pip install --force-reinstall --no-deps "
-                    f"speculators=={snap.speculators_version}, then remove {snap.state_dir}"
+                    f"build); nothing was changed; `speculators-patch repair` rebuilds the record from the files "
+                    f"and the kept pristine copies, or run the build that applied it"
                 )
 
 
 def check_supported(snap: Snapshot) -> None:
-    """Raise ``UserError`` unless the target has a speculators some patch is written for, and a vLLM."""
+    """Raise ``UserError`` unless the target has a speculators some patch is written for. An
+    env without vLLM is supported: it gets the training half (``Snapshot.training_only``)."""
     version = snap.speculators_version
     if version is None:
         where = f"{snap.dist_info}/METADATA" if snap.dist_info else f"{snap.speculators_root} (no dist-info found)"
@@ -330,19 +431,21 @@ def check_supported(snap: Snapshot) -> None:
             f"reinstall it with pip (pip install --force-reinstall --no-deps speculators==0.3.0)"
         )
     if not written_for(version, shipped_patches()):
-        specifiers = sorted({p.speculators for p in shipped_patches()})
+        from patcher.fixes.support import releases_for
+
+        written = releases_for(sorted({p.speculators for p in shipped_patches()}))
         raise Unsupported(
             f"speculators {version} is not supported: speculators-patch has no patches for it "
-            f"(patches exist for speculators {' and '.join(specifiers)}); nothing was changed"
+            f"(patches exist for speculators {', '.join(written)}); nothing was changed"
         )
-    if snap.vllm is None:
-        raise Unsupported(f"no vLLM installed in {snap.site_packages}: nothing to patch against")
 
 
 def check_covered(snap: Snapshot) -> None:
     """Raise ``UserError`` (one line: what breaks, the vLLM evidence, the patch that covers it
     for another speculators) when the installed vLLM has a change a shipped patch lists in its
-    ``uncovered`` (``Uncovered``) for the installed speculators."""
+    ``uncovered`` (``Uncovered``) for the installed speculators. Nothing to check without vLLM."""
+    if snap.vllm is None:
+        return
     version = Version(snap.speculators_version)
     for patch in shipped_patches():
         for uncovered in patch.uncovered:
@@ -385,3 +488,16 @@ def cached_evidence(files: dict[str, bytes | None], compute, keys: set[tuple[str
             [[pid, symbol, [e.holds, e.file, e.line, e.found, e.missing]] for (pid, symbol), e in found.items()],
         )
         return found
+
+
+def id_ranges(ids: list[str]) -> str:
+    """Patch ids, each run of consecutive numbers as one range (``first-last``); others as they are."""
+    numbered = sorted(int(i[2:]) for i in ids if i.startswith("SP") and i[2:].isdigit())
+    runs: list[list[int]] = []
+    for n in numbered:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    shown = [f"SP{r[0]:03d}" + (f"-SP{r[-1]:03d}" if len(r) > 1 else "") for r in runs]
+    return ", ".join(shown + sorted(i for i in ids if not (i.startswith("SP") and i[2:].isdigit())))

@@ -38,6 +38,11 @@ class Fact:
             may read no other file: the engine fetches exactly these, in one batch, locally or
             over SSH. Taken from the probe when it was built by ``patcher.fixes.probes`` (which
             knows the files it reads); a probe of your own names them here.
+        of_serving: the fact is about the vLLM that will serve what speculators trains (the
+            draft), which need not be installed where it trains. Where no vLLM is installed (an
+            env that only trains) it is taken to hold, as it does on every release from
+            ``first_release`` (its tests read each release 0.11-0.34), and the patch belongs
+            to the training half.
     """
 
     summary: str
@@ -45,6 +50,7 @@ class Fact:
     first_release: str
     probe: Callable[[VllmSource], Evidence]
     modules: tuple[str, ...] = ()
+    of_serving: bool = False
 
     def __post_init__(self) -> None:
         read = tuple(getattr(self.probe, "modules", ()))
@@ -163,6 +169,20 @@ class Patch:
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""
+
+
+# speculators' data-generation half: every module under it needs vLLM (the package's
+# ``__init__`` imports the generator, which imports vLLM: speculators 0.3.0 and 0.4.x).
+DATA_GENERATION = "speculators/data_generation/"
+
+
+def needs_vllm(patch: Patch) -> bool:
+    """Whether ``patch`` belongs to the data-generation half: it rewrites a module under
+    ``DATA_GENERATION`` or a fact of it reads vLLM. Without vLLM such a patch can be neither
+    judged nor run; the others (the training half: the draft's config, model and trainer)
+    are judged on transformers and torch alone, and on facts about the serving vLLM
+    (``Fact.of_serving``), taken to hold where none is installed."""
+    return patch.file.startswith(DATA_GENERATION) or any(f.library == "vllm" and not f.of_serving for f in patch.facts)
 
 
 def __getattr__(name: str):

@@ -58,7 +58,15 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
             recipe = getattr(f.probe, "recipe", None)
             if recipe is None:
                 return None
-            facts.append({"summary": f.summary, "symbol": f.symbol, "first_release": f.first_release, "probe": recipe})
+            facts.append(
+                {
+                    "summary": f.summary,
+                    "symbol": f.symbol,
+                    "first_release": f.first_release,
+                    "probe": recipe,
+                    "of_serving": f.of_serving,
+                }
+            )
         rows.append(
             {
                 "id": p.id,
@@ -95,6 +103,7 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
                 f["symbol"],
                 f["first_release"],
                 getattr(probes, f["probe"][0])(*f["probe"][1], **f["probe"][2]),
+                of_serving=f["of_serving"],
             )
             for f in r["facts"]
         )

@@ -300,3 +300,110 @@ def field_annotation_mentions(path: str, cls: str, name: str, word: str) -> Prob
         return Evidence(False, path, node.lineno, f"class {node.name} declares no class-level field {name}")
 
     return probe
+
+
+@_recorded
+def aux_layers_are_layer_inputs(path: str) -> Probe:
+    """Holds when every EAGLE-3 auxiliary hidden-state capture in the vLLM model module ``path``
+    numbers layer ``i`` by the hidden state entering decoder layer ``i``
+    (``patcher.fixes.vllm_eagle3.aux_capture``); evidence: the first capture. The module gone
+    is ``Evidence.missing``; one without a capture is an ordinary answer."""
+
+    def probe(src: VllmSource) -> Evidence:
+        from patcher.fixes.vllm_eagle3 import aux_capture
+
+        if not src.has(path):
+            return _gone(path, path.rsplit("/", 1)[-1])
+        capture = aux_capture(src, path)
+        if capture.numbering == "none":
+            return Evidence(False, path, None, capture.found)
+        said = {"input": "the input of decoder layer i", "output": "the output of decoder layer i"}
+        return Evidence(
+            capture.numbering == "input",
+            path,
+            capture.line,
+            f"{capture.found}: auxiliary layer i is {said.get(capture.numbering, 'numbered both ways')}",
+        )
+
+    return probe
+
+
+@_recorded
+def method_mentions(path: str, cls: str, method: str, literal: str) -> Probe:
+    """Holds when class ``cls`` (a module-level alias followed) defines ``method`` and its body
+    holds the string constant ``literal`` (e.g. the attribute name ``"text_config"`` a method
+    looks up); evidence: the statement that holds it. The class defining no such method is an
+    ordinary answer (the fact does not hold); the class gone is ``Evidence.missing``."""
+
+    def probe(src: VllmSource) -> Evidence:
+        absent = _absent_library(src, path)
+        if absent is not None:
+            return absent
+        node = src.find_class(path, cls)
+        if node is None:
+            return _gone(path, cls)
+        fn = next(
+            (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method), None
+        )
+        if fn is None:
+            return Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
+        simple = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
+        for stmt in (n for n in ast.walk(fn) if isinstance(n, simple)):
+            if any(isinstance(c, ast.Constant) and c.value == literal for c in ast.walk(stmt)):
+                return Evidence(True, path, stmt.lineno, f"{node.name}.{method}: {ast.unparse(stmt)}")
+        return Evidence(False, path, fn.lineno, f"{node.name}.{method} never names {literal!r}")
+
+    return probe
+
+
+@_recorded
+def class_sets_no_attribute(path: str, cls: str, attr: str) -> Probe:
+    """Holds when class ``cls`` (a module-level alias followed) gives its instances no
+    attribute ``attr``: no method assigns ``self.<attr>`` and the class body declares no
+    ``attr``; evidence: the class. Where it does, the evidence is that assignment. The class
+    gone is ``Evidence.missing``; the library not installed, an ordinary answer."""
+
+    def probe(src: VllmSource) -> Evidence:
+        absent = _absent_library(src, path)
+        if absent is not None:
+            return absent
+        node = src.find_class(path, cls)
+        if node is None:
+            return _gone(path, cls)
+        for stmt in node.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+                return Evidence(False, path, stmt.lineno, f"class {node.name} declares {ast.unparse(stmt)}")
+        for fn in (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for stmt in ast.walk(fn):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+                if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and any(
+                    isinstance(t, ast.Attribute)
+                    and t.attr == attr
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"
+                    for t in targets
+                ):
+                    return Evidence(False, path, stmt.lineno, f"{node.name}.{fn.name}: {ast.unparse(stmt)}")
+        return Evidence(
+            True, path, node.lineno, f"class {node.name} sets no {attr} (each model's config declares its own)"
+        )
+
+    return probe
+
+
+@_recorded
+def module_absent(path: str) -> Probe:
+    """Holds when the library is installed and has no module ``path`` (a file removed in a
+    release); evidence: its absence, or the module's first line where it is still there. The
+    library not installed is an ordinary answer (the fact does not hold)."""
+
+    def probe(src: VllmSource) -> Evidence:
+        absent = _absent_library(src, path)
+        if absent is not None:
+            return absent
+        if not src.has(path):
+            return Evidence(True, path, None, f"no {path.rsplit('/', 1)[-1]}: the module is gone")
+        return Evidence(False, path, 1, f"{path.rsplit('/', 1)[-1]} is there")
+
+    return probe

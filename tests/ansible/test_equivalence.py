@@ -131,7 +131,8 @@ def test_cli_and_playbook_answer_the_same(tmp_path, collections, fleet, fleet_en
     assert not failed and reverted["changed"] and sorted(reverted["written"]) == sorted(done["written"])
     assert tree_digest(node1) == tree_digest(node2)
     _said(reverted, done)
-    assert reverted["msg"].startswith(f"restored {len(done['written'])} file(s) under ")
+    # a partial revert says per file what it took out and what the file keeps (issue 46)
+    assert reverted["msg"].startswith("reverted under ") and "took FIX001 out of " in reverted["msg"]
     failed, info = twins.play("info.yml", verify=False)
     _, status = twins.cli("status")
     assert not failed and _states(info["status"]["patches"]) == _states(status["patches"])
@@ -148,7 +149,8 @@ def test_list_and_repair_answer_as_the_cli(tmp_path, collections, fleet, fleet_e
     assert not failed and not listed["changed"] and listed["patches"] == json.loads(rows.stdout)
     shipped = len(shipped_patches())
     said = f"{shipped + 1} patch(es): {shipped} shipped, 1 of your own"
-    assert listed["msg"] == text.stdout.strip().splitlines()[-1] == said
+    *_, count, supported = text.stdout.strip().splitlines()  # the CLI ends with the support statement
+    assert listed["msg"] == count == said and supported.startswith("supported: speculators 0.3.0 on vLLM ")
 
     # Both apply, then lose their record: repair rebuilds it from the files and the kept copies.
     assert not twins.play("patch.yml")[0] and not twins.cli("apply")[0]
@@ -158,7 +160,10 @@ def test_list_and_repair_answer_as_the_cli(tmp_path, collections, fleet, fleet_e
     _, done = twins.cli("repair")
     assert not failed and repaired["changed"] and repaired["files"] == done["files"]
     _said(repaired, done)
-    assert repaired["msg"] == "repaired: the record matches the files"
+    # repair says what it changed: the record it wrote (issue 46)
+    assert re.fullmatch(
+        r"repaired: wrote manifest\.json \(\d+ file\(s\) recorded\); the record matches the files", repaired["msg"]
+    )
     failed, again = twins.play("repair.yml")
     _, done = twins.cli("repair")
     assert not failed and not again["changed"] and again["msg"] == done["summary"]

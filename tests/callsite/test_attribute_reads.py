@@ -99,6 +99,7 @@ def run(ext_src: str, gen_src: str, vllm_files: dict[str, str] = VLLM) -> list[s
     return [f"{f.file.rsplit('/', 1)[1]}:{f.line} {f.call}: {f.detail} ({f.vllm_where})" for f in check(spec, fetched)]
 
 
+@pytest.mark.fast
 def test_reads_that_exist_pass():
     assert (
         run(
@@ -109,6 +110,7 @@ def test_reads_that_exist_pass():
     )
 
 
+@pytest.mark.fast
 def test_a_renamed_input_batch_field_is_named_with_both_locations():
     found = run(
         WORKER_EXT.format(attr="req_id_to_idx", worker_attr="model_runner"),
@@ -120,6 +122,7 @@ def test_a_renamed_input_batch_field_is_named_with_both_locations():
     ]
 
 
+@pytest.mark.fast
 def test_a_worker_attribute_the_extension_reads_through_self():
     found = run(
         WORKER_EXT.format(attr="req_id_to_index", worker_attr="runner"),
@@ -131,6 +134,7 @@ def test_a_worker_attribute_the_extension_reads_through_self():
     ]
 
 
+@pytest.mark.fast
 def test_a_dataclass_field_read_through_a_walrus_and_a_return_annotation():
     found = run(
         WORKER_EXT.format(attr="req_id_to_index", worker_attr="model_runner"), GENERATOR.format(attr="total_tokens")
@@ -160,11 +164,13 @@ GUARDED = {
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("ext", GUARDED.values(), ids=GUARDED.keys())
 def test_guarded_reads_are_not_findings(ext):
     assert run(ext, GENERATOR.format(attr="total_num_scheduled_tokens")) == []
 
 
+@pytest.mark.fast
 def test_the_same_read_unguarded_is_a_finding():
     ext = GUARDED["hasattr"].replace('if hasattr(runner.input_batch, "gone"):', "if runner:")
     assert [f.split(":")[0] for f in run(ext, GENERATOR.format(attr="total_num_scheduled_tokens"))] == [
@@ -172,6 +178,7 @@ def test_the_same_read_unguarded_is_a_finding():
     ]
 
 
+@pytest.mark.fast
 def test_classes_with_a_base_outside_vllm_are_not_judged():
     files = dict(VLLM)
     files["vllm/v1/worker/gpu_input_batch.py"] = "import torch\n\nclass InputBatch(torch.nn.Module):\n    pass\n"

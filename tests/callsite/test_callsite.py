@@ -9,6 +9,8 @@ import pytest
 from patcher.agent.pysource import collect_sources, speculators_vllm_imports
 from patcher.checks.callsite import check
 
+pytestmark = pytest.mark.fast
+
 SPEC = "speculators/data_generation/gen.py"
 
 

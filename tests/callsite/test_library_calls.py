@@ -299,6 +299,7 @@ tl.build(other=2)
 """
 
 
+@pytest.mark.fast
 def test_calls_read_as_they_run():
     """On small synthetic library sources, each call is judged as Python would run it: the
     last definition of an overloaded method, keywords a ``@deprecate_kwarg`` decorator still
@@ -322,6 +323,7 @@ def test_calls_read_as_they_run():
     assert {c.line for c in record if c.call is not None} == {7, 10, 11, 12, 13, 14, 15, 16}
 
 
+@pytest.mark.fast
 def test_a_name_only_compiled_code_binds_is_not_a_break():
     """torch/__init__.py star-imports its compiled extension (``from torch._C import *``):
     a name not found in torch's Python files may be bound there, so importing it is no

@@ -26,12 +26,14 @@ def check(worker, config, env, extension, fix="SP022"):
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("env", [None, "0", "1"])
 def test_a_worker_that_reads_v2s_batch_is_only_ever_a_note(env):
     found = check(WORKER_022, CONFIG_024, env, READS_V2)
     assert found.severity == "note" and "works with" in found.message
 
 
+@pytest.mark.fast
 def test_vllms_own_choice_names_the_architectures_and_the_line_that_decides():
     found = check(WORKER_022, CONFIG_024, None, READS_V2)
     assert (found.runner, found.v2_for) == ("by-model", ("LlamaForCausalLM", "Qwen3ForCausalLM"))
@@ -39,6 +41,7 @@ def test_vllms_own_choice_names_the_architectures_and_the_line_that_decides():
     assert check(WORKER_022, CONFIG_029, None, READS_V2).runner == "v2"  # 0.29+: every model
 
 
+@pytest.mark.fast
 def test_a_worker_that_cannot_read_v2s_batch():
     assert check(WORKER_022, CONFIG_024, None, READS_V1).severity == "warning"  # vLLM may pick V2 itself
     broken = check(WORKER_022, CONFIG_024, "1", READS_V1)
@@ -47,11 +50,13 @@ def test_a_worker_that_cannot_read_v2s_batch():
     assert check(WORKER_013, None, None, READS_V1).severity == "note"  # 0.13-0.21: V2 only when asked
 
 
+@pytest.mark.fast
 def test_no_patch_is_offered_where_none_is_written_for_the_installed_speculators():
     found = check(WORKER_022, CONFIG_024, "1", READS_V1, fix=None)
     assert "speculators-patch apply" not in found.message and "VLLM_USE_V2_MODEL_RUNNER=0" in found.message
 
 
+@pytest.mark.fast
 def test_no_switch_no_line():
     assert check(b"class Worker:\n    pass\n", None, None, READS_V1) is None
 

@@ -2,6 +2,7 @@
 
 python $REPO/tests/docs/envs.py engine DEST [VLLM]   # a venv: real speculators 0.3.0 + the vLLM CPU engine
 python $REPO/tests/docs/envs.py fix001 DEST          # the worked example's FIX001, as a user fills it in
+python $REPO/tests/docs/envs.py training-only DEST   # a sandbox: speculators 0.3.0, transformers 5.22.2, no vLLM
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def main(argv: list[str]) -> None:
         vllm = argv[2] if len(argv) > 2 else DEFAULT_VLLM
         ensure_engine_env(vllm)
         make_target(dest, speculators_wheel("0.3.0"), vllm)
+    elif kind == "training-only":  # the real wheels' files, torch's .py files only: what the verbs read
+        from sandbox import make_sandbox
+
+        make_sandbox(dest, "0.3.0", None, "5.22.2", torch_sources="2.13.0+cpu")
     elif kind == "fix001":
         from userfix import FIX001
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from snapshots import ROOT, blocks, console_blocks, documents  # noqa: E402

@@ -6,6 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import patches_doc  # noqa: E402

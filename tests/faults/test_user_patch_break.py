@@ -260,7 +260,7 @@ def _expected_refusal(state: str, command: tuple[str, ...], with_file: bool) -> 
         return "--patch-file"  # FIX001 shares SP004's file: re-deriving it needs FIX001's source
     if state == "copy-lost":
         return "reinstall" if sub == "repair" else "repair"
-    if state == "lost-by-an-older-tool" and with_file and sub in ("apply", "diff", "revert"):
+    if state == "lost-by-an-older-tool" and with_file and sub in ("status", "apply", "diff", "revert"):
         return "repair"  # FIX002's bytes in a file pip did not install, and no record: nothing tells them apart
     if state == "hand-edited" and command in (("revert",), ("revert", "--only", "FIX002")):
         return "--force"

@@ -43,7 +43,21 @@ API_PATCHES = {
     "SP027": "0.34",
 }  # the extensible KV cache; V1 gone, the CPU worker builds V2
 # Fixes of speculators' own logic, platform use and portable forms, needed on every release.
-EVERY_RELEASE = {"SP008", "SP010", "SP011", "SP012", "SP013", "SP014", "SP019", "SP020", "SP021", "SP028", "SP029"}
+# SP034 (the draft's wrapped verifier) wherever transformers >= 4.45 is installed: every sandbox here.
+EVERY_RELEASE = {
+    "SP008",
+    "SP010",
+    "SP011",
+    "SP012",
+    "SP013",
+    "SP019",
+    "SP020",
+    "SP021",
+    "SP028",
+    "SP029",
+    "SP034",
+    "SP035",
+}
 
 
 def version_key(release: str) -> tuple[int, ...]:
@@ -175,6 +189,10 @@ def test_apply_compile_verify(envs, release, tmp_path):
     api = {p for p in applied if p in API_PATCHES}
     assert api == api_needed(release)
     assert EVERY_RELEASE <= applied
+    # transformers' facts: SP014 where modeling_attn_mask_utils is gone (5.24), SP036 where the
+    # base config sets no pad_token_id (5.0 on)
+    assert ("SP014" in applied) == (TRANSFORMERS[release] == "5.24.0")
+    assert ("SP036" in applied) == (TRANSFORMERS[release] >= "5")
     site = site_packages(env)
     for path in report["written"]:
         compile((site / path).read_bytes(), path, "exec")  # raises SyntaxError if broken

@@ -70,3 +70,14 @@ def test_runtime_over_ssh(tmp_path, ssh_config):
     assert runtime["vllm"] == "0.16.0" and runtime["disagreements"] == []
     assert finding_keys(runtime["findings"]) == finding_keys(report["calls"]["findings"]) != set()
     assert report["exchanges"] == 3  # inspect, sources, run_python
+
+
+def test_runtime_ends_with_what_it_did_and_did_not_run(tmp_path):
+    """``--runtime`` imports vLLM: its closing line may not say "verify reads source only"."""
+    env = runtime_target(tmp_path / "env")
+    result = CliRunner().invoke(main, ["verify", "--runtime", "--target", str(env)], catch_exceptions=False)
+    text = " ".join(result.output.split())
+    assert "verify reads source only" not in text
+    assert "verify --runtime read the source and imported vLLM on the target, but ran no model" in text
+    plain = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
+    assert "verify reads source only" in " ".join(plain.output.split())

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses, codemod, patch_of
 
-from patcher.engine import run_codemod
-from patcher.fixes.registry import loaded
-
-BY_ID = {p.id: p for p in loaded().patches}
-
-
-def run(patch_id: str, src: str) -> tuple[str, str, str]:
-    verdict, new, detail = run_codemod(BY_ID[patch_id], textwrap.dedent(src).encode())
-    return verdict, new.decode(), detail
-
+pytestmark = pytest.mark.fast
 
 REWRITES = [
     pytest.param(
@@ -171,6 +161,24 @@ NOOPS = [
 REFUSALS = [
     pytest.param("SP001", "make_config(max_num_seqs=8)\n", "SchedulerConfig(...)", id="SP001 no SchedulerConfig call"),
     pytest.param(
+        "SP002",
+        'get_kv_cache_config_from_groups(v, g, **{"kv_cache_specs": s})\n',
+        "without **kwargs",
+        id="SP002 the keyword in a **mapping is not dropped unseen",
+    ),
+    pytest.param(
+        "SP003",
+        "Scheduler(vllm_config=v, block_size=32)\n",
+        "found 32",
+        id="SP003 a block size of the user's is not overwritten",
+    ),
+    pytest.param(
+        "SP003",
+        "Scheduler(vllm_config=v, **scheduler_kwargs)\n",
+        "without **kwargs",
+        id="SP003 a **mapping may carry block_size",
+    ),
+    pytest.param(
         "SP004",
         "CacheConfig(enable_prefix_caching=True)\n",
         "enable_prefix_caching=",
@@ -194,28 +202,21 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_rewrite(patch_id, before, after):
-    verdict, new, _ = run(patch_id, before)
-    assert verdict == "changed"
-    assert new == textwrap.dedent(after)
-    assert run(patch_id, new)[0] == "satisfied", "applying twice equals applying once"
+def test_api_fix(patch_id, before, after):
+    assert_codemod(patch_id, before, after)
 
 
 @pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_noop(patch_id, src):
-    verdict, new, detail = run(patch_id, src)
-    assert verdict == "satisfied" and new == textwrap.dedent(src)
-    assert detail.startswith("already satisfied")
+def test_api_fix_noop(patch_id, src):
+    assert_noop(patch_id, src)
 
 
 @pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_refusal_names_the_file_and_the_expected_shape(patch_id, src, expected):
-    verdict, new, detail = run(patch_id, src)
-    assert verdict == "refused" and new == textwrap.dedent(src)
-    assert detail.startswith(BY_ID[patch_id].file) and expected in detail
+def test_api_fix_refuses_unknown_code(patch_id, src, expected):
+    assert_refuses(patch_id, src, expected)
 
 
 def test_refusal_names_the_line():
     src = "x = 1\n\nCacheConfig(block_size=16,\n    enable_prefix_caching=True)\n"
-    verdict, _, detail = run("SP004", src)
-    assert verdict == "refused" and f"{BY_ID['SP004'].file}:4:" in detail
+    verdict, _, detail = codemod("SP004", src)
+    assert verdict == "refused" and f"{patch_of('SP004').file}:4:" in detail

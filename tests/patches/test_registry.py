@@ -56,6 +56,7 @@ def apply_in_order(sources: dict[str, bytes], patches) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_metadata_is_complete(patch):
     module = __import__(patch.codemod.__module__, fromlist=["_"])
@@ -74,6 +75,7 @@ def test_metadata_is_complete(patch):
         assert "vllm/" in patch.depends_on and patch.portable
 
 
+@pytest.mark.fast
 def test_list_names_what_each_patch_depends_on():
     listed = {r["id"]: r for r in json.loads(run_cli("list", "--json").stdout)}
     assert "vllm/config/cache.py" in listed["SP021"]["depends_on"] and listed["SP021"]["facts"] == []
@@ -84,6 +86,7 @@ def test_list_names_what_each_patch_depends_on():
     assert "speculators' own logic" in text and "at run time" in text
 
 
+@pytest.mark.fast
 def test_every_patch_is_written_for_a_release_tested_here():
     assert {p.id for p in PATCHES} == {p.id for r in RELEASES for p in BY_RELEASE[r]}
     assert all(BY_RELEASE.values())
@@ -115,6 +118,7 @@ def test_all_in_order_compiles_and_is_a_fixed_point(release):
     assert apply_in_order(once, patches) == once
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("release", RELEASES)
 def test_order_is_explicit_and_unique_per_file(release):
     patches = BY_RELEASE[release]
@@ -123,6 +127,7 @@ def test_order_is_explicit_and_unique_per_file(release):
         assert len(orders) == len(set(orders)), f"two patches share an order in {path}"
 
 
+@pytest.mark.fast
 def test_a_patch_orders_after_what_it_requires_in_its_file():
     """``order`` and ``requires`` say one thing: a patch that requires another on the same
     file runs after it (SP022 rewrites what SP010 wrote); on another file order has no say."""
@@ -146,6 +151,7 @@ def test_line_endings_and_comments_survive(release):
     assert b"# Constants" in patched["speculators/data_generation/vllm_hidden_states_generator.py"]
 
 
+@pytest.mark.fast
 def test_required_patches_are_selected_together():
     """apply keeps a chosen patch's requirements (``keep="requires"``), revert its dependents
     (``"dependents"``); tests/test_selection.py has the exact messages."""
@@ -174,6 +180,7 @@ def test_required_patches_are_selected_together():
         assert group <= {p.id for p in select(only=tuple(sorted(group)), keep=keep)}
 
 
+@pytest.mark.fast
 def test_what_a_patch_is_for_is_a_field_of_its_record():
     """The tool finds a patch by what it does (``runner_batch``, ``attribution``, ``uncovered``),
     and the patch index (fast paths) keeps those fields."""
@@ -199,6 +206,7 @@ ID_EXAMPLES = {
 }
 
 
+@pytest.mark.fast
 def test_the_tool_names_no_patch_by_id():
     """Everything the tool knows about a patch is a field of its ``Patch`` record (set in
     ``patches/``): no ``SPnnn`` id in patcher/ but the examples above."""
@@ -225,6 +233,7 @@ def _modules_reached(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [n.removeprefix("speculators_patch_codemods.") for n in names]
 
 
+@pytest.mark.fast
 def test_no_patch_imports_another_patch():
     """What several patches share (a template one writes and another recognises, a codemod two
     releases' patches run) lives in a module of ``patches/`` that is no patch

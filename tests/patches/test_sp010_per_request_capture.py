@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
-from patcher.engine import run_codemod
 from speculators_patch_codemods.sp010_per_request_capture import METHODS, PATCH
 
 ADDED = METHODS.split("\n", 1)[1]  # the methods as they read inside the class
@@ -42,13 +42,48 @@ class HiddenStatesWorkerExtension:
 
 
 def rewrite(src: str) -> tuple[str, str]:
-    verdict, new, _ = run_codemod(PATCH, src.encode(), "3.11")
-    return verdict, new.decode()
+    return codemod(PATCH, src)[:2]
 
 
-def test_per_request_capture() -> None:
-    assert rewrite(BEFORE) == ("changed", AFTER)
-    assert rewrite(AFTER) == ("satisfied", AFTER)  # applying twice equals applying once
+REWRITES = [pytest.param("SP010", BEFORE, AFTER, id="layouts recorded, getter split per request on demand")]
+
+NOOPS = [
+    pytest.param("SP010", AFTER, id="already split per request"),
+    pytest.param(
+        "SP010",
+        "class HiddenStatesWorkerExtension:\n    def _get_captured_states_per_request(self):\n        return {}\n",
+        id="a per-request getter exists",
+    ),
+]
+
+REFUSALS = [
+    pytest.param(
+        "SP010",
+        BEFORE.replace("        self._captured_states = None\n", "        self._captured_states = []\n").replace(
+            "self._captured_states = []", "self._states = []"
+        ),
+        "expected class HiddenStatesWorkerExtension",
+        id="_reset_capture does not reset _captured_states",
+    ),
+    pytest.param(
+        "SP010",
+        BEFORE.replace("def _get_captured_states(self):", "def _get_captured_states(self, rank):"),
+        "expected class HiddenStatesWorkerExtension",
+        id="getter with another signature",
+    ),
+    pytest.param(
+        "SP010",
+        BEFORE.replace("class HiddenStatesWorkerExtension", "class OtherExtension"),
+        "expected class HiddenStatesWorkerExtension",
+        id="other class",
+    ),
+]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_per_request_capture(patch_id, before, after) -> None:
+    assert_codemod(patch_id, before, after)
 
 
 def test_per_request_capture_on_speculators_0_3_0(pristine_sources) -> None:
@@ -59,40 +94,16 @@ def test_per_request_capture_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "custom_worker.py", "exec")
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(AFTER, id="already split per request"),
-        pytest.param(
-            "class HiddenStatesWorkerExtension:\n    def _get_captured_states_per_request(self):\n        return {}\n",
-            id="a per-request getter exists",
-        ),
-    ],
-)
-def test_per_request_capture_noop(src: str) -> None:
-    assert rewrite(src) == ("satisfied", src)
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
+def test_per_request_capture_noop(patch_id, src) -> None:
+    assert_noop(patch_id, src)
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(
-            BEFORE.replace("        self._captured_states = None\n", "        self._captured_states = []\n").replace(
-                "self._captured_states = []", "self._states = []"
-            ),
-            id="_reset_capture does not reset _captured_states",
-        ),
-        pytest.param(
-            BEFORE.replace("def _get_captured_states(self):", "def _get_captured_states(self, rank):"),
-            id="getter with another signature",
-        ),
-        pytest.param(BEFORE.replace("class HiddenStatesWorkerExtension", "class OtherExtension"), id="other class"),
-    ],
-)
-def test_per_request_capture_refuses_unknown_code(src: str) -> None:
-    verdict, new, detail = run_codemod(PATCH, src.encode(), "3.11")
-    assert (verdict, new) == ("refused", src.encode())
-    assert "expected class HiddenStatesWorkerExtension" in detail
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_per_request_capture_refuses_unknown_code(patch_id, src, expected) -> None:
+    assert_refuses(patch_id, src, expected)
 
 
 # The emitted methods at work, on plain Python stand-ins for tensors and the model runner
@@ -121,6 +132,7 @@ def emitted_extension(batch_index):
     return ext
 
 
+@pytest.mark.fast
 def test_captures_are_split_in_batch_order_across_chunked_steps():
     # Step 1 lays out b (3 tokens) before a (2 of its 4); step 2 runs the rest of a.
     ext = emitted_extension({"b": 0, "a": 1})
@@ -131,6 +143,7 @@ def test_captures_are_split_in_batch_order_across_chunked_steps():
     assert ext._batch_layouts == [] and ext._captured_states is None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("passes", "message"),
     [
@@ -149,12 +162,14 @@ def test_captures_that_disagree_with_the_steps_raise(passes, message):
         ext._get_captured_states(per_request=True)
 
 
+@pytest.mark.fast
 def test_a_scheduled_request_missing_from_the_batch_raises():
     ext = emitted_extension({"a": 0})
     with pytest.raises(RuntimeError, match=r"Scheduled requests not in the batch: \['x'\]"):
         ext.model_runner.execute_model(Step({"a": 1, "x": 1}))
 
 
+@pytest.mark.fast
 def test_model_runner_v2_stops_capture_setup_with_one_line():
     """A runner without input_batch (vLLM's GPUModelRunnerV2) is named at capture setup."""
     namespace = {"torch": FakeTorch}

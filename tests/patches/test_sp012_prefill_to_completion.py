@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 
-from patcher.engine import run_codemod
 from speculators_patch_codemods.sp012_prefill_to_completion import PATCH
 
 # speculators 0.3.0's generate(), condensed to the statements the patch works on.
@@ -105,15 +105,49 @@ class VllmHiddenStatesGenerator:
 
 
 def rewrite(src: str) -> tuple[str, str]:
-    verdict, new, _ = run_codemod(PATCH, src.encode(), "3.11")
-    return verdict, new.decode()
+    return codemod(PATCH, src)[:2]
 
 
-def test_prefill_to_completion() -> None:
-    assert rewrite(BEFORE) == ("changed", AFTER)
-    assert rewrite(AFTER) == ("satisfied", AFTER)  # applying twice equals applying once
+REWRITES = [pytest.param("SP012", BEFORE, AFTER, id="prompts finished once prefilled, captures assembled per request")]
+
+NOOPS = [
+    pytest.param("SP012", AFTER, id="already per request"),
+    pytest.param(
+        "SP012",
+        'states = self.executor.collective_rpc("_get_captured_states", kwargs={"per_request": True})\n',
+        id="the call already asks per request",
+    ),
+]
+
+REFUSALS = [
+    pytest.param(
+        "SP012",
+        BEFORE.replace("            offset += seq_len\n", ""),
+        "expected speculators 0.3.0's generate()",
+        id="slicing loop of another shape",
+    ),
+    pytest.param(
+        "SP012",
+        BEFORE.replace("self.scheduler.finish_requests([req_id]", "self.abort([req_id]"),
+        "expected speculators 0.3.0's generate()",
+        id="step loop aborting another way",
+    ),
+    pytest.param(
+        "SP012",
+        BEFORE.replace('"_get_captured_states"', '"_get_states"'),
+        "expected speculators 0.3.0's generate()",
+        id="another capture RPC",
+    ),
+]
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_prefill_to_completion(patch_id, before, after) -> None:
+    assert_codemod(patch_id, before, after)
+
+
+@pytest.mark.fast
 def test_prefill_to_completion_keeps_unique_reply_rank_for_sp006() -> None:
     src = BEFORE.replace('"_get_captured_states",\n', '"_get_captured_states",\n            unique_reply_rank=0,\n')
     verdict, new = rewrite(src)
@@ -131,32 +165,13 @@ def test_prefill_to_completion_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "vllm_hidden_states_generator.py", "exec")
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(AFTER, id="already per request"),
-        pytest.param(
-            'states = self.executor.collective_rpc("_get_captured_states", kwargs={"per_request": True})\n',
-            id="the call already asks per request",
-        ),
-    ],
-)
-def test_prefill_to_completion_noop(src: str) -> None:
-    assert rewrite(src) == ("satisfied", src)
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
+def test_prefill_to_completion_noop(patch_id, src) -> None:
+    assert_noop(patch_id, src)
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(BEFORE.replace("            offset += seq_len\n", ""), id="slicing loop of another shape"),
-        pytest.param(
-            BEFORE.replace("self.scheduler.finish_requests([req_id]", "self.abort([req_id]"),
-            id="step loop aborting another way",
-        ),
-        pytest.param(BEFORE.replace('"_get_captured_states"', '"_get_states"'), id="another capture RPC"),
-    ],
-)
-def test_prefill_to_completion_refuses_unknown_code(src: str) -> None:
-    verdict, new, detail = run_codemod(PATCH, src.encode(), "3.11")
-    assert (verdict, new) == ("refused", src.encode())
-    assert "expected speculators 0.3.0's generate()" in detail
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_prefill_to_completion_refuses_unknown_code(patch_id, src, expected) -> None:
+    assert_refuses(patch_id, src, expected)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 
-from patcher.engine import run_codemod
 from speculators_patch_codemods.sp013_request_eos_token_id import PATCH
+
+pytestmark = pytest.mark.fast
 
 HEAD = "from vllm.v1.request import Request\n"
 FLAG = (
@@ -17,78 +19,80 @@ SPLAT = '**({"eos_token_id": %s} if _REQUEST_TAKES_EOS_TOKEN_ID else {})'
 
 
 def rewrite(src: str) -> tuple[str, str]:
-    verdict, new, _ = run_codemod(PATCH, src.encode(), "3.11")
-    return verdict, new.decode()
+    return codemod(PATCH, src)[:2]
 
 
-@pytest.mark.parametrize(
-    ("src", "expected"),
-    [
-        pytest.param(
-            HEAD + "\nreq = Request(\n"
-            "    request_id=rid,\n"
-            "    pooling_params=None,\n"
-            "    eos_token_id=self.tokenizer.eos_token_id,\n"
-            "    arrival_time=INITIAL_ARRIVAL_TIME,\n"
-            ")\n",
-            HEAD + FLAG + "\nreq = Request(\n"
-            "    request_id=rid,\n"
-            "    pooling_params=None,\n"
-            f"    {SPLAT % 'self.tokenizer.eos_token_id'},\n"
-            "    arrival_time=INITIAL_ARRIVAL_TIME,\n"
-            ")\n",
-            id="speculators 0.3.0 layout, one argument per line",
-        ),
-        pytest.param(
-            HEAD + "r = Request(rid, ids, sp, None, eos_token_id=eos)\n",
-            HEAD + FLAG + f"r = Request(rid, ids, sp, None, {SPLAT % 'eos'})\n",
-            id="last keyword on one line",
-        ),
-        pytest.param(
-            "import inspect\n" + HEAD + "r = request.Request(rid, eos_token_id=eos, arrival_time=0.0,)\n",
-            "import inspect\n"
-            + HEAD
-            + FLAG.removeprefix("import inspect\n")
-            + f"r = request.Request(rid, {SPLAT % 'eos'}, arrival_time=0.0,)\n",
-            id="attribute callee, trailing comma kept, inspect already imported",
-        ),
-        pytest.param(
-            HEAD.replace("\n", "\r\n") + "r = Request(rid, eos_token_id=eos)\r\n",
-            (HEAD + FLAG).replace("\n", "\r\n") + f"r = Request(rid, {SPLAT % 'eos'})\r\n",
-            id="CRLF file stays CRLF",
-        ),
-    ],
-)
-def test_request_eos_token_id(src: str, expected: str) -> None:
-    assert rewrite(src) == ("changed", expected)
-    assert rewrite(expected)[0] == "satisfied"  # applying twice equals applying once
+REWRITES = [
+    pytest.param(
+        "SP013",
+        HEAD + "\nreq = Request(\n"
+        "    request_id=rid,\n"
+        "    pooling_params=None,\n"
+        "    eos_token_id=self.tokenizer.eos_token_id,\n"
+        "    arrival_time=INITIAL_ARRIVAL_TIME,\n"
+        ")\n",
+        HEAD + FLAG + "\nreq = Request(\n"
+        "    request_id=rid,\n"
+        "    pooling_params=None,\n"
+        f"    {SPLAT % 'self.tokenizer.eos_token_id'},\n"
+        "    arrival_time=INITIAL_ARRIVAL_TIME,\n"
+        ")\n",
+        id="speculators 0.3.0 layout, one argument per line",
+    ),
+    pytest.param(
+        "SP013",
+        HEAD + "r = Request(rid, ids, sp, None, eos_token_id=eos)\n",
+        HEAD + FLAG + f"r = Request(rid, ids, sp, None, {SPLAT % 'eos'})\n",
+        id="last keyword on one line",
+    ),
+    pytest.param(
+        "SP013",
+        "import inspect\n" + HEAD + "r = request.Request(rid, eos_token_id=eos, arrival_time=0.0,)\n",
+        "import inspect\n"
+        + HEAD
+        + FLAG.removeprefix("import inspect\n")
+        + f"r = request.Request(rid, {SPLAT % 'eos'}, arrival_time=0.0,)\n",
+        id="attribute callee, trailing comma kept, inspect already imported",
+    ),
+    pytest.param(
+        "SP013",
+        HEAD.replace("\n", "\r\n") + "r = Request(rid, eos_token_id=eos)\r\n",
+        (HEAD + FLAG).replace("\n", "\r\n") + f"r = Request(rid, {SPLAT % 'eos'})\r\n",
+        id="CRLF file stays CRLF",
+    ),
+]
+
+NOOPS = [
+    pytest.param(
+        "SP013", HEAD + "r = Request(rid, ids, sp, None, arrival_time=0.0)\n", id="already without eos_token_id"
+    ),
+    pytest.param("SP013", HEAD + FLAG + f"r = Request(rid, {SPLAT % 'eos'})\n", id="already portable"),
+]
+
+REFUSALS = [
+    pytest.param("SP013", "x = make_request(eos_token_id=1)\n", "a call Request(...)", id="no Request call"),
+    pytest.param(
+        "SP013",
+        HEAD + "_REQUEST_TAKES_EOS_TOKEN_ID = True\nr = Request(rid, eos_token_id=eos)\n",
+        "no module-level _REQUEST_TAKES_EOS_TOKEN_ID",
+        id="our name already taken",
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(HEAD + "r = Request(rid, ids, sp, None, arrival_time=0.0)\n", id="already without eos_token_id"),
-        pytest.param(HEAD + FLAG + f"r = Request(rid, {SPLAT % 'eos'})\n", id="already portable"),
-    ],
-)
-def test_request_eos_token_id_noop(src: str) -> None:
-    assert rewrite(src) == ("satisfied", src)
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_request_eos_token_id(patch_id, before, after) -> None:
+    assert_codemod(patch_id, before, after)
 
 
-@pytest.mark.parametrize(
-    ("src", "expected"),
-    [
-        pytest.param("x = make_request(eos_token_id=1)\n", "a call Request(...)", id="no Request call"),
-        pytest.param(
-            HEAD + "_REQUEST_TAKES_EOS_TOKEN_ID = True\nr = Request(rid, eos_token_id=eos)\n",
-            "no module-level _REQUEST_TAKES_EOS_TOKEN_ID",
-            id="our name already taken",
-        ),
-    ],
-)
-def test_request_eos_token_id_refuses_unknown_code(src: str, expected: str) -> None:
-    verdict, _, detail = run_codemod(PATCH, src.encode(), "3.11")
-    assert verdict == "refused" and expected in detail
+@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
+def test_request_eos_token_id_noop(patch_id, src) -> None:
+    assert_noop(patch_id, src)
+
+
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_request_eos_token_id_refuses_unknown_code(patch_id, src, expected) -> None:
+    assert_refuses(patch_id, src, expected)
 
 
 def test_request_eos_token_id_is_portable_and_always_needed() -> None:

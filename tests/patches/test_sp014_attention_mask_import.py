@@ -8,9 +8,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 from sandbox import wheel
 
-from patcher.engine import run_codemod
+from patcher.fixes.vllm_source import VllmSource
 from speculators_patch_codemods.sp014_attention_mask_import import PATCH, PORTABLE
 
 HEAD = "import torch\nfrom transformers import AutoConfig\n"
@@ -19,49 +20,45 @@ TAIL = "from transformers.modeling_outputs import CausalLMOutputWithPast\n"
 
 
 def rewrite(src: str) -> tuple[str, str]:
-    verdict, new, _ = run_codemod(PATCH, src.encode(), "3.11")
-    return verdict, new.decode()
+    return codemod(PATCH, src)[:2]
 
 
-@pytest.mark.parametrize(
-    ("src", "expected"),
-    [
-        pytest.param(HEAD + IMPORT + TAIL, HEAD + PORTABLE + TAIL, id="speculators 0.3.0 layout"),
-    ],
-)
-def test_attention_mask_import(src: str, expected: str) -> None:
-    assert rewrite(src) == ("changed", expected)
-    assert rewrite(expected)[0] == "satisfied"
-    compile(expected, "eagle.py", "exec")
+REWRITES = [pytest.param("SP014", HEAD + IMPORT + TAIL, HEAD + PORTABLE + TAIL, id="speculators 0.3.0 layout")]
+
+NOOPS = [
+    pytest.param("SP014", HEAD + PORTABLE + TAIL, id="already guarded"),
+    pytest.param(
+        "SP014",
+        HEAD + "try:\n    " + IMPORT + "except ImportError:\n    _prepare_4d_causal_attention_mask = None\n",
+        id="guarded by hand",
+    ),
+]
+
+REFUSALS = [
+    pytest.param("SP014", HEAD + TAIL, "one module-level", id="no such import"),
+    pytest.param(
+        "SP014", "from transformers import AutoConfig\n" + IMPORT, "'import torch'", id="fallback would lack torch"
+    ),
+    pytest.param("SP014", HEAD + IMPORT.replace("_mask\n", "_mask as mask\n"), "one module-level", id="aliased import"),
+]
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(HEAD + PORTABLE + TAIL, id="already guarded"),
-        pytest.param(
-            HEAD + "try:\n    " + IMPORT + "except ImportError:\n    _prepare_4d_causal_attention_mask = None\n",
-            id="guarded by hand",
-        ),
-    ],
-)
-def test_attention_mask_import_noop(src: str) -> None:
-    assert rewrite(src) == ("satisfied", src)
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_attention_mask_import(patch_id, before, after) -> None:
+    assert_codemod(patch_id, before, after)
 
 
-@pytest.mark.parametrize(
-    ("src", "expected"),
-    [
-        pytest.param(HEAD + TAIL, "one module-level", id="no such import"),
-        pytest.param(
-            "from transformers import AutoConfig\n" + IMPORT, "'import torch'", id="fallback would lack torch"
-        ),
-        pytest.param(HEAD + IMPORT.replace("_mask\n", "_mask as mask\n"), "one module-level", id="aliased import"),
-    ],
-)
-def test_attention_mask_import_refuses_unknown_code(src: str, expected: str) -> None:
-    verdict, _, detail = run_codemod(PATCH, src.encode(), "3.11")
-    assert verdict == "refused" and expected in detail
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
+def test_attention_mask_import_noop(patch_id, src) -> None:
+    assert_noop(patch_id, src)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_attention_mask_import_refuses_unknown_code(patch_id, src, expected) -> None:
+    assert_refuses(patch_id, src, expected)
 
 
 def test_on_speculators_0_3_0() -> None:
@@ -113,3 +110,42 @@ def test_fallback_equals_transformers_4_function() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "24"
+
+
+def attention_mask_module(release: str | None) -> tuple[bool, str, str]:
+    """SP014's fact on the real transformers wheel of ``release`` (None: not installed)."""
+    path = f"transformers/{PATCH.facts[0].symbol.split('.')[-1]}.py"
+    files: dict[str, bytes | None] = {path: None}
+    if release is not None:
+        with zipfile.ZipFile(wheel("transformers", release)) as z:
+            files[path] = z.read(path) if path in z.namelist() else None
+    [fact] = PATCH.facts
+    e = fact.probe(VllmSource(files, "0.34.0", {"transformers": release}))
+    return e.holds, e.where, e.found
+
+
+@pytest.mark.parametrize("release", ["4.57.6", "5.22.2"])
+def test_not_needed_where_the_module_is_there(release) -> None:
+    """transformers 5.22.2 still has the module: the unpatched import works, SP014 is not needed."""
+    assert attention_mask_module(release) == (
+        False,
+        "transformers/modeling_attn_mask_utils.py:1",
+        "modeling_attn_mask_utils.py is there",
+    )
+
+
+def test_needed_where_transformers_removed_it() -> None:
+    assert attention_mask_module("5.24.0") == (
+        True,
+        "transformers/modeling_attn_mask_utils.py",
+        "no modeling_attn_mask_utils.py: the module is gone",
+    )
+    assert attention_mask_module(None)[0] is False  # no transformers: nothing to import
+
+
+@pytest.mark.parametrize("release", ["0.4.0", "0.4.0.1"])
+def test_on_speculators_0_4(release) -> None:
+    with zipfile.ZipFile(wheel("speculators", release)) as z:
+        verdict, new = rewrite(z.read(PATCH.file).decode())
+    assert verdict == "changed" and "except ImportError:" in new
+    compile(new, "eagle.py", "exec")

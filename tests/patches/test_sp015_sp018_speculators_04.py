@@ -7,22 +7,14 @@ whole real file is covered by test_registry.py.
 
 from __future__ import annotations
 
-import textwrap
 import zipfile
 
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses
 
-from patcher.engine import run_codemod
 from patcher.fixes.registry import loaded
 
-BY_ID = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
-
-
-def run(patch_id: str, src: str) -> tuple[str, str, str]:
-    verdict, new, detail = run_codemod(BY_ID[patch_id], textwrap.dedent(src).encode())
-    return verdict, new.decode(), detail
-
 
 STEP_LOOP = """\
     while (
@@ -161,27 +153,36 @@ REFUSALS = [
         "one 'while (scheduler_output",
         id="SP017 two step loops: which one?",
     ),
+    pytest.param(
+        "SP018",
+        """\
+        from vllm.v1.request import Request
+
+        _REQUEST_TAKES_EOS_TOKEN_ID = True
+        req = Request(request_id=req_id, eos_token_id=self.tokenizer.eos_token_id)
+        """,
+        "no module-level _REQUEST_TAKES_EOS_TOKEN_ID",
+        id="SP018 its flag set by hand",
+    ),
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_rewrite(patch_id, before, after):
-    verdict, new, _ = run(patch_id, before)
-    assert (verdict, new) == ("changed", textwrap.dedent(after))
-    assert run(patch_id, new)[0] == "satisfied"
+def test_speculators_04_fix(patch_id, before, after):
+    assert_codemod(patch_id, before, after)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_noop(patch_id, src):
-    verdict, new, detail = run(patch_id, src)
-    assert (verdict, new) == ("satisfied", textwrap.dedent(src)) and detail.startswith("already satisfied")
+def test_speculators_04_fix_noop(patch_id, src):
+    assert_noop(patch_id, src)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_refusal(patch_id, src, expected):
-    verdict, new, detail = run(patch_id, src)
-    assert verdict == "refused" and new == textwrap.dedent(src)
-    assert expected in detail and detail.startswith(GENERATOR)
+def test_speculators_04_fix_refuses_unknown_code(patch_id, src, expected):
+    assert_refuses(patch_id, src, expected)
 
 
 def test_both_releases_ship_the_same_data_generation_files():

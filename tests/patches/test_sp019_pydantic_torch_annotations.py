@@ -5,13 +5,12 @@ The emitted code's effect is proven on the real vLLM 0.24.0 engine (transformers
 
 from __future__ import annotations
 
-import textwrap
 import zipfile
 
 import pytest
+from codemods import assert_codemod, assert_refuses, codemod
 from sandbox import wheel
 
-from patcher.engine import run_codemod
 from patcher.fixes.registry import loaded
 
 PATCH = next(p for p in loaded().patches if p.id == "SP019")
@@ -23,34 +22,60 @@ class ReloadableBaseModel(BaseModel):
         cls.model_rebuild(force=True)
 '''
 
+REWRITES = [
+    pytest.param(
+        "SP019",
+        BEFORE,
+        '''\
+        class ReloadableBaseModel(BaseModel):
+            @classmethod
+            def reload_schema(cls):
+                """Reload."""
+                # transformers 5's PretrainedConfig annotations name torch; model_rebuild resolves them in
+                # this frame's namespace.
+                import torch  # noqa: F401
+                cls.model_rebuild(force=True)
+        ''',
+        id="torch imported right before the rebuild",
+    ),
+]
 
-def run(src: str) -> tuple[str, str, str]:
-    verdict, new, detail = run_codemod(PATCH, textwrap.dedent(src).encode())
-    return verdict, new.decode(), detail
+REFUSALS = [
+    pytest.param("SP019", "cls.model_rebuild()\n", "model_rebuild(force=True)", id="other call"),
+    pytest.param("SP019", "x = 1\n", "model_rebuild(force=True)", id="no rebuild"),
+]
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_pydantic_torch_annotations(patch_id, before, after):
+    assert_codemod(patch_id, before, after)
+
+
+@pytest.mark.fast
 def test_rebuild_gets_torch_in_its_namespace():
-    verdict, new, _ = run(BEFORE)
+    verdict, new, _ = codemod(PATCH, BEFORE)
     assert verdict == "changed"
     assert "        import torch  # noqa: F401\n        cls.model_rebuild(force=True)\n" in new
     assert new.startswith(BEFORE.split("        cls.model_rebuild")[0])  # the rest untouched
 
 
+@pytest.mark.fast
 def test_applied_twice_is_a_noop():
-    _, once, _ = run(BEFORE)
-    verdict, _, detail = run(once)
+    _, once, _ = codemod(PATCH, BEFORE)
+    verdict, _, detail = codemod(PATCH, once)
     assert verdict == "satisfied" and "torch is imported" in detail
 
 
-@pytest.mark.parametrize("src", ["cls.model_rebuild()\n", "x = 1\n"], ids=["other call", "no rebuild"])
-def test_unrecognised_code_is_refused(src):
-    verdict, new, detail = run(src)
-    assert verdict == "refused" and "model_rebuild(force=True)" in detail and new == src
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_unrecognised_code_is_refused(patch_id, src, expected):
+    assert_refuses(patch_id, src, expected)
 
 
 def test_the_real_file_is_rewritten_and_still_parses():
     with zipfile.ZipFile(wheel("speculators", "0.3.0")) as z:
         src = z.read(PATCH.file).decode()
-    verdict, new, _ = run(src)
+    verdict, new, _ = codemod(PATCH, src)
     assert verdict == "changed"
     compile(new, PATCH.file, "exec")

@@ -5,22 +5,54 @@ from __future__ import annotations
 from collections import namedtuple
 
 import pytest
+from codemods import assert_codemod, assert_refuses, codemod
 from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
-from patcher.engine import run_codemod
+from speculators_patch_codemods.capture_methods import EITHER_RUNNER, PER_REQUEST
 from speculators_patch_codemods.sp010_per_request_capture import PATCH as SP010
 from speculators_patch_codemods.sp022_model_runner_v2_capture import PATCH
 
 
 def rewrite(patch, src: str) -> tuple[str, str]:
-    verdict, new, _ = run_codemod(patch, src.encode(), "3.11")
-    return verdict, new.decode()
+    return codemod(patch, src)[:2]
 
 
 AFTER_SP010 = rewrite(SP010, BEFORE)[1]
 AFTER = rewrite(PATCH, AFTER_SP010)[1]
 
+# The class as SP010 writes it: its _track_batch_layout, then its per-request getter.
+PER_REQUEST_GETTER = PER_REQUEST[PER_REQUEST.index("    def _get_captured_states_per_request") :]
 
+REWRITES = [
+    pytest.param(
+        "SP022",
+        PER_REQUEST,
+        EITHER_RUNNER + "\n" + PER_REQUEST_GETTER,
+        id="SP010's _track_batch_layout replaced by one that reads either runner, the getter kept",
+    ),
+]
+
+REFUSALS = [
+    pytest.param("SP022", BEFORE, "SP010's _track_batch_layout, unedited", id="SP010 not applied"),
+    pytest.param(
+        "SP022",
+        AFTER_SP010.replace(
+            'if getattr(execute_model, "_records_batch_layout", False):',
+            'if getattr(execute_model, "_records", False):',
+        ),
+        "SP010's _track_batch_layout, unedited",
+        id="SP010's method edited",
+    ),
+]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_model_runner_v2_capture(patch_id, before, after) -> None:
+    assert_codemod(patch_id, before, after)
+
+
+@pytest.mark.fast
 def test_rewrites_sp010s_method_once() -> None:
     verdict, new = rewrite(PATCH, AFTER_SP010)
     assert verdict == "changed"
@@ -36,28 +68,16 @@ def test_on_speculators_0_3_0_after_sp010(pristine_sources) -> None:
     compile(new, "custom_worker.py", "exec")
 
 
+@pytest.mark.fast
 def test_crlf_files_stay_crlf() -> None:
     verdict, new = rewrite(PATCH, AFTER_SP010.replace("\n", "\r\n"))
     assert verdict == "changed" and "\n" not in new.replace("\r\n", "")
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(BEFORE, id="SP010 not applied"),
-        pytest.param(
-            AFTER_SP010.replace(
-                'if getattr(execute_model, "_records_batch_layout", False):',
-                'if getattr(execute_model, "_records", False):',
-            ),
-            id="SP010's method edited",
-        ),
-    ],
-)
-def test_refuses_anything_but_sp010s_method(src: str) -> None:
-    verdict, new, detail = run_codemod(PATCH, src.encode(), "3.11")
-    assert (verdict, new) == ("refused", src.encode())
-    assert "SP010's _track_batch_layout, unedited" in detail
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_refuses_anything_but_sp010s_method(patch_id, src, expected) -> None:
+    assert_refuses(patch_id, src, expected)
 
 
 # The emitted methods at work on stand-ins shaped like vLLM's runners (the real engine runs
@@ -106,6 +126,7 @@ STATES = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("make_state", STATES)
 def test_v2_captures_are_split_in_v2_batch_order_across_chunked_steps(make_state) -> None:
     # Step 1: V2 lays out the short request b (3 tokens) before a's first chunk (4); step 2
@@ -120,12 +141,14 @@ def test_v2_captures_are_split_in_v2_batch_order_across_chunked_steps(make_state
     }
 
 
+@pytest.mark.fast
 def test_v2_batch_that_disagrees_with_the_scheduler_raises() -> None:
     ext = extension(v2_runner(STATES[2].values[0], [[("a", 3)]]))
     with pytest.raises(RuntimeError, match=r"Model Runner V2's batch \{'a': 3\} differs from the scheduled tokens"):
         ext.model_runner.execute_model(Step({"a": 4}))
 
 
+@pytest.mark.fast
 def test_v2_step_without_a_kept_batch_raises_one_line() -> None:
     ext = extension(v2_runner(lambda batch: None, [[("a", 1)]]))
     with pytest.raises(RuntimeError) as raised:
@@ -133,6 +156,7 @@ def test_v2_step_without_a_kept_batch_raises_one_line() -> None:
     assert "\n" not in str(raised.value) and "kept no input batch" in str(raised.value)
 
 
+@pytest.mark.fast
 def test_v1_runner_keeps_sp010s_behaviour() -> None:
     class InputBatch:
         req_id_to_index = {"b": 0, "a": 1}
@@ -152,6 +176,7 @@ def test_v1_runner_keeps_sp010s_behaviour() -> None:
         ext.model_runner.execute_model(Step({"x": 1}))
 
 
+@pytest.mark.fast
 def test_a_runner_of_neither_kind_stops_capture_setup_with_one_line() -> None:
     runner = type(
         "TPUModelRunner", (), {"execute_model": lambda self, s: None, "model": type("M", (), {"model": None})()}

@@ -18,9 +18,9 @@ import types
 import zipfile
 
 import pytest
+from codemods import assert_codemod, assert_refuses, codemod
 from sandbox import wheel
 
-from patcher.engine import run_codemod
 from patcher.fixes.registry import loaded
 from patcher.fixes.vllm_source import VllmSource
 
@@ -49,9 +49,118 @@ def evidence(patch_id: str, release: str) -> list[tuple[bool, str]]:
     return [(e.holds, e.where) for e in (f.probe(src) for f in patch.facts)]
 
 
-def run(patch_id: str, src: str) -> tuple[str, str, str]:
-    verdict, new, detail = run_codemod(PATCHES[patch_id], src.encode())
-    return verdict, new.decode(), detail
+# -- the rewrites and refusals, string to string --------------------------------------------
+
+# SP020's block as it writes it into the generator (SP024 accepts it only so).
+AFTER_SP020 = """\
+class VllmHiddenStatesGenerator:
+    def __init__(self):
+        kv_cache_spec_list = self.executor.collective_rpc("get_kv_cache_spec")
+        # vLLM >= 0.29: the engine core resolves one KV cache layout before sizing the cache
+        # (EngineCore._initialize_kv_caches); this generator is its own engine core.
+        if hasattr(self.executor, "get_supported_kv_cache_layouts") and hasattr(self.executor, "set_kv_cache_layout"):
+            from vllm.v1.attention.backends import utils as attention_utils
+
+            layout = attention_utils.resolve_kv_cache_layout(
+                self.vllm_config,
+                self.executor.get_supported_kv_cache_layouts(),
+                [spec for specs in kv_cache_spec_list for spec in specs.values()],
+            )
+            self.executor.set_kv_cache_layout(layout.name)
+        kv_cache_spec = kv_cache_spec_list[0]
+"""
+
+REWRITES = [
+    pytest.param(
+        "SP023",
+        """\
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.kv_cache_utils import (
+            _get_kv_cache_groups_uniform_spec,
+            get_kv_cache_config_from_groups,
+            unify_hybrid_kv_cache_specs,
+        )
+        from vllm.v1.core.sched.scheduler import Scheduler
+        """,
+        """\
+        from vllm.sampling_params import SamplingParams
+        # vLLM >= 0.33 moved these three helpers, unchanged, to kv_cache_planning, where its engine
+        # core plans the KV cache (vllm/v1/engine/core.py).
+        try:
+            from vllm.v1.core.kv_cache_utils import (
+                _get_kv_cache_groups_uniform_spec,
+                get_kv_cache_config_from_groups,
+                unify_hybrid_kv_cache_specs,
+            )
+        except ImportError:
+            from vllm.v1.core.kv_cache_planning import (
+                _get_kv_cache_groups_uniform_spec,
+                get_kv_cache_config_from_groups,
+                unify_hybrid_kv_cache_specs,
+            )
+        from vllm.v1.core.sched.scheduler import Scheduler
+        """,
+        id="SP023 the old import first, kv_cache_planning's where it fails",
+    ),
+    pytest.param(
+        "SP024",
+        AFTER_SP020,
+        AFTER_SP020.replace(
+            "            self.executor.set_kv_cache_layout(layout.name)\n",
+            """\
+            # vLLM >= 0.33 sends the KV cache interleave size with the layout: the value its engine
+            # core passes (parallel_config.cp_kv_cache_interleave_size), where the signature takes it.
+            import inspect
+
+            interleave = {}
+            if "cp_kv_cache_interleave_size" in inspect.signature(self.executor.set_kv_cache_layout).parameters:
+                interleave["cp_kv_cache_interleave_size"] = self.vllm_config.parallel_config.cp_kv_cache_interleave_size
+            self.executor.set_kv_cache_layout(layout.name, **interleave)
+""",
+        ),
+        id="SP024 SP020's broadcast also sends the interleave size where the signature takes it",
+    ),
+]
+
+REFUSALS = [
+    pytest.param(
+        "SP023",
+        "from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups\n",
+        "'from vllm.v1.core.kv_cache_utils import (",
+        id="SP023 one name only",
+    ),
+    pytest.param(
+        "SP023",
+        "from vllm.v1.core.kv_cache_utils import (\n    _get_kv_cache_groups_uniform_spec as g,\n"
+        "    get_kv_cache_config_from_groups,\n    unify_hybrid_kv_cache_specs,\n)\n",
+        "'from vllm.v1.core.kv_cache_utils import (",
+        id="SP023 renamed on import",
+    ),
+    pytest.param(
+        "SP024",
+        AFTER_SP020.replace("set_kv_cache_layout(layout.name)", "set_kv_cache_layout(layout.name.upper())"),
+        "SP020's KV cache layout block in the generator, unedited",
+        id="SP024 SP020's block edited",
+    ),
+    pytest.param(
+        "SP024",
+        'kv_cache_spec_list = self.executor.collective_rpc("get_kv_cache_spec")\n',
+        "SP020's KV cache layout block in the generator, unedited",
+        id="SP024 SP020 not applied",
+    ),
+]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_vllm_033_fix(patch_id, before, after):
+    assert_codemod(patch_id, before, after)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_vllm_033_fix_refuses_unknown_code(patch_id, src, expected):
+    assert_refuses(patch_id, src, expected)
 
 
 # -- the facts, on the real sources ---------------------------------------------------------
@@ -86,7 +195,7 @@ def test_sp024_holds_on_033_only():
 
 
 def test_sp023_imports_from_kv_cache_utils_first_then_kv_cache_planning(generator_src):
-    verdict, new, _ = run("SP023", generator_src)
+    verdict, new, _ = codemod("SP023", generator_src)
     assert verdict == "changed"
     tree = ast.parse(new)
     (block,) = [n for n in tree.body if isinstance(n, ast.Try)]
@@ -97,12 +206,12 @@ def test_sp023_imports_from_kv_cache_utils_first_then_kv_cache_planning(generato
     assert (fallback.module, [a.name for a in fallback.names]) == ("vllm.v1.core.kv_cache_planning", list(HELPERS))
     assert "from vllm.v1.core.kv_cache_utils import (" not in new.replace(ast.get_source_segment(new, block), "")
     compile(new, GENERATOR, "exec")
-    verdict, twice, detail = run("SP023", new)
+    verdict, twice, detail = codemod("SP023", new)
     assert (verdict, twice) == ("satisfied", new) and detail.startswith("already satisfied")  # twice = once
 
 
 def _emitted_import(generator_src: str) -> str:
-    new = run("SP023", generator_src)[1]
+    new = codemod("SP023", generator_src)[1]
     return ast.get_source_segment(new, next(n for n in ast.parse(new).body if isinstance(n, ast.Try)))
 
 
@@ -128,24 +237,8 @@ def test_sp023s_import_takes_the_helpers_from_where_they_are(generator_src, monk
     assert [namespace[h] for h in HELPERS] == [f"{source}.{h}" for h in HELPERS]
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param("from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups\n", id="one name only"),
-        pytest.param(
-            "from vllm.v1.core.kv_cache_utils import (\n    _get_kv_cache_groups_uniform_spec as g,\n"
-            "    get_kv_cache_config_from_groups,\n    unify_hybrid_kv_cache_specs,\n)\n",
-            id="renamed on import",
-        ),
-    ],
-)
-def test_sp023_refuses_an_import_it_does_not_know(src):
-    verdict, new, detail = run("SP023", src)
-    assert (verdict, new) == ("refused", src) and "unrecognised code, expected" in detail
-
-
 def test_sp023_keeps_crlf(generator_src):
-    verdict, new, _ = run("SP023", generator_src.replace("\n", "\r\n"))
+    verdict, new, _ = codemod("SP023", generator_src.replace("\n", "\r\n"))
     assert verdict == "changed" and "\n" not in new.replace("\r\n", "")
     assert "except ImportError:\r\n    from vllm.v1.core.kv_cache_planning import (\r\n" in new
 
@@ -155,13 +248,13 @@ def test_sp023_keeps_crlf(generator_src):
 
 @pytest.fixture(scope="module")
 def after_sp020(generator_src) -> str:
-    verdict, new, _ = run("SP020", generator_src)
+    verdict, new, _ = codemod("SP020", generator_src)
     assert verdict == "changed"
     return new
 
 
 def test_sp024_rewrites_sp020s_call_only(after_sp020):
-    verdict, new, _ = run("SP024", after_sp020)
+    verdict, new, _ = codemod("SP024", after_sp020)
     assert verdict == "changed"
     assert "self.executor.set_kv_cache_layout(layout.name)\n" not in new
     assert new.count("self.executor.set_kv_cache_layout(layout.name, **interleave)") == 1
@@ -169,7 +262,7 @@ def test_sp024_rewrites_sp020s_call_only(after_sp020):
     before_call = after_sp020[: after_sp020.index("            self.executor.set_kv_cache_layout(layout.name)")]
     assert new.startswith(before_call)
     compile(new, GENERATOR, "exec")
-    verdict, twice, detail = run("SP024", new)
+    verdict, twice, detail = codemod("SP024", new)
     assert (verdict, twice) == ("satisfied", new) and detail.startswith("already satisfied")
 
 
@@ -184,13 +277,13 @@ def test_sp024_rewrites_sp020s_call_only(after_sp020):
 )
 def test_sp024_refuses_anything_but_sp020s_block(generator_src, after_sp020, edit):
     src = generator_src if edit is None else after_sp020.replace(*edit)
-    verdict, new, detail = run("SP024", src)
+    verdict, new, detail = codemod("SP024", src)
     assert (verdict, new) == ("refused", src)
     assert "SP020's KV cache layout block in the generator, unedited" in detail
 
 
 def test_sp024_keeps_crlf(after_sp020):
-    verdict, new, _ = run("SP024", after_sp020.replace("\n", "\r\n"))
+    verdict, new, _ = codemod("SP024", after_sp020.replace("\n", "\r\n"))
     assert verdict == "changed" and "\n" not in new.replace("\r\n", "")
 
 
@@ -254,7 +347,7 @@ def run_generator_block(new: str, release: str | None, monkeypatch) -> list:
     ],
 )
 def test_sp024s_call_fits_each_releases_real_signature(after_sp020, monkeypatch, release, sent):
-    new = run("SP024", after_sp020)[1]
+    new = codemod("SP024", after_sp020)[1]
     assert run_generator_block(new, release, monkeypatch) == sent
     if release != "0.33.0":  # where the generator already works, it sends what SP020 sent
         assert run_generator_block(after_sp020, release, monkeypatch) == sent

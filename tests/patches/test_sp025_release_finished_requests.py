@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from codemods import assert_codemod, assert_refuses, codemod
 
-from patcher.engine import run_codemod
 from speculators_patch_codemods.sp025_release_finished_requests import PATCH
 
 GENERATE = """\
@@ -36,13 +36,30 @@ class VllmHiddenStatesGenerator:
 
 
 def rewrite(src: str) -> tuple[str, str]:
-    verdict, new, _ = run_codemod(PATCH, src.encode(), "3.11")
-    return verdict, new.decode()
+    return codemod(PATCH, src)[:2]
 
 
-def test_sends_the_last_scheduler_output() -> None:
-    assert rewrite(GENERATE) == ("changed", AFTER)
-    assert rewrite(AFTER) == ("satisfied", AFTER)
+REWRITES = [pytest.param("SP025", GENERATE, AFTER, id="the output that ended the loop sent when it finishes requests")]
+
+REFUSALS = [
+    pytest.param(
+        "SP025", GENERATE.replace("scheduler_output :=", "out :="), "scheduler.schedule()", id="another loop variable"
+    ),
+    pytest.param(
+        "SP025",
+        GENERATE + "\n    def again(self):\n"
+        "        while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:\n"
+        "            pass\n",
+        "scheduler.schedule()",
+        id="two step loops",
+    ),
+]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_sends_the_last_scheduler_output(patch_id, before, after) -> None:
+    assert_codemod(patch_id, before, after)
 
 
 def test_on_speculators_0_3_0(pristine_sources) -> None:
@@ -51,21 +68,10 @@ def test_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "vllm_hidden_states_generator.py", "exec")
 
 
-@pytest.mark.parametrize(
-    "src",
-    [
-        pytest.param(GENERATE.replace("scheduler_output :=", "out :="), id="another loop variable"),
-        pytest.param(
-            GENERATE + "\n    def again(self):\n"
-            "        while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:\n"
-            "            pass\n",
-            id="two step loops",
-        ),
-    ],
-)
-def test_refuses_unknown_loops(src: str) -> None:
-    verdict, new, detail = run_codemod(PATCH, src.encode(), "3.11")
-    assert (verdict, new) == ("refused", src.encode()) and "scheduler.schedule()" in detail
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_refuses_unknown_loops(patch_id, src, expected) -> None:
+    assert_refuses(patch_id, src, expected)
 
 
 class Output:
@@ -75,6 +81,7 @@ class Output:
         self.finished_req_ids = set(finished)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("finished, sent", [(("a", "b"), 3), ((), 2)])
 def test_the_emitted_loop_sends_finished_requests_once(finished, sent) -> None:
     """Two steps, then the token-less output: sent only when it finishes requests."""

@@ -12,11 +12,13 @@ import sys
 import zipfile
 
 import pytest
+from codemods import assert_codemod, assert_refuses, codemod
 from sandbox import wheel
 
-from patcher.engine import run_codemod
 from patcher.fixes.registry import loaded
 from patcher.fixes.vllm_source import VllmSource
+from speculators_patch_codemods.capture_methods import EITHER_RUNNER, PER_REQUEST
+from speculators_patch_codemods.sp027_model_runner_v2_by_batch_state import FUNCTIONS, METHODS
 
 PATCHES = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -35,14 +37,83 @@ def evidence(patch_id: str, release: str) -> list[tuple[bool, str]]:
     return [(e.holds, e.where) for e in (f.probe(src) for f in patch.facts)]
 
 
-def run(patch_id: str, src: str) -> tuple[str, str, str]:
-    verdict, new, detail = run_codemod(PATCHES[patch_id], src.encode())
-    return verdict, new.decode(), detail
+# -- the rewrites and refusals, string to string --------------------------------------------
+
+REWRITES = [
+    pytest.param(
+        "SP026",
+        """\
+        VLLM_BLOCK_SIZE = 16  # Block size for KV cache
+
+
+        def _create_vllm_config(self):
+            cache_config = CacheConfig(
+                block_size=VLLM_BLOCK_SIZE,
+                enable_prefix_caching=False,
+            )
+        """,
+        """\
+        VLLM_BLOCK_SIZE = 16  # Block size for KV cache
+        # vLLM >= 0.34 grows the KV cache after set-up unless told not to (CacheConfig.enable_extensible_kv_cache,
+        # on for CUDA when unset); this generator sizes its cache once. Read once, at import.
+        _FIXED_KV_CACHE = {"enable_extensible_kv_cache": False} if "enable_extensible_kv_cache" in CacheConfig.__dataclass_fields__ else {}
+
+
+        def _create_vllm_config(self):
+            cache_config = CacheConfig(
+                block_size=VLLM_BLOCK_SIZE,
+                enable_prefix_caching=False,
+                **_FIXED_KV_CACHE,
+            )
+        """,
+        id="SP026 the switch read once at import, passed as the last argument",
+    ),
+    pytest.param(
+        "SP027",
+        "import torch\n\n\n" + EITHER_RUNNER,
+        "import torch\n\n\n" + FUNCTIONS + "\n\n" + METHODS,
+        id="SP027 SP022's two methods recognise V2 by its batch state, helpers above the class",
+    ),
+]
+
+REFUSALS = [
+    pytest.param(
+        "SP026",
+        "VLLM_BLOCK_SIZE = 16\ncache_config = CacheConfig(block_size=16, enable_extensible_kv_cache=True)\n",
+        "no enable_extensible_kv_cache= of its own",
+        id="SP026 the switch set by hand",
+    ),
+    pytest.param(
+        "SP026",
+        "VLLM_BLOCK_SIZE = 16\nother = CacheConfig()\ncache_config = CacheConfig(block_size=16)\n",
+        "one CacheConfig(...) call",
+        id="SP026 a second CacheConfig",
+    ),
+    pytest.param(
+        "SP027",
+        EITHER_RUNNER.replace('v2 = type(runner).__module__.startswith("vllm.v1.worker.gpu.")', "v2 = True"),
+        "SP022's _track_batch_layout, unedited (SP027 applies after SP022)",
+        id="SP027 SP022's method edited",
+    ),
+    pytest.param("SP027", PER_REQUEST, "SP022's _track_batch_layout", id="SP027 SP022 not applied"),
+]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_vllm_034_fix(patch_id, before, after):
+    assert_codemod(patch_id, before, after)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_vllm_034_fix_refuses_unknown_code(patch_id, src, expected):
+    assert_refuses(patch_id, src, expected)
 
 
 def in_order(source: str, *ids: str) -> str:
     for patch_id in ids:
-        verdict, source, detail = run(patch_id, source)
+        verdict, source, detail = codemod(patch_id, source)
         assert verdict == "changed", (patch_id, detail)
     return source
 
@@ -64,12 +135,12 @@ def test_facts_hold_on_034_only(patch_id, on_034, on_033):
 
 def test_sp026_passes_the_switch_where_cacheconfig_has_it(pristine_sources):
     before = pristine_sources[GENERATOR].decode()
-    verdict, new, _ = run("SP026", before)
+    verdict, new, _ = codemod("SP026", before)
     assert verdict == "changed"
     calls = [n for n in ast.walk(ast.parse(new)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "CacheConfig"]
     assert [ast.unparse(a) for a in calls[0].keywords][-1] == "**_FIXED_KV_CACHE"
     compile(new, GENERATOR, "exec")
-    assert run("SP026", new)[:2] == ("satisfied", new)  # applying twice equals applying once
+    assert codemod("SP026", new)[:2] == ("satisfied", new)  # applying twice equals applying once
     assert new.replace("\r\n", "\n").count("_FIXED_KV_CACHE") == 2
 
 
@@ -82,7 +153,7 @@ def test_sp026_passes_the_switch_where_cacheconfig_has_it(pristine_sources):
     ids=["0.34: turned off", "0.11-0.33: nothing passed"],
 )
 def test_sp026s_choice_on_each_release(pristine_sources, fields, passed):
-    new = run("SP026", pristine_sources[GENERATOR].decode())[1]
+    new = codemod("SP026", pristine_sources[GENERATOR].decode())[1]
     line = next(ln for ln in new.splitlines() if ln.startswith("_FIXED_KV_CACHE = "))
     config = type("CacheConfig", (), {"__dataclass_fields__": dict.fromkeys(fields)})
     namespace = {"CacheConfig": config}
@@ -107,7 +178,7 @@ def test_sp026s_choice_on_each_release(pristine_sources, fields, passed):
 )
 def test_sp026_refuses_a_hand_edited_call(pristine_sources, edit, why):
     src = in_order(pristine_sources[GENERATOR].decode(), "SP004").replace(*edit)
-    verdict, new, detail = run("SP026", src)
+    verdict, new, detail = codemod("SP026", src)
     assert (verdict, new) == ("refused", src) and why in detail
 
 
@@ -120,12 +191,12 @@ def after_sp022(pristine_sources) -> str:
 
 
 def test_sp027_rewrites_sp022s_methods(after_sp022):
-    verdict, new, _ = run("SP027", after_sp022)
+    verdict, new, _ = codemod("SP027", after_sp022)
     assert verdict == "changed"
     assert 'type(runner).__module__.startswith("vllm.v1.worker.gpu.")' not in new
     assert "set VLLM_USE_V2_MODEL_RUNNER=0" not in new.replace('"set VLLM_USE_V2_MODEL_RUNNER=0 to select', "")
     compile(new, WORKER, "exec")
-    assert run("SP027", new)[:2] == ("satisfied", new)
+    assert codemod("SP027", new)[:2] == ("satisfied", new)
 
 
 @pytest.mark.parametrize(
@@ -139,18 +210,18 @@ def test_sp027_rewrites_sp022s_methods(after_sp022):
 def test_sp027_refuses_a_hand_edited_sp022_method(after_sp022, edit):
     src = after_sp022.replace(*edit)
     assert src != after_sp022
-    verdict, new, detail = run("SP027", src)
+    verdict, new, detail = codemod("SP027", src)
     assert (verdict, new) == ("refused", src) and "unedited (SP027 applies after SP022)" in detail
 
 
 def test_sp027_refuses_without_sp022(pristine_sources):
     src = in_order(pristine_sources[WORKER].decode(), "SP010")
-    verdict, _, detail = run("SP027", src)
+    verdict, _, detail = codemod("SP027", src)
     assert verdict == "refused" and "SP022's _track_batch_layout" in detail
 
 
 def _helpers(after_sp022: str) -> dict:
-    new = run("SP027", after_sp022)[1]
+    new = codemod("SP027", after_sp022)[1]
     tree = ast.parse(new)
     code = "\n\n".join(
         ast.get_source_segment(new, f)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import zipfile
 
 import pytest
+from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 from sandbox import make_sandbox, wheel
 from support import run_cli, run_json
 
-from patcher.engine import run_codemod
 from patcher.fixes.registry import loaded
 from patcher.fixes.vllm_source import VllmSource
 
@@ -43,9 +43,192 @@ def evidence(patch_id: str, release: str | None) -> list[tuple[bool, str, str]]:
     return [(e.holds, e.where, e.found) for e in (f.probe(src) for f in patch.facts)]
 
 
-def run(patch_id: str, src: str) -> tuple[str, str, str]:
-    verdict, new, detail = run_codemod(PATCHES[patch_id], src.encode())
-    return verdict, new.decode(), detail
+# -- the rewrites and refusals, string to string --------------------------------------------
+
+# speculators' draft config base class, cut down (config.py; 0.3.0 and 0.4.0 alike).
+CONFIG_CLASS = """\
+class SpeculatorModelConfig(PydanticClassRegistryMixin, PretrainedConfig):
+    \"\"\"The base config of every speculator model.\"\"\"
+
+    speculators_model_type: str = "speculator_model"
+
+    def __init__(self, **kwargs):
+        PydanticClassRegistryMixin.__init__(self, **kwargs)
+        PretrainedConfig.__init__(self, **kwargs)
+
+    def to_dict(self):
+        return self.model_dump()
+"""
+INIT = "    def __init__(self, **kwargs):\n"
+
+# build_eagle3_dataset, cut down (data_generation/preprocessing.py; 0.3.0 and 0.4.0 alike).
+BUILD_DATASET = """\
+def build_eagle3_dataset(dataset, tokenizer, max_length=2048, num_proc=8):
+    \"\"\"Build EAGLE3 dataset by tokenizing conversations and creating loss masks.\"\"\"
+    original_cols = dataset.column_names
+
+    dataset = dataset.map(
+        lambda examples: _preprocess_batch(examples, tokenizer, max_length),
+        batched=True,
+        num_proc=num_proc,
+        remove_columns=original_cols,
+    )
+
+    dataset.set_format(type="torch")
+    return dataset
+"""
+
+REWRITES = [
+    pytest.param(
+        "SP030",
+        CONFIG_CLASS,
+        CONFIG_CLASS.replace(
+            INIT,
+            """\
+    def __init_subclass__(cls, **kwargs):
+        # transformers >= 5.4 replaces the __init__ of a config subclass that defines none
+        # (PretrainedConfig.__init_subclass__): take it off, so this class's is inherited.
+        defines_init = "__init__" in cls.__dict__
+        super().__init_subclass__(**kwargs)
+        if not defines_init and "__init__" in cls.__dict__:
+            del cls.__init__
+
+"""
+            + INIT,
+        ),
+        id="SP030 __init_subclass__ added above __init__",
+    ),
+    pytest.param(
+        "SP031",
+        CONFIG_CLASS,
+        CONFIG_CLASS.replace(
+            INIT,
+            """\
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs):
+        # transformers >= 5.4 annotates PretrainedConfig's fields with torch types; pydantic
+        # resolves them in the caller's frame of model_rebuild: this one, with torch in it.
+        super().__pydantic_init_subclass__(**kwargs)
+        import torch  # noqa: F401
+
+        cls.model_rebuild(force=True, raise_errors=False)
+
+"""
+            + INIT,
+        ),
+        id="SP031 each subclass rebuilt with torch in scope",
+    ),
+    pytest.param(
+        "SP032",
+        CONFIG_CLASS,
+        CONFIG_CLASS.replace(
+            INIT,
+            """\
+    def validate(self):
+        # transformers >= 5.4's save_pretrained calls self.validate(), its own checks of the
+        # config; pydantic's deprecated BaseModel.validate(value) comes first in this MRO.
+        checks = getattr(PretrainedConfig, "validate", None)
+        if checks is not None:
+            checks(self)
+
+"""
+            + INIT,
+        ),
+        id="SP032 transformers' validate, not pydantic's",
+    ),
+    pytest.param(
+        "SP033",
+        BUILD_DATASET,
+        """\
+        def build_eagle3_dataset(dataset, tokenizer, max_length=2048, num_proc=8):
+            \"\"\"Build EAGLE3 dataset by tokenizing conversations and creating loss masks.\"\"\"
+            original_cols = dataset.column_names
+
+            conversations_in = len(dataset)
+            dataset = dataset.map(
+                lambda examples: _preprocess_batch(examples, tokenizer, max_length),
+                batched=True,
+                num_proc=num_proc,
+                remove_columns=original_cols,
+            )
+            # A conversation _preprocess_batch cannot use leaves no row: say how many are gone.
+            if len(dataset) < conversations_in:
+                log.warning(
+                    f"preprocessing dropped {conversations_in - len(dataset)} of {conversations_in} conversations "
+                    "(empty, without usable turns, or failed: see the warnings above); "
+                    "they are not in the training data"
+                )
+
+            dataset.set_format(type="torch")
+            return dataset
+        """,
+        id="SP033 counted before the map, the drop logged after it",
+    ),
+]
+
+NOOPS = [
+    pytest.param(
+        "SP033",
+        BUILD_DATASET.replace(
+            "    dataset = dataset.map(", "    conversations_in = len(dataset)\n    dataset = dataset.map("
+        ),
+        id="SP033 already counts what it maps",
+    ),
+]
+
+REFUSALS = [
+    pytest.param(
+        "SP030",
+        CONFIG_CLASS.replace(INIT, "    def __init_subclass__(cls, **kwargs):\n        pass\n\n" + INIT),
+        "no __init_subclass__ of its own in class SpeculatorModelConfig",
+        id="SP030 an __init_subclass__ of the user's",
+    ),
+    pytest.param(
+        "SP031",
+        CONFIG_CLASS.replace("SpeculatorModelConfig", "DraftConfig"),
+        "one module-level class SpeculatorModelConfig",
+        id="SP031 no such class",
+    ),
+    pytest.param(
+        "SP032",
+        CONFIG_CLASS.replace(INIT, "    def validate(self):\n        return None\n\n" + INIT),
+        "no validate of its own in class SpeculatorModelConfig",
+        id="SP032 a validate of the user's",
+    ),
+    pytest.param(
+        "SP033",
+        BUILD_DATASET.replace("    return dataset", "    dataset = dataset.map(_shuffle)\n    return dataset"),
+        "one 'dataset = dataset.map(...)' statement in build_eagle3_dataset",
+        id="SP033 two maps: which one drops?",
+    ),
+    pytest.param(
+        "SP033",
+        BUILD_DATASET.replace("def build_eagle3_dataset", "def build_dataset"),
+        "one module-level function build_eagle3_dataset",
+        id="SP033 no such function",
+    ),
+]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
+def test_training_fix(patch_id, before, after):
+    assert_codemod(patch_id, before, after)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
+def test_training_fix_noop(patch_id, src):
+    assert_noop(patch_id, src)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
+def test_training_fix_refuses_unknown_code(patch_id, src, expected):
+    assert_refuses(patch_id, src, expected)
+
+
+# -- on the real files and facts ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -70,7 +253,7 @@ def test_facts_hold_from_transformers_5_4(patch_id, line_5_4, line_5_22, found_5
 def test_config_patches_rewrite_then_no_op(release):
     source = speculators_file(release, CONFIG)
     for patch_id in CONFIG_PATCHES:
-        verdict, source, detail = run(patch_id, source)
+        verdict, source, detail = codemod(patch_id, source)
         assert verdict == "changed", (patch_id, detail)
     cls = source[source.index("class SpeculatorModelConfig") :]
     methods = [
@@ -78,7 +261,7 @@ def test_config_patches_rewrite_then_no_op(release):
     ]
     assert methods == sorted(methods) and methods[-1] < cls.index("    def __init__(self, **kwargs)")
     for patch_id in CONFIG_PATCHES:
-        assert run(patch_id, source)[0] == "satisfied"
+        assert codemod(patch_id, source)[0] == "satisfied"
     compile(source, CONFIG, "exec")
 
 
@@ -87,7 +270,7 @@ def test_config_patch_refuses_a_method_of_the_users():
         "    def to_diff_dict(self)",
         "    def validate(self):\n        return None\n\n    def to_diff_dict(self)",
     )
-    verdict, _, detail = run("SP032", source)
+    verdict, _, detail = codemod("SP032", source)
     line = source[: source.index("    def validate(self)")].count("\n") + 1
     assert verdict == "refused"
     assert detail.endswith(
@@ -97,7 +280,7 @@ def test_config_patch_refuses_a_method_of_the_users():
 
 @pytest.mark.parametrize("release", ["0.3.0", "0.4.0"])
 def test_preprocessing_counts_what_map_drops(release):
-    verdict, new, _ = run("SP033", speculators_file(release, PREPROCESSING))
+    verdict, new, _ = codemod("SP033", speculators_file(release, PREPROCESSING))
     assert verdict == "changed"
     body = new[new.index("def build_eagle3_dataset") :]
     assert (
@@ -105,7 +288,7 @@ def test_preprocessing_counts_what_map_drops(release):
         < body.index("dataset = dataset.map(")
         < body.index("if len(dataset) < conversations_in:")
     )
-    assert run("SP033", new)[0] == "satisfied"
+    assert codemod("SP033", new)[0] == "satisfied"
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +314,7 @@ def test_verify_names_the_training_breaks_of_an_install_patched_without_them(sta
         "SP030": "transformers/configuration_utils.py:539",
         "SP031": "transformers/configuration_utils.py:416",
         "SP032": "transformers/configuration_utils.py:781",
+        "SP034": "transformers/configuration_utils.py:1536",  # applied: the draft's wrapped verifier
     }
     assert data["libraries"] == {"transformers": "5.22.2"}
     assert run_cli("apply", "--target", str(stack_034)).returncode in (0, 3)

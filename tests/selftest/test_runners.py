@@ -6,6 +6,8 @@ import pytest
 
 from patcher.agent.selftest.run import Refused, runners_for, v1_runner_installed
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("requested", "device", "has_v1", "runs"),

@@ -8,6 +8,8 @@ import pytest
 from patcher.agent.selftest import tiny_models
 from patcher.agent.selftest.tiny_models import DEEPSEEK_V3, LLAMA, UnsupportedModel, arch_of, for_device, from_config
 
+pytestmark = pytest.mark.fast
+
 YARN = {
     "type": "yarn",
     "factor": 32.0,

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from patcher.agent.selftest.worker_log import Captured, worker_exception
+
+pytestmark = pytest.mark.fast
 
 # vLLM 0.16's CPU worker, VLLM_CPU_OMP_THREADS_BIND=99 (the header repeated on every line).
 LOGGED_016 = """\

@@ -67,6 +67,7 @@ def ssh_config(sshd, keys, blackhole) -> Path:
             sshd.host_block("unknown-key", known_hosts=sshd.dir / "empty_known_hosts"),
             sshd.host_block("changed-key", known_hosts=wrong),
             sshd.host_block("blackhole", port=blackhole, connect_timeout=2),
+            sshd.host_block("no-answer", port=blackhole, connect_timeout=None),  # no ConnectTimeout, as most have
             sshd.host_block(
                 "interactive-box",
                 extra="  RemoteCommand tmux new -A -s main\n  RequestTTY yes\n"

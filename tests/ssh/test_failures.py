@@ -46,6 +46,18 @@ def test_connection_failures_are_one_clear_line(sandbox, ssh_config, alias, frag
     assert tree_digest(sandbox) == before
 
 
+def test_a_host_that_does_not_answer_within_connect_timeout_is_a_timeout(sandbox, ssh_config):
+    """--connect-timeout below ssh's own 15 s: ssh still gives up first and says why (the
+    far side was called "silent: not a Python that runs the program given to it?")."""
+    start = time.monotonic()
+    line = assert_one_line_error(
+        remote(ssh_config, "status", "--host", "no-answer", "--target", str(sandbox), "--connect-timeout", "4"),
+        "no-answer",
+        "connection timed out",
+    )
+    assert "silent" not in line and time.monotonic() - start < 10
+
+
 def test_unknown_host_key_is_not_added_silently(sandbox, sshd, ssh_config):
     remote(ssh_config, "status", "--host", "unknown-key", "--target", str(sandbox))
     assert (sshd.dir / "empty_known_hosts").read_text() == ""

@@ -178,3 +178,17 @@ def test_hostile_host_is_refused_before_ssh_runs(tmp_path, ssh_config, host):
     r = remote(ssh_config, "status", "--host", host.format(canary=canary), "--target", "/nonexistent")
     assert r.returncode == 2 and "not a host" in r.stderr, r.stderr
     assert not canary.exists()
+
+
+def test_check_draft_remote_equals_local(tmp_path, sshd, ssh_config):
+    """``check-draft`` over SSH reads the draft, its verifier and vLLM on the host, as locally."""
+    from drafts import write_data_config, write_draft, write_verifier
+
+    env = make_sandbox(tmp_path / "serving", None, "0.16.0", link=True)
+    draft = write_draft(tmp_path / "checkpoints" / "0", write_verifier(tmp_path / "verifier"))
+    args = ("check-draft", str(draft), "--data-config", str(write_data_config(tmp_path / "data")), "--target", str(env))
+    there = remote(ssh_config, *args, "--host", "gpu-box", "--json")
+    here = run_cli(*args, "--json")
+    assert there.returncode == here.returncode == 0, there.stderr
+    assert json.loads(there.stdout) == json.loads(here.stdout)
+    assert json.loads(there.stdout)["served"]["aux_layers"] == [3, 5, 6]

@@ -12,6 +12,8 @@ from patcher.connect.program import BOOTSTRAP
 from patcher.connect.ssh import explain_ssh_failure, parse_host, remote_command, reuse_options
 from patcher.errors import UserError
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     "spec, parsed",

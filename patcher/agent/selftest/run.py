@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from . import cases as case_defs
-from . import engine_facts, tiny_models, worker_log
+from . import engine_facts, serve, tiny_models, worker_log
 
 PROGRESS = "[selftest] "
 # --runner: the value of VLLM_USE_V2_MODEL_RUNNER each run gets (None: left as it is, vLLM's choice).
@@ -319,10 +319,18 @@ def repeat_difference(first: list, again: list) -> float | None:
 
 
 def run_arch(
-    arch: str, config: dict | None, workdir: Path, device: str, tp: int, bound: float, runner: str = "auto"
+    arch: str,
+    config: dict | None,
+    workdir: Path,
+    device: str,
+    tp: int,
+    bound: float,
+    runner: str = "auto",
+    serving: bool | None = None,
 ) -> dict:
     """The whole check for one architecture under one ``runner`` (a key of ``RUNNERS``);
-    the returned dict is JSON-ready."""
+    ``serving``: whether vLLM serves the trained draft (``serve.stage``; None: on a GPU only).
+    The returned dict is JSON-ready."""
     report: dict = {"arch": arch, "tp": tp, "device": device, "runner": runner, "cases": [], "seconds": {}}
     t0 = time.time()
     model_dir = workdir / arch
@@ -367,6 +375,7 @@ def run_arch(
             report["repeat_max_abs_diff"] = repeat_difference(outputs["order"][1], outputs["order-again"][1])
         if "error" not in report:
             report["training"] = run_training(arch, outputs, model_dir, text_config, device, workdir)
+            report["serving"] = serve.stage(arch, report, model_dir, device, serving, progress)
     report["seconds"]["total"] = round(time.time() - t0, 1)
     # The repeated batch is judged like every case, against the reference; its bit-identity
     # with the first call is reported, not required (GPU kernels with atomics, e.g. fused MoE,
@@ -376,25 +385,16 @@ def run_arch(
         and all(c.get("ok") for c in report["cases"])
         and len(report["cases"]) == len(case_defs.CASES)
         and report.get("training", {}).get("ok", False)
+        and report.get("serving", {}).get("ok", False)
     )
     progress(f"{arch} ({runner}): {'ok' if report['ok'] else 'FAILED'} in {report['seconds']['total']:.0f} s")
     return report
 
 
-# speculators' Eagle3DraftModel reads the verifier's model.embed_tokens.weight and lm_head.weight;
-# Kimi-K2.5's checkpoint keeps its text model under language_model.*: 0.3.0's trainer cannot
-# start from it as is (a limit of that release, not of the installed libraries).
-NOT_TRAINABLE = {
-    "kimi_k25": "speculators' draft reads model.embed_tokens.weight, which Kimi-K2.5 keeps under language_model."
-}
-
-
 def run_training(arch: str, outputs: dict, model_dir: Path, text_config: dict, device: str, workdir: Path) -> dict:
-    """The training stage (``training.run``) on this architecture's captures, or why it does
-    not run (``skipped``, which passes)."""
-    if arch in NOT_TRAINABLE:
-        progress(f"{arch}: training: not run: {NOT_TRAINABLE[arch]}")
-        return {"skipped": NOT_TRAINABLE[arch], "ok": True}
+    """The training stage (``training.run``) on this architecture's captures: Kimi-K2.5's
+    draft as Llama's and DeepSeek-V3's (its text config and weights found inside the wrapper,
+    patches/sp034_wrapped_verifier.py)."""
     from . import training
 
     found = training.run(outputs, model_dir, text_config, device, workdir / f"{arch}-training", progress)
@@ -449,7 +449,7 @@ def runners_for(requested: str, device: str, has_v1: bool = True) -> list[str]:
 def main(request: dict, workdir: Path) -> dict:
     """Run the requested architectures. ``request``: {"archs": [..], "model_config": dict
     or None, "model_path": str or None, "device": "auto|cpu|cuda", "tp": int, "bound": float (the
-    cosine floor, see ``bound_for``), "runner": "auto|v1|v2|both"}."""
+    cosine floor, see ``bound_for``), "runner": "auto|v1|v2|both", "serve": bool or None}."""
     found = versions()
     try:
         device = resolve_device(request["device"])
@@ -485,7 +485,11 @@ def main(request: dict, workdir: Path) -> dict:
         )
         for runner in runners:
             with _runner_variable(RUNNERS[runner]):
-                report["archs"].append(run_arch(arch, config, workdir, device, request["tp"], request["bound"], runner))
+                report["archs"].append(
+                    run_arch(
+                        arch, config, workdir, device, request["tp"], request["bound"], runner, request.get("serve")
+                    )
+                )
     report["ok"] = all(a["ok"] for a in report["archs"])
     return report
 

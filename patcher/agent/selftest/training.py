@@ -110,7 +110,11 @@ def vocab_mapping(files: list[str], vocab_size: int):
 
 @_stage("draft config")
 def draft_config(model_dir: Path, text_config: dict):
-    """``Eagle3SpeculatorConfig`` over a one-layer Llama of the verifier's widths."""
+    """``Eagle3SpeculatorConfig`` over a one-layer Llama of the verifier's widths (its text
+    model's: ``text_config``, the whole config but for a vision-language wrapper, Kimi-K2.5),
+    naming the verifier as its checkpoint does (``architectures`` of its ``config.json``)."""
+    import json
+
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -137,7 +141,10 @@ def draft_config(model_dir: Path, text_config: dict):
             algorithm="eagle3",
             proposal_methods=[GreedyTokenProposalConfig(proposal_type="greedy", speculative_tokens=TTT_STEPS)],
             default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=str(model_dir), architectures=text_config["architectures"]),
+            verifier=VerifierConfig(
+                name_or_path=str(model_dir),
+                architectures=json.loads((model_dir / "config.json").read_text())["architectures"],
+            ),
         ),
     )
 

@@ -101,6 +101,10 @@ class ActionModule(ActionBase):
                 for p in changing
             ]
         result["msg"] = done.summary  # the CLI's words, as apply/revert (--dry-run in check mode) print them
+        if outcome.unfinished:  # committed, but its clean-up stopped: the CLI exits 1, the task fails
+            verb = "apply" if patched else "revert"
+            result.update(failed=True, unfinished=outcome.unfinished)
+            result["msg"] = f"{done.summary}; {verb}: NOT FINISHED: {outcome.unfinished}"
         warnings = notes(snap)
         if warnings:
             result["warnings"] = warnings

@@ -53,7 +53,7 @@ class ActionModule(ActionBase):
         patch_set = controller.task_patches(args["patch_files"])
         only, skip = tuple(args["only"]), tuple(args["skip"])
         snap, found = session.run(  # the CLI's status, as the CLI runs it
-            transport, lambda snap: status(snap, chosen(snap, "status", only, skip)), patches=patch_set
+            transport, lambda snap: status(snap, chosen(snap, "status", only, skip), transport), patches=patch_set
         )
         patches = found.rows
         result = {

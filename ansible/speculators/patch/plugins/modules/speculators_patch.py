@@ -135,6 +135,12 @@ files:
   elements: dict
   sample: [{"path": "speculators/data_generation/custom_worker.py", "before_sha256": "9f...",
             "after_sha256": "3c...", "changed": true}]
+unfinished:
+  description:
+    - The commit was made but its clean-up could not finish (one line, with the command that finishes it);
+      the task then fails, as the CLI exits 1.
+  returned: when the clean-up stopped
+  type: str
 written:
   description: The files written (empty in check mode and when nothing changed).
   returned: success

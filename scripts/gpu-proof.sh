@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU proofs of the draft a user gets, one step per call (each well under 10 minutes on an H100), on a box with
+# one CUDA GPU, vLLM (0.34 measured), and speculators patched by `speculators-patch apply`. Run from a checkout.
+#   scripts/gpu-proof.sh TARGET STEP [OUT]
+#   TARGET: the environment (venv prefix) with torch, vLLM, transformers and speculators; OUT: where reports go
+#   STEP:   kimi   selftest --arch kimi_k25: extraction, speculators' Trainer, save/reload, vLLM serves it
+#           llama  the same for llama (docs/selftest.md)
+#           pipe1  benchmarks/real_text_pipeline.py: the verifier on real text, its responses, the capture
+#           pipe2  the same: transformers capture, three drafts trained, vLLM serving, the report
+#           check  check-draft on every draft pipe2 served (the pre-apply copy must be flagged)
+# Env: CLI (default: speculators-patch on PATH), WORK (default /tmp/accept: pipe1 and pipe2 share it).
+set -u
+TARGET=${1:?usage: gpu-proof.sh TARGET STEP [OUT]}; STEP=${2:?usage: gpu-proof.sh TARGET STEP [OUT]}
+OUT=${3:-${OUT:-.}}; CLI=${CLI:-speculators-patch}; WORK=${WORK:-/tmp/accept}; PY=$TARGET/bin/python
+export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT"
+case "$STEP" in
+kimi|llama)
+  arch=$STEP; [ "$arch" = kimi ] && arch=kimi_k25
+  "$CLI" selftest --target "$TARGET" --device cuda --arch "$arch" > "$OUT/selftest-$arch.txt" 2>&1
+  rc=$?; tail -40 "$OUT/selftest-$arch.txt"; echo "selftest $arch: exit $rc"; exit $rc ;;
+pipe1)
+  VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
+    --steps verifier,responses,capture 2>&1 | tee "$OUT/pipe1.txt" | grep -v '^INFO' | tail -60
+  exit "${PIPESTATUS[0]}" ;;
+pipe2)
+  VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
+    --steps capture-hf,train,serve,report --out-dir "$OUT" 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -80
+  exit "${PIPESTATUS[0]}" ;;
+check)
+  rc=0
+  for d in "$WORK"/served/*/; do
+    echo "== $d"; "$CLI" check-draft "$d" --target "$TARGET" --data-config "$WORK/data-vllm" 2>&1 | tail -4
+    echo "exit ${PIPESTATUS[0]}"
+  done | tee "$OUT/check-draft.txt" ;;
+*) echo "unknown step $STEP: kimi, llama, pipe1, pipe2 or check" >&2; exit 2 ;;
+esac

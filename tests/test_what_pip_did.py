@@ -1,0 +1,129 @@
+"""Issue 46: what pip did is pip's doing, with ``repair`` as the way out.
+
+A user patches speculators 0.3.0, then pip acts on the same environment: it upgrades
+speculators to 0.4.0.1, reinstalls 0.3.0 (``--force-reinstall``) or uninstalls it. Every verb
+then names pip's doing (read from speculators' dist-info: version, INSTALLER, RECORD), never
+"changed by hand"; a refusal changes nothing and names ``repair``; ``revert`` and ``repair``
+clean up the state nothing needs any more, and ``repair`` says what it rewrote. Real wheels,
+real pip, the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sandbox import pip_install, pip_uninstall
+from support import PATCHED_FILES, run_cli, run_json, tree_digest
+
+STATE = ".speculators-patch"
+
+
+def _one_error(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_a_pip_upgrade_is_named_as_pips_doing_by_every_verb(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    pip_install(sandbox, "speculators", "0.4.0.1")
+    replaced = "pip replaced speculators 0.3.0 by 0.4.0.1 after speculators-patch patched it"
+
+    code, report = run_json("status", "--target", str(sandbox))
+    assert code == 1 and report["install"]["state"] == "reinstalled", report["install"]
+    assert replaced in report["install"]["reason"] and "repair" in report["install"]["reason"]
+    assert set(PATCHED_FILES) <= set(report["files"])  # every recorded file is listed
+    assert not {"modified", "edited"} & set(report["files"].values()), report["files"]
+    assert "by hand" not in run_cli("status", "--target", str(sandbox)).stdout
+
+    before = tree_digest(site)
+    for verb in (("diff",), ("apply",), ("apply", "--adopt"), ("revert",), ("revert", "--force")):
+        line = _one_error(run_cli(*verb, "--target", str(sandbox)))
+        assert replaced in line and f"`speculators-patch repair --target {sandbox}` drops" in line, (verb, line)
+        assert "nothing was changed" in line and "--adopt" not in line.split("error: ", 1)[1]
+    assert tree_digest(site) == before  # each refusal changed nothing
+
+    verified = run_cli("verify", "--target", str(sandbox))
+    assert replaced in verified.stderr, verified.stderr  # a note, whatever verify's verdict
+
+    repaired = run_cli("repair", "--target", str(sandbox))
+    assert repaired.returncode == 0, repaired.stderr
+    assert "pip replaced speculators 0.3.0 by 0.4.0.1" in repaired.stdout
+    assert repaired.stdout.strip().splitlines()[-1].startswith("repaired: removed manifest.json")
+    assert not (site / STATE).exists()
+    code, report = run_json("status", "--target", str(sandbox))
+    assert report["install"]["state"] != "reinstalled" and replaced not in json.dumps(report)
+
+
+def test_a_force_reinstall_of_the_same_release_is_said_and_revert_cleans_up(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    pip_install(sandbox, "speculators", "0.3.0", force=True)
+    speculators = tree_digest(site / "speculators")
+    status = run_cli("status", "--target", str(sandbox))
+    n = len(PATCHED_FILES)
+    said = f"pip reinstalled speculators 0.3.0 over {n} of the {n} file(s) speculators-patch patched"
+    assert said in status.stderr, status.stderr
+
+    reverted = run_cli("revert", "--target", str(sandbox))
+    assert reverted.returncode == 0, reverted.stderr
+    last = reverted.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"nothing to restore: {said}") and f"removed {site / STATE}" in last, last
+    assert not (site / STATE).exists()  # no 104 KB of copies nothing needs
+    assert tree_digest(site / "speculators") == speculators  # pip's files, untouched
+    again = run_cli("revert", "--target", str(sandbox))
+    assert again.returncode == 0 and again.stdout.strip() == "nothing to revert: no file needed restoring"
+
+
+def test_a_force_reinstall_is_repaired_in_words_that_say_what_changed(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    pip_install(sandbox, "speculators", "0.3.0", force=True)
+    repaired = run_cli("repair", "--target", str(sandbox))
+    last = repaired.stdout.strip().splitlines()[-1]
+    assert repaired.returncode == 0 and last.startswith("repaired: removed manifest.json"), repaired.stdout
+    assert not (site / STATE).exists()
+
+
+def test_the_state_left_by_a_pip_uninstall_is_named_and_repair_removes_it(sandbox, site):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    pip_uninstall(sandbox, "speculators")
+    before = tree_digest(site)
+    for verb in ("status", "diff", "apply", "verify", "revert"):
+        line = _one_error(run_cli(verb, "--target", str(sandbox)))
+        assert "no speculators installed" in line and f"{site / STATE} is left over" in line, (verb, line)
+        assert "6 patched file(s) of speculators 0.3.0" in line and "`speculators-patch repair` removes it" in line
+    assert tree_digest(site) == before
+
+    repaired = run_cli("repair", "--target", str(sandbox))
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"repaired: removed {site / STATE}" in " ".join(repaired.stdout.split())
+    assert not (site / STATE).exists() and {p for p in tree_digest(site) if STATE in p} == set()
+    gone = _one_error(run_cli("status", "--target", str(sandbox)))
+    assert "left over" not in gone
+
+
+# Each field of a patched install's manifest, damaged in turn: repair must never say
+# "nothing to repair" / "already matched" when it rewrote manifest.json (issue 46).
+DAMAGE = {
+    "pristine_sha256": lambda e: e.update(pristine_sha256="0" * 64),
+    "patched_sha256": lambda e: e.update(patched_sha256="0" * 64),
+    "patches": lambda e: e.update(patches={}),
+    "patches-version": lambda e: e["patches"].update({k: v + 1 for k, v in e["patches"].items()}),
+    "checked": lambda e: e.pop("checked", None),
+    "extra-key": lambda e: e.update(note="hand-written"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(DAMAGE))
+def test_repair_says_it_rewrote_a_damaged_record(sandbox, site, field):
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    path = site / STATE / "manifest.json"
+    manifest = json.loads(path.read_text())
+    DAMAGE[field](manifest["files"][PATCHED_FILES[0]])
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    damaged = path.read_bytes()
+    repaired = run_cli("repair", "--target", str(sandbox))
+    rewritten = not path.exists() or path.read_bytes() != damaged
+    last = repaired.stdout.strip().splitlines()[-1] if repaired.stdout.strip() else repaired.stderr
+    if rewritten:
+        assert "nothing to repair" not in last and "already matched" not in last, (field, last)
+        assert last.startswith("repaired:"), (field, last)
