@@ -2,8 +2,10 @@
 
 A manifest written by a newer speculators-patch, or recording a shipped patch at a version
 this tool does not have (or one it does not have at all), is refused by every command in one
-line naming both versions, and nothing changes; one written by an older version is read,
-with a note naming both."""
+line naming both versions, and nothing changes; a record no release wrote (a patch id or
+version that neither this tool nor the one that wrote it has) is rebuilt by ``repair`` from
+the files and the kept pristine copies, the way out the refusal names; one written by an
+older version is read, with a note naming both."""
 
 from __future__ import annotations
 
@@ -51,11 +53,19 @@ def test_a_state_from_a_newer_tool_is_refused_naming_both_versions(sandbox, site
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     _edit_manifest(site, change)
     before = tree_digest(site)
+    edited = change is not _newer_tool  # no release wrote it: repair is the way out
     for command in COMMANDS:
         result = run_cli(command, "--target", str(sandbox))
+        if command == "repair" and edited:
+            assert result.returncode == 0 and "repaired: rewrote the record of" in result.stdout, result.stdout
+            code = {k: v for k, v in tree_digest(site).items() if k.startswith("speculators/")}
+            assert code == {k: v for k, v in before.items() if k.startswith("speculators/")}  # only the record
+            assert run_cli("status", "--target", str(sandbox)).returncode == 0  # read again, as patched
+            continue
         assert (result.returncode, result.stdout) == (2, ""), (command, result.stdout)
         assert len(result.stderr.splitlines()) == 1 and says in result.stderr, (command, result.stderr)
         assert "nothing was changed" in result.stderr
+        assert ("`speculators-patch repair` rebuilds the record" in result.stderr) == edited, result.stderr
         assert tree_digest(site) == before, command
 
 

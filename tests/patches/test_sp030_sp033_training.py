@@ -315,6 +315,8 @@ def test_verify_names_the_training_breaks_of_an_install_patched_without_them(sta
         "SP031": "transformers/configuration_utils.py:416",
         "SP032": "transformers/configuration_utils.py:781",
         "SP034": "transformers/configuration_utils.py:1536",  # applied: the draft's wrapped verifier
+        "SP036": "transformers/configuration_utils.py:299",  # applied: PretrainedConfig sets no pad_token_id
+        "SP014": "transformers/modeling_attn_mask_utils.py:1",  # not needed: the module it guards is there
     }
     assert data["libraries"] == {"transformers": "5.22.2"}
     assert run_cli("apply", "--target", str(stack_034)).returncode in (0, 3)
