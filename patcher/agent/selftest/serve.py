@@ -78,7 +78,8 @@ def _serve(report: dict, model_dir: Path, device: str, found: dict, progress) ->
         drafts = {"untrained": untrained_copy(trained, workdir / "untrained"), **drafts}
     for draft in drafts.values():
         set_aux_ids(draft, found["aux_layer_ids"]["served"])
-    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    config = json.loads((model_dir / "config.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]  # a vision-language wrapper (Kimi-K2.5) nests it
     rng = random.Random(11)
     prompts = [[rng.randrange(4, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
     requests = [
