@@ -352,17 +352,29 @@ def step_train(work: Work) -> dict:
     text = work.config()
     shutil.rmtree(work.root / "served", ignore_errors=True)  # copies of drafts trained before
     mapping = vocab_mapping(work, text["vocab_size"])
-    untrained = draft_model(work, text, mapping)
-    from speculators.train.checkpointer import SingleGPUCheckpointer
+    if not (work.root / "drafts" / "untrained").is_dir():
+        untrained = draft_model(work, text, mapping)
+        from speculators.train.checkpointer import SingleGPUCheckpointer
 
-    SingleGPUCheckpointer(work.root / "drafts" / "untrained").save_checkpoint(
-        untrained, torch.optim.AdamW(untrained.parameters()), 0
-    )
+        SingleGPUCheckpointer(work.root / "drafts" / "untrained").save_checkpoint(
+            untrained, torch.optim.AdamW(untrained.parameters()), 0
+        )
     specs = [
         {"workdir": str(work.root), "size": work.size, "device": work.device, "name": name, "settings": work.settings}
         for name in DRAFTS
     ]
-    results = run_children([["--train-one", json.dumps(s)] for s in specs], parallel=work.device == "cuda")
+    # a draft trained by an earlier call (its result.json written last) is kept: a device call
+    # that ran out of time resumes with the drafts it had not finished
+    done = {s["name"]: work.root / "drafts" / s["name"] / "result.json" for s in specs}
+    todo = [s for s in specs if not done[s["name"]].is_file()]
+    log(f"training {', '.join(s['name'] for s in todo) or 'nothing'} (logs: {work.root / 'logs'}/train-*.log)")
+    run_children(
+        [["--train-one", json.dumps(s)] for s in todo],
+        parallel=work.device == "cuda",
+        logs=[work.root / "logs" / f"train-{s['name']}.log" for s in todo],
+    )
+    results = [json.loads(done[s["name"]].read_text()) if done[s["name"]].is_file() else None for s in specs]
+    results = [r if r is not None else _failed(work, s["name"]) for r, s in zip(results, specs, strict=True)]
     figures = {"vocab": mapping["figures"], "drafts": {}}
     for spec, result in zip(specs, results, strict=True):
         figures["drafts"][spec["name"]] = result
@@ -472,7 +484,7 @@ def train_one(spec: dict) -> dict:
     else:
         steps = forward_only(model, loader, save_path, settings["ttt"])
     last = steps[-50:]
-    return {
+    result = {
         "steps": len(steps),
         "ttt_steps": settings["ttt"],
         "epochs": settings["epochs"] if work.device == "cuda" else 0,
@@ -485,6 +497,8 @@ def train_one(spec: dict) -> dict:
         "checkpoint": str(newest(save_path)),
         "torch": torch.__version__,
     }
+    (save_path / "result.json").write_text(json.dumps(result, indent=1))  # last: the draft is complete
+    return result
 
 
 def data_loader(files: list[Path], pack: int, transform=None):
@@ -531,10 +545,14 @@ def trainer(model, loader, save_path: Path, settings: dict) -> list[dict]:
 
     steps: list[dict] = []
 
+    start = time.time()
+
     class Metrics(logging.Handler):
         def emit(self, record):
             if isinstance(record.msg, dict) and "train" in record.msg:
                 steps.append(record.msg["train"])
+                if len(steps) % 100 == 0:  # progress in the child's log, read after a timeout too
+                    print(f"step {len(steps)}: loss {steps[-1]['loss']:.4f} ({time.time() - start:.0f} s)", flush=True)
 
     metrics = logging.getLogger("speculators.metrics")
     metrics.addHandler(Metrics())
@@ -568,26 +586,24 @@ def newest(checkpoints: Path) -> Path:
     return max((d for d in checkpoints.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
 
 
-def run_children(arg_lists: list[list[str]], parallel: bool) -> list[dict]:
-    """This script in child processes (one per argument list), all at once or in turn; each
-    result is the JSON after ``MARKER`` in its output, or {"error", "tail"}."""
-    procs, results = [], []
-    for args in arg_lists:
-        proc = subprocess.Popen(
-            [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        procs.append(proc)
+def run_children(arg_lists: list[list[str]], parallel: bool, logs: list[Path]) -> None:
+    """This script in child processes (one per argument list, its output to the matching
+    file of ``logs``), all at once or in turn, until each has exited."""
+    procs = []
+    for args, path in zip(arg_lists, logs, strict=True):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as out:
+            procs.append(subprocess.Popen([sys.executable, __file__, *args], stdout=out, stderr=subprocess.STDOUT))
         if not parallel:
-            results.append(_child_result(proc))
-    return results if not parallel else [_child_result(p) for p in procs]
+            procs[-1].wait()
+    for proc in procs:
+        proc.wait()
 
 
-def _child_result(proc: subprocess.Popen) -> dict:
-    text, _ = proc.communicate()
-    for line in reversed(text.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])
-    return {"error": f"exit {proc.returncode}", "tail": [x for x in text.splitlines() if x.strip()][-30:]}
+def _failed(work: Work, name: str) -> dict:
+    """A draft whose child wrote no result: its log's last lines."""
+    text = (work.root / "logs" / f"train-{name}.log").read_text(errors="replace")
+    return {"error": "no result", "tail": [x for x in text.splitlines() if x.strip()][-30:]}
 
 
 # --- serving -----------------------------------------------------------------------------

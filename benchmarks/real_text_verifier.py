@@ -243,6 +243,9 @@ def train(train_stream, size: dict, device: str, seed: int):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
+    # torch 2.14's cuDNN attention backward fails on a cuDNN older than the one it pins (an H100
+    # image with cuDNN 9.19: CUDNN_STATUS_BAD_PARAM); FlashAttention serves the same shapes
+    torch.backends.cuda.enable_cudnn_sdp(False)
     config = llama_config(size)
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).to(device)

@@ -6,8 +6,9 @@
 #   STEP:   kimi   selftest --arch kimi_k25: extraction, speculators' Trainer, save/reload, vLLM serves it
 #           llama  the same for llama (docs/selftest.md)
 #           pipe1  benchmarks/real_text_pipeline.py: the verifier on real text, its responses, the capture
-#           pipe2  the same: transformers capture, three drafts trained, vLLM serving, the report
-#           check  check-draft on every draft pipe2 served (the pre-apply copy must be flagged)
+#           pipe2  the same: transformers capture, three drafts trained (EPOCHS overrides; resumable)
+#           pipe3  vLLM serving each draft, the report
+#           check  check-draft on every draft pipe3 served (the pre-apply copy must be flagged)
 # Env: CLI (default: speculators-patch on PATH), WORK (default /tmp/accept: pipe1 and pipe2 share it).
 set -u
 TARGET=${1:?usage: gpu-proof.sh TARGET STEP [OUT]}; STEP=${2:?usage: gpu-proof.sh TARGET STEP [OUT]}
@@ -24,8 +25,13 @@ pipe1)
     --steps verifier,responses,capture 2>&1 | tee "$OUT/pipe1.txt" | grep -v '^INFO' | tail -60
   exit "${PIPESTATUS[0]}" ;;
 pipe2)
+  # resumable: a draft trained by an earlier call is kept (a call that runs out of time resumes)
   VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
-    --steps capture-hf,train,serve,report --out-dir "$OUT" 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -80
+    --steps capture-hf,train ${EPOCHS:+--epochs $EPOCHS} 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -60
+  rc=${PIPESTATUS[0]}; tail -3 "$WORK"/logs/train-*.log; exit "$rc" ;;
+pipe3)
+  VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
+    --steps serve,report --out-dir "$OUT" 2>&1 | tee "$OUT/pipe3.txt" | grep -v '^INFO' | tail -80
   exit "${PIPESTATUS[0]}" ;;
 check)
   rc=0
@@ -33,5 +39,5 @@ check)
     echo "== $d"; "$CLI" check-draft "$d" --target "$TARGET" --data-config "$WORK/data-vllm" 2>&1 | tail -4
     echo "exit ${PIPESTATUS[0]}"
   done | tee "$OUT/check-draft.txt" ;;
-*) echo "unknown step $STEP: kimi, llama, pipe1, pipe2 or check" >&2; exit 2 ;;
+*) echo "unknown step $STEP: kimi, llama, pipe1, pipe2, pipe3 or check" >&2; exit 2 ;;
 esac

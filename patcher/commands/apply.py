@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Callable
 from patcher.commands.common import (
     describe,
     outcome_rows,
-    refuse_edited_user_patches,
+    refuse_before_planning,
     refuse_lost_state,
-    refuse_replaced,
     unsupported_reason,
 )
 from patcher.commands.status import stale_reason
@@ -166,10 +165,7 @@ def _apply(
     from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
 
-    refuse_replaced(snap, "apply", advise)
-    engine.check_supported(snap)
-    engine.check_covered(snap)
-    refuse_edited_user_patches(snap, {p.id for p in chosen}, "apply")
+    refuse_before_planning(snap, chosen, "apply", advise)
     plans = None  # planned once for this snapshot, then handed to the commit
     if any(snap.file_state(path) == "edited" for path in snap.files):
         plans = engine.plan(snap, chosen)

@@ -154,6 +154,19 @@ def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None
             )
 
 
+def refuse_before_planning(snap: Snapshot, chosen, verb: str, advise) -> None:
+    """What ``apply`` and ``diff`` both refuse before planning ``chosen`` (one line, nothing
+    changed): speculators replaced by an installer since it was patched, a speculators no patch
+    is written for, a vLLM change no patch covers, a user patch edited since it was applied.
+    Raises ``UserError`` (``Unsupported`` for an unsupported speculators)."""
+    from patcher import engine
+
+    refuse_replaced(snap, verb, advise)
+    engine.check_supported(snap)
+    engine.check_covered(snap)
+    refuse_edited_user_patches(snap, {p.id for p in chosen}, verb)
+
+
 def refuse_replaced(snap: Snapshot, verb: str, advise) -> None:
     """Raise ``UserError`` when an installer replaced speculators by another release since
     this tool patched it (``Snapshot.replaced_from``): ``verb`` would mix the record of one

@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING, Callable
 from patcher.commands.common import (
     describe,
     outcome_rows,
-    refuse_edited_user_patches,
+    refuse_before_planning,
     refuse_lost_state,
-    refuse_replaced,
     unsupported_reason,
 )
 from patcher.errors import UserError
@@ -58,10 +57,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     state, a file modified after patching that the patches would change."""
     from patcher import engine
 
-    refuse_replaced(snap, "diff", advise)
-    engine.check_supported(snap)
-    engine.check_covered(snap)
-    refuse_edited_user_patches(snap, {p.id for p in chosen}, "diff")
+    refuse_before_planning(snap, chosen, "diff", advise)
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
     if refused:

@@ -225,3 +225,15 @@ def test_an_engine_that_did_not_start_is_reported_with_the_cause_its_engine_logg
         "      at /env/vllm/v1/engine/core.py:1000 in run_engine_core",
         "      at /env/vllm/v1/worker/cpu_model_runner.py:25 in __init__",
     ]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"vocab_size": 1000}, {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"vocab_size": 1000}}],
+    ids=["plain", "wrapped"],
+)
+def test_the_prompts_use_the_verifiers_vocabulary_wherever_its_config_keeps_it(tmp_path, config):
+    """Kimi-K2.5 keeps its vocabulary in text_config: serving read it at the top and failed on the
+    H100 before any engine started (KeyError 'vocab_size')."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert serve.verifier_vocab(tmp_path) == 1000

@@ -78,8 +78,7 @@ def _serve(report: dict, model_dir: Path, device: str, found: dict, progress) ->
         drafts = {"untrained": untrained_copy(trained, workdir / "untrained"), **drafts}
     for draft in drafts.values():
         set_aux_ids(draft, found["aux_layer_ids"]["served"])
-    config = json.loads((model_dir / "config.json").read_text())
-    vocab = config.get("text_config", config)["vocab_size"]  # a vision-language wrapper (Kimi-K2.5) nests it
+    vocab = verifier_vocab(model_dir)
     rng = random.Random(11)
     prompts = [[rng.randrange(4, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
     requests = [
@@ -106,6 +105,15 @@ def _serve(report: dict, model_dir: Path, device: str, found: dict, progress) ->
     failed = next((r for r in results if "error" in r), None)
     if failed is not None:
         found["error"] = engine_error(failed)
+
+
+def verifier_vocab(model_dir: Path) -> int:
+    """The verifier's vocabulary size from its ``config.json``: at the top, or in
+    ``text_config`` where a vision-language wrapper (Kimi-K2.5's
+    ``KimiK25ForConditionalGeneration``) keeps its language model's. Raises ``KeyError``
+    where neither has one."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return config["vocab_size"] if "vocab_size" in config else config["text_config"]["vocab_size"]
 
 
 def engine_error(failed: dict) -> dict:
