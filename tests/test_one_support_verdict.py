@@ -27,11 +27,17 @@ def test_apply_never_writes_where_status_says_unsupported(tmp_path):
     for args in (("apply",), ("apply", "--dry-run")):
         applied = run_cli(*args, "--target", str(env))
         assert applied.returncode == 2, applied.stdout + applied.stderr
-        assert f"{UNSUPPORTED_010}: nothing was changed" in applied.stdout
-        assert "patched" not in applied.stdout.splitlines()[-1] and "verify: " not in applied.stdout
+        # exit 2: one error line on stderr; the patch table on stdout shows why
+        assert applied.stderr.splitlines() == [
+            "note: speculators 0.3.0 is supported on vLLM 0.11–0.34; vLLM 0.10.2 is outside that range, untested",
+            f"error: {UNSUPPORTED_010}: nothing was changed",
+        ], applied.stderr
+        assert "SP002" in applied.stdout and "patched" not in applied.stdout.splitlines()[-1]
+        assert "verify: " not in applied.stdout
         assert tree_digest(site) == before  # nothing written, no state folder either
     code, data = run_json("apply", "--target", str(env))
     assert (code, data["written"], data["unsupported"]) == (2, [], "no patch handles this vLLM (SP002: fact missing)")
+    assert data["error"] == f"{UNSUPPORTED_010}: nothing was changed"
     assert {r["id"]: r["state"] for r in data["patches"]}["SP002"] == "fact-missing"
     diff = run_cli("diff", "--target", str(env))
     assert (diff.returncode, diff.stdout) == (2, "")

@@ -143,6 +143,8 @@ def test_a_vllm_downgrade_is_called_stale_with_its_fix(sandbox, site):
     assert code == 1 and status["install"] == {"state": "stale", "reason": said}
     assert {r["id"] for r in status["patches"] if r["state"] == "stale"} == set(stale)
     assert f"install is stale ({said})" in run_cli("status", "--target", str(sandbox)).stdout
+    diff = run_cli("diff", "--target", str(sandbox))  # no diff, yet never a pass for a gate
+    assert (diff.returncode, diff.stdout, diff.stderr) == (1, "", f"no diff: {said}\n"), diff
     assert run_cli("revert", "--target", str(sandbox)).returncode == 0  # the named fix works
     assert run_cli("apply", "--target", str(sandbox)).returncode in (0, 3)  # 3: 0.11 has no engine proof
     assert run_json("status", "--target", str(sandbox))[1]["install"]["state"] == "patched"

@@ -63,6 +63,8 @@ def test_a_force_reinstall_of_the_same_release_is_said_and_revert_cleans_up(sand
     n = len(PATCHED_FILES)
     said = f"pip reinstalled speculators 0.3.0 over {n} of the {n} file(s) speculators-patch patched"
     assert said in status.stderr, status.stderr
+    code, report = run_json("status", "--target", str(sandbox))  # the install's word is pip's doing too
+    assert (code, report["install"]["state"]) == (1, "reinstalled") and said in report["install"]["reason"]
 
     reverted = run_cli("revert", "--target", str(sandbox))
     assert reverted.returncode == 0, reverted.stderr
@@ -127,3 +129,27 @@ def test_repair_says_it_rewrote_a_damaged_record(sandbox, site, field):
     if rewritten:
         assert "nothing to repair" not in last and "already matched" not in last, (field, last)
         assert last.startswith("repaired:"), (field, last)
+
+
+def test_an_edited_release_in_the_record_is_damage_not_pips_doing(sandbox, site):
+    """Nothing replaced the package, only the manifest's speculators_version was edited: the
+    kept copies are still the installed release's own files (pip's RECORD says so). Every verb
+    calls the record damaged, never pip's doing; ``repair`` rewrites the version and keeps
+    every copy, and ``revert`` then restores the files pip installed."""
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    manifest = site / STATE / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["speculators_version"] = "0.4.0"
+    manifest.write_text(json.dumps(data, indent=1, sort_keys=True))
+    before = tree_digest(site)
+    for verb in ("status", "verify", "diff", "apply", "revert"):
+        line = _one_error(run_cli(verb, "--target", str(sandbox)))
+        assert "manifest.json is damaged (it names speculators 0.4.0" in line and "pip replaced" not in line, line
+        assert "`speculators-patch repair`" in line, line
+    assert tree_digest(site) == before
+    repaired = run_cli("repair", "--target", str(sandbox))
+    assert repaired.returncode == 0 and "rewrote speculators_version" in repaired.stdout, repaired.stdout
+    assert "dropped" not in repaired.stdout, repaired.stdout
+    code, report = run_json("status", "--target", str(sandbox))
+    assert code == 0 and report["install"]["state"] == "patched", report["install"]
+    assert run_cli("revert", "--target", str(sandbox)).returncode == 0

@@ -46,6 +46,11 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
         words = DRY_RUN_WORDS if dry_run else APPLY_WORDS
         title = f"speculators {snap.speculators_version} {_on(snap)} ({snap.label})"
         console.print(outcome_table(rows, snap.patches, title, words))
+        if done.unsupported:  # exit 2: the refusal is the one error line, on stderr
+            from rich.console import Console as Stderr
+
+            Stderr(stderr=True, highlight=False, soft_wrap=True).print(f"error: {escape(done.summary)}")
+            return
         lines = done.summary.split("\n")
         if done.dry_run_modified:  # apply would leave these as they are and fail verify's check on them
             lines.insert(1, done.dry_run_modified)

@@ -219,6 +219,8 @@ def _apply(
     }
     done = Applied(result, rows, changed, modified, check, data, left_out, unsupported)
     data["summary"] = done.summary
+    if unsupported:  # exit 2 says one error line, in --json an "error" (the table stays: it shows why)
+        data["error"] = done.summary
     return done
 
 

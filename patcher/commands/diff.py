@@ -14,6 +14,7 @@ from patcher.commands.common import (
     refuse_lost_state,
     unsupported_reason,
 )
+from patcher.commands.status import stale_reason
 from patcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -34,10 +35,11 @@ class Diffed:
     @property
     def exit_code(self) -> int:
         """2 when the target is unsupported (``apply`` would write nothing: ``status``'s exit);
-        1 when there is a diff, or files changed after patching keep it empty; else 0."""
+        1 when there is a diff, or files changed after patching or patches applied for another
+        vLLM release (stale) keep it empty; else 0."""
         if self.data.get("unsupported"):
             return 2
-        return 1 if self.text or self.data["modified_files"] else 0
+        return 1 if self.text or self.data["modified_files"] or self.data["stale"] else 0
 
     @property
     def outcome(self) -> tuple[str, str]:
@@ -67,6 +69,9 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     unsupported = unsupported_reason(outcome_rows(plans))
     text = "" if unsupported else unified_diff(plans)  # apply would write nothing there
     modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
+    from patcher.checks.verify import recorded_states
+
+    stale = sorted(pid for pid, state in recorded_states(snap, plans).items() if state == "stale")
     said = None
     if unsupported:
         said = f"install is unsupported ({unsupported}): apply would write nothing; nothing was changed"
@@ -78,6 +83,8 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
             f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
             f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
         )
+    elif stale and not text:  # apply writes nothing either: the install is wrong for this vLLM as it stands
+        said = f"no diff: {stale_reason(stale, snap.vllm.version if snap.vllm else 'none')}"
     return Diffed(
         plans,
         text,
@@ -87,6 +94,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
             "diff": text,
             "patches": outcome_rows(plans),
             "modified_files": modified,
+            "stale": stale,
             "summary": said,
             "unsupported": unsupported or None,
         },

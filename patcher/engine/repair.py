@@ -54,7 +54,7 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
     files, lines = {}, []
     paths = sorted({p.file for p in snap.patches.patches} | set(entries) | damaged | set(snap.backups))
     kept_for = snap.manifest.speculators_version if snap.manifest is not None else None
-    if kept_for not in (None, snap.speculators_version):  # a reinstall of another version replaced the files
+    if snap.replaced_from:  # a reinstall of another version replaced the files (not an edited version field)
         lines.append(
             f"{snap.installer_name} replaced speculators {kept_for} by {snap.speculators_version} since it was "
             f"patched: the record of {kept_for} and its pristine copies are dropped"
@@ -74,7 +74,7 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
             f"covers it: nothing here can restore it (edited outside speculators-patch, or its copy was "
             f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
         )
-    dropped = kept_for if kept_for not in (None, snap.speculators_version) else None
+    dropped = snap.replaced_from
     return RepairResult(first, lines, unrestorable, dropped, snap, record_changes(snap.manifest, written))
 
 

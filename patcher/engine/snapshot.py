@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 import patcher
 from patcher import cache
+from patcher.agent.manifest_rules import REPAIR_HINT
 from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
@@ -150,9 +151,20 @@ class Snapshot:
         now (an installer replaced the package since it was patched: the record and pristine
         copies describe files that are gone), else None."""
         kept_for = self.manifest.speculators_version if self.manifest is not None else None
-        if not self.recorded_paths() or kept_for in (None, self.speculators_version):
+        if not self.recorded_paths() or kept_for in (None, self.speculators_version) or self.version_edited:
             return None
         return kept_for
+
+    @property
+    def version_edited(self) -> bool:
+        """The manifest names another speculators release than the installed one, yet each
+        recorded file's pristine copy is the installed release's own file (its digest is the
+        one pip's ``RECORD`` lists): nothing replaced the package, the record was edited."""
+        kept_for = self.manifest.speculators_version if self.manifest is not None else None
+        paths = self.recorded_paths()
+        if not paths or kept_for in (None, self.speculators_version):
+            return False
+        return all(self.record.get(p) == self.manifest.files[p].pristine_sha256 for p in paths)
 
     def reinstalled_paths(self) -> list[str]:
         """The recorded files that are again what the installer put there (``file_state``
@@ -342,6 +354,12 @@ def read_snapshot(
         library_source=library_source,
     )
     check_state_version(snap, repairing=tolerate_damage)
+    if snap.version_edited and not tolerate_damage:
+        raise UserError(
+            f"{snap.state_dir}/manifest.json is damaged (it names speculators {snap.manifest.speculators_version}, "
+            f"but its pristine copies are speculators {snap.speculators_version}'s own files, as pip's RECORD lists "
+            f"them: the record was edited, nothing replaced the package); {REPAIR_HINT}"
+        )
     return snap
 
 

@@ -74,6 +74,6 @@ def outside_range(speculators: str, vllm: str) -> str:
                 return ""
             return (
                 f"speculators {speculators} is supported on vLLM {'–'.join(line.vllm)}; vLLM {vllm} is outside "
-                f"that range: patches apply where their facts hold, and verify says what still breaks"
+                f"that range, untested"
             )
     return ""
