@@ -92,7 +92,10 @@ def test_the_state_left_by_a_pip_uninstall_is_named_and_repair_removes_it(sandbo
     for verb in ("status", "diff", "apply", "verify", "revert"):
         line = _one_error(run_cli(verb, "--target", str(sandbox)))
         assert "no speculators installed" in line and f"{site / STATE} is left over" in line, (verb, line)
-        assert f"{len(PATCHED_FILES)} patched file(s) of speculators 0.3.0" in line and "`speculators-patch repair` removes it" in line
+        assert (
+            f"{len(PATCHED_FILES)} patched file(s) of speculators 0.3.0" in line
+            and "`speculators-patch repair` removes it" in line
+        )
     assert tree_digest(site) == before
 
     repaired = run_cli("repair", "--target", str(sandbox))

@@ -78,9 +78,12 @@ def status(
     if snap.replaced_from:  # what pip did is pip's doing: never "changed by hand"
         state, reason = "reinstalled", f"{snap.installer_did}; `speculators-patch repair` drops that record"
     elif snap.installer_did and state in ("pristine", "partial"):  # --force-reinstall of the same release
-        state, reason = "reinstalled", (
-            f"{snap.installer_did}; `speculators-patch apply` patches them again, "
-            f"`speculators-patch revert` drops their record"
+        state, reason = (
+            "reinstalled",
+            (
+                f"{snap.installer_did}; `speculators-patch apply` patches them again, "
+                f"`speculators-patch revert` drops their record"
+            ),
         )
     elif state == "patched" and transport is not None:
         state, reason = checked_state(transport, snap, verify_command)
