@@ -121,7 +121,7 @@ def parse(answer: dict) -> Draft:
     if answer.get("vllm") is None:
         raise UserError(
             f"no vLLM installed for {answer.get('python')}: check-draft reads how the installed vLLM serves a "
-            "draft; pass --target (the environment that serves it)"
+            "draft; point --target at the environment that serves it"
         )
     found = answer["draft"]
     where = f"{found['path']}/config.json"
