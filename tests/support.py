@@ -27,6 +27,9 @@ TRAINER = "speculators/train/trainer.py"  # SP035
 # there, so eagle.py stays as pip installed it).
 PATCHED_FILES = sorted([GENERATOR, WORKER, PYDANTIC_UTILS, PREPROCESSING, TRAINER])
 CLI = [sys.executable, "-m", "patcher"]
+# The full sweep (make test-full): every kind of the tests that sample by default (the fault
+# tier's kill and error points, the break test's kinds, the fast path's output variants).
+FULL_SWEEP = os.environ.get("SPECULATORS_PATCH_FULL_SWEEP") == "1"
 # The patches that keep hidden states attributed to the right request (SP010, SP012, SP022), and
 # those that build on them (SP027 on SP022, SP028 on SP010, SP029 on SP012): left out together.
 CAPTURE_FIXES = ("SP010", "SP012", "SP022", "SP027", "SP028", "SP029")

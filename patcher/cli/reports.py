@@ -187,7 +187,7 @@ def repair_report(done: Repaired) -> Report:
             console.print(f"was: {escape(done.was)}", soft_wrap=True)
         for line in done.lines:
             console.print(f"  {escape(line)}", soft_wrap=True)  # commands in them stay whole
-        console.print(escape(done.summary))
+        console.print(escape(done.summary), soft_wrap=True)  # so do the paths it names
 
     return Report(done.data, done.exit_code, render, done.notes, done.outcome)
 

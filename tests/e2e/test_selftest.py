@@ -92,6 +92,7 @@ def test_selftest_serve_has_the_cpu_engine_serve_the_saved_draft(tmp_path_factor
     )
 
 
+@pytest.mark.slow  # an engine too old to serve; 0.32.0's serving runs in make test
 def test_selftest_serve_on_an_engine_without_speculative_decoding_names_vllms_reason(target_016):
     """vLLM 0.16.0's CPU worker has no speculative decoding: --serve fails (exit 1) with the
     exception vLLM's engine process logged, not only its 'Engine core initialization failed'."""
@@ -143,6 +144,7 @@ def test_a_worker_that_dies_at_start_is_reported_with_its_own_exception(target_0
     assert "RuntimeError: Failed to parse CPU string: 99" in shown and "vLLM reported: Exception: WorkerProc" in shown
 
 
+@pytest.mark.slow  # tp 2 on the CPU: test_engine's llama-tp2 runs in make test
 def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
     code, data, stderr = selftest(target_016, "--arch", "deepseek_v3", "--tp", "2")
     assert_all_within_bound(code, data, stderr, ["deepseek_v3"])
@@ -152,6 +154,7 @@ def test_selftest_tensor_parallel_2(tmp_path_factory, target_016):
     assert data["selftest"]["environment"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
 
 
+@pytest.mark.slow  # the API-fixes-only corruption: test_engine's api_fixes_only test runs in make test
 def test_selftest_fails_with_figures_when_only_api_fixes_are_applied(tmp_path_factory):
     """0.3.0's own capture logic on a chunked batch: runs, raises nothing, wrong data."""
     target = patched_target(tmp_path_factory, "0.16.0", *skipping(API_FIXES_ONLY))
@@ -234,6 +237,7 @@ def test_selftest_names_the_kimi_failure_verify_used_to_miss(tmp_path_factory, v
     assert error["patch"] == "SP008"
 
 
+@pytest.mark.slow  # a --model config's rope and routing kept: one engine start of its own
 def test_selftest_model_config_keeps_yarn_and_routing(tmp_path, target_016):
     """``--model`` with a Kimi-K2.5-shaped config.json (YaRN factor 32, llama_4_scaling,
     noaux_tc routing, 61 layers of 7168): a tiny model of that architecture with those settings."""

@@ -100,8 +100,15 @@ def test_selftest_trains_on_the_032_engine(all_archs_032):
 @pytest.mark.parametrize(
     ("skipped", "arch", "stage", "said"),
     [
-        ("SP030", "llama", "draft config", "__pydantic_fields_set__"),
-        ("SP032", "llama", "checkpoint save", "BaseModel.validate() missing 1 required positional argument"),
+        # (make test-full: the SP030/SP032 breaks are named by verify in make test, test_034_stack_...)
+        pytest.param("SP030", "llama", "draft config", "__pydantic_fields_set__", marks=pytest.mark.slow),
+        pytest.param(
+            "SP032",
+            "llama",
+            "checkpoint save",
+            "BaseModel.validate() missing 1 required positional argument",
+            marks=pytest.mark.slow,
+        ),
         # transformers 5.19 loads its own Kimi_K25Config, whose top level has no hidden_size
         ("SP034", "kimi_k25", "draft model", "'Kimi_K25Config' object has no attribute 'hidden_size'"),
     ],

@@ -19,16 +19,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from support import FULL_SWEEP
+
 from patcher.connect.program import AGENT_PROGRAM as AGENT  # the agent as every transport runs it
 
 PYTHON = os.path.realpath(sys.executable)  # not a shim: every trial starts an interpreter
 STATE = ".speculators-patch"
 
 
-# The full sweep: every step for every kind of fault, recovery killed from every interrupted
-# commit. Without it the tier tries a deterministic subset (``kill_points``, ``error_points``,
-# ``recovery_starts``) that keeps every distinct on-disk state a kill can leave.
-FULL_SWEEP = os.environ.get("SPECULATORS_PATCH_FULL_SWEEP") == "1"
+# The full sweep (FULL_SWEEP, tests/support.py): every step for every kind of fault, recovery
+# killed from every interrupted commit. Without it the tier tries a deterministic subset
+# (``kill_points``, ``error_points``, ``recovery_starts``) that keeps every distinct on-disk
+# state a kill can leave.
 
 
 def kill_points(steps: list[str]) -> list[int]:

@@ -13,8 +13,11 @@ silent, echo their input, or stop answering. After each trial:
   0 only where ``verify`` does; a refusal is one ``error:`` line naming the way out.
 
 Each (state, command, file at hand or not) is one *kind*; the figures (kinds tried, kinds
-clean) are printed at the end of the run with the fault tier's. Kills use the tier's
-sampled kill points (``faultkit.kill_points``; ``SPECULATORS_PATCH_FULL_SWEEP=1``: all).
+clean) are printed at the end of the run with the fault tier's. By default a deterministic
+quarter of the kinds runs (every state and every command among them), and each killed
+commit tries every other one of the tier's distinct kill points (``faultkit.kill_points``)
+and the last; ``SPECULATORS_PATCH_FULL_SWEEP=1`` (``make test-full``) tries every kind at
+every step (about 18 minutes of the two tests, against about 5).
 """
 
 from __future__ import annotations
@@ -374,16 +377,18 @@ def trial(
 def test_every_user_patch_state_times_every_command(tmp_path, figures):
     states, fix2, fix1 = build_states(tmp_path)
     tried, clean, findings = 0, 0, []
-    for state, env in states.items():
-        for command in COMMANDS:
+    for si, (state, env) in enumerate(states.items()):
+        for ci, command in enumerate(COMMANDS):
             for with_file in (False, True):
+                if not FULL_SWEEP and (si + ci + with_file) % 4:
+                    continue  # sampled: a quarter of the kinds, every state and every command among them
                 tried += 1
                 found = trial(tmp_path, state, env, command, with_file, fix2, fix1)
                 clean += not found
                 findings += found
     figures["break test: user-patch states x commands"] = (
-        f"{tried} kinds tried ({len(states)} states x {len(COMMANDS)} commands x with/without the fix's file), "
-        f"{clean} clean"
+        f"{tried} kinds tried ({len(states)} states x {len(COMMANDS)} commands x with/without the fix's file"
+        f"{'' if FULL_SWEEP else ', a quarter of them sampled'}), {clean} clean"
     )
     assert not findings, "\n".join(findings)
 
@@ -403,7 +408,7 @@ def test_each_write_of_a_user_patch_commit_killed(tmp_path, figures):
     (the agent SIGKILLs itself there), then a command without the fix's file: whole."""
     states, fix2, fix1 = build_states(tmp_path)
     tried, clean, findings = 0, 0, []
-    for state, command, with_file in KILLED:
+    for i, (state, command, with_file) in enumerate(KILLED):
         args = ["--patch-file", str(fix2), "--patch-file", str(fix1)] if with_file else []
         probe = tmp_path / "probe"
         shutil.rmtree(probe, ignore_errors=True)
@@ -420,7 +425,10 @@ def test_each_write_of_a_user_patch_commit_killed(tmp_path, figures):
         assert r.returncode in (0, 1), (state, command, r.stderr)
         steps = log.read_text().splitlines() if log.exists() else []
         ends = {}
-        for k in kill_points(steps):
+        points = kill_points(steps)
+        if not FULL_SWEEP:  # sampled: every other distinct kill point (alternating start) and the last
+            points = sorted(set(points[i % 2 :: 2]) | {points[-1]})
+        for k in points:
             work = tmp_path / "killed"
             shutil.rmtree(work, ignore_errors=True)
             subprocess.run(["cp", "-al", str(states[state]), str(work)], check=True)
