@@ -56,7 +56,6 @@ def test_hidden_states_match_the_reference(patched, config):
         assert worst >= COSINE_BOUND, f"{config}/{call['name']}: worst per-token cosine {worst:.6f}"
 
 
-@pytest.mark.slow  # in make test: selftest's chunked case (tp 1) and llama-tp2's capture
 def test_batch_over_the_token_budget_is_chunked_across_steps_at_tp2(patched):
     chunked = next(c for c in patched("llama-tp2")["calls"] if c["name"] == "chunked")
     assert chunked["tokens"] > 8192 and chunked["steps"] >= 2, chunked["step_tokens"]
