@@ -208,9 +208,10 @@ def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] |
         return
     one = len(edited) == 1
     holding = f", with this tool's fixes already in ({', '.join(fixes)})," if fixes else ""
+    state = f"{snap.state_dir} records no file" if snap.state_exists else f"there is no {snap.state_dir}"
     raise UserError(
         f"{', '.join(edited)} {'differs' if one else 'differ'} from what pip installed ({'its' if one else 'their'} "
-        f"RECORD){holding} but {snap.state_dir} records no file: speculators-patch's state was lost (or the files "
+        f"RECORD){holding} but {state}: speculators-patch's state was lost (or the files "
         f"were edited by hand), so {what} cannot tell what it wrote there; nothing was changed; "
         f"`{advise('speculators-patch repair')}` says what each file is, and "
         f"pip install --force-reinstall --no-deps speculators=={snap.speculators_version} restores them"
