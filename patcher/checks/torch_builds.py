@@ -109,22 +109,3 @@ def joined(imports: ImportPathCheck | None, answer: dict) -> ImportPathCheck | N
     if imports is None or not found:
         return imports
     return ImportPathCheck([*imports.findings, *found], imports.modules, imports.checked)
-
-
-def explain(failure: str, transport, snap) -> str:
-    """``failure`` (selftest's one line when the check gave no report) with, when verify's
-    import check finds a torchvision built for another torch on the target, that finding:
-    transformers' own words ("Could not import module 'LlamaConfig'") do not name it. Costs
-    one ``sources`` exchange, on this failure only; the failure as it was when that fails.
-    ``transport``: a ``Transport`` or the run's ``Session``."""
-    from patcher.checks.verify import verify_calls
-    from patcher.connect.session import Session
-    from patcher.errors import UserError
-
-    try:
-        with Session.of(transport) as session:  # a bare transport (selftest's) or the run's session
-            imports = verify_calls(session, snap).imports
-    except (UserError, OSError):
-        return failure
-    found = [f for f in (imports.findings if imports else []) if f.kind == "torch-build-mismatch"]
-    return failure + "".join(f"; verify's import check finds: {f.detail}" for f in found)

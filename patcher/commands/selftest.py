@@ -170,11 +170,27 @@ def selftest(transport: Transport, snap: Snapshot, req: dict, timeout: float) ->
     try:
         raw = run_remote(transport, snap, req, timeout)
     except UserError as failed:  # the import chain may be what broke: name it, as verify does
-        from patcher.checks.torch_builds import explain
-
         raise UserError(explain(str(failed), transport, snap)) from None
     report = summarize(raw, snap.patches)
     return SelfTested(report, {**describe(snap), "ok": report["ok"], "selftest": report, "summary": verdict(report)})
+
+
+def explain(failure: str, transport, snap) -> str:
+    """``failure`` (selftest's one line when the check gave no report) with, when verify's
+    import check finds a torchvision built for another torch on the target, that finding:
+    transformers' own words ("Could not import module 'LlamaConfig'") do not name it. Costs
+    one ``sources`` exchange, on this failure only; the failure as it was when that fails.
+    ``transport``: a ``Transport`` or the run's ``Session``."""
+    from patcher.checks.verify import verify_calls
+    from patcher.connect.session import Session
+
+    try:
+        with Session.of(transport) as session:  # a bare transport (selftest's) or the run's session
+            imports = verify_calls(session, snap).imports
+    except (UserError, OSError):
+        return failure
+    found = [f for f in (imports.findings if imports else []) if f.kind == "torch-build-mismatch"]
+    return failure + "".join(f"; verify's import check finds: {f.detail}" for f in found)
 
 
 def summarize(report: dict, patches: PatchSet) -> dict:

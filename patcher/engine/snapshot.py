@@ -19,11 +19,10 @@ from packaging.version import InvalidVersion, Version
 
 import patcher
 from patcher import cache
-from patcher.agent.manifest_rules import REPAIR_HINT
 from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
-from patcher.fixes.manifest import FileRecord, Manifest
+from patcher.fixes.manifest import REPAIR_HINT, FileRecord, Manifest
 from patcher.fixes.patch import Patch, needs_vllm
 from patcher.fixes.registry import PatchSet, loaded, shipped_patches, written_for
 from patcher.fixes.vllm_source import Evidence, VllmSource
