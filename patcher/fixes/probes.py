@@ -245,6 +245,24 @@ def _absent_library(src: VllmSource, path: str) -> Evidence | None:
     return None if src.installed(library) else Evidence(False, path, None, f"{library} is not installed")
 
 
+def _find_class(src: VllmSource, path: str, cls: str) -> ast.ClassDef | Evidence:
+    """Class ``cls`` of ``path`` (a module-level alias followed), or the answer of a probe
+    that cannot find it: its library not installed (an ordinary answer), the class gone
+    (``Evidence.missing``)."""
+    absent = _absent_library(src, path)
+    if absent is not None:
+        return absent
+    node = src.find_class(path, cls)
+    return node if node is not None else _gone(path, cls)
+
+
+def _method(node: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The method ``name`` defined in the body of class ``node``, or None."""
+    return next(
+        (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None
+    )
+
+
 @_recorded
 def method_calls(path: str, cls: str, method: str, callee: str) -> Probe:
     """Holds when class ``cls`` (a module-level alias followed) defines ``method`` and its body
@@ -253,15 +271,10 @@ def method_calls(path: str, cls: str, method: str, callee: str) -> Probe:
     does not hold); the class gone is ``Evidence.missing``."""
 
     def probe(src: VllmSource) -> Evidence:
-        absent = _absent_library(src, path)
-        if absent is not None:
-            return absent
-        node = src.find_class(path, cls)
-        if node is None:
-            return _gone(path, cls)
-        fn = next(
-            (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method), None
-        )
+        node = _find_class(src, path, cls)
+        if isinstance(node, Evidence):
+            return node
+        fn = _method(node, method)
         if fn is None:
             return Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
         for call in ast.walk(fn):
@@ -279,12 +292,9 @@ def field_annotation_mentions(path: str, cls: str, name: str, word: str) -> Prob
     without that field is an ordinary answer; the class gone is ``Evidence.missing``."""
 
     def probe(src: VllmSource) -> Evidence:
-        absent = _absent_library(src, path)
-        if absent is not None:
-            return absent
-        node = src.find_class(path, cls)
-        if node is None:
-            return _gone(path, cls)
+        node = _find_class(src, path, cls)
+        if isinstance(node, Evidence):
+            return node
         for field in node.body:
             if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and field.target.id == name:
                 text = ast.unparse(field.annotation)
@@ -336,15 +346,10 @@ def method_mentions(path: str, cls: str, method: str, literal: str) -> Probe:
     ordinary answer (the fact does not hold); the class gone is ``Evidence.missing``."""
 
     def probe(src: VllmSource) -> Evidence:
-        absent = _absent_library(src, path)
-        if absent is not None:
-            return absent
-        node = src.find_class(path, cls)
-        if node is None:
-            return _gone(path, cls)
-        fn = next(
-            (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method), None
-        )
+        node = _find_class(src, path, cls)
+        if isinstance(node, Evidence):
+            return node
+        fn = _method(node, method)
         if fn is None:
             return Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
         simple = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
@@ -364,12 +369,9 @@ def class_sets_no_attribute(path: str, cls: str, attr: str) -> Probe:
     gone is ``Evidence.missing``; the library not installed, an ordinary answer."""
 
     def probe(src: VllmSource) -> Evidence:
-        absent = _absent_library(src, path)
-        if absent is not None:
-            return absent
-        node = src.find_class(path, cls)
-        if node is None:
-            return _gone(path, cls)
+        node = _find_class(src, path, cls)
+        if isinstance(node, Evidence):
+            return node
         for stmt in node.body:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
             if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
