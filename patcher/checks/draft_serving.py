@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from patcher.fixes import vllm_eagle3 as e3
-from patcher.fixes.vllm_source import VllmSource
+from patcher.fixes.library_source import LibrarySource
 
 OK, PROBLEM, UNKNOWN = "ok", "problem", "unknown"
 FC = "fc.weight"
@@ -52,7 +52,7 @@ class Draft:
     verifier_config: dict | None
     data_layers: list[int] | None
     data_path: str | None
-    vllm: VllmSource
+    vllm: LibrarySource
     verifier_modules: tuple[str, ...] = ()
 
 

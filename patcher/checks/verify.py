@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from patcher.engine import FilePlan, Snapshot, plan
 from patcher.errors import UserError
+from patcher.fixes.library_source import Evidence
 from patcher.fixes.patch import Patch, VllmFact
-from patcher.fixes.vllm_source import Evidence
 
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding

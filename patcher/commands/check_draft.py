@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from patcher.checks.draft_serving import OK, PROBLEM, UNKNOWN, Check, Draft, all_checks
 from patcher.errors import UserError
 from patcher.fixes import vllm_eagle3 as e3
-from patcher.fixes.vllm_source import VllmSource
+from patcher.fixes.library_source import LibrarySource
 
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
@@ -185,9 +185,9 @@ def _data_layers(found: dict | None) -> list[int] | None:
     return layers
 
 
-def _source(vllm: dict) -> VllmSource:
+def _source(vllm: dict) -> LibrarySource:
     files = {p: None if t is None else t.encode() for p, t in vllm["files"].items()}
-    return VllmSource(files, ", ".join(vllm["versions"]) or "unknown")
+    return LibrarySource(files, ", ".join(vllm["versions"]) or "unknown")
 
 
 def _with_verifier_modules(transport: Transport, d: Draft, answer: dict) -> Draft:
@@ -203,14 +203,14 @@ def _with_verifier_modules(transport: Transport, d: Draft, answer: dict) -> Draf
     if found[0] not in files:
         more = transport.request("draft", vllm_files=modules)["vllm"]["files"]
         files.update({p: None if t is None else t.encode() for p, t in more.items()})
-    src = VllmSource(files, d.vllm.version)
+    src = LibrarySource(files, d.vllm.version)
     if e3.aux_capture(src, modules[0]).numbering == "none":
         siblings = [m for m in e3.sibling_imports(src, modules[0]) if m not in files]
         if siblings:
             more = transport.request("draft", vllm_files=siblings)["vllm"]["files"]
             files.update({p: None if t is None else t.encode() for p, t in more.items()})
         modules += [m for m in e3.sibling_imports(src, modules[0]) if files.get(m) is not None]
-        src = VllmSource(files, d.vllm.version)
+        src = LibrarySource(files, d.vllm.version)
     d.vllm, d.verifier_modules = src, tuple(modules)
     return d
 

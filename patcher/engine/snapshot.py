@@ -22,10 +22,10 @@ from patcher import cache
 from patcher.connect.transport import Transport
 from patcher.digest import tool as tool_digest
 from patcher.errors import Unsupported, UserError
+from patcher.fixes.library_source import Evidence, LibrarySource
 from patcher.fixes.manifest import REPAIR_HINT, FileRecord, Manifest
 from patcher.fixes.patch import Patch, needs_vllm
 from patcher.fixes.registry import PatchSet, loaded, shipped_patches, written_for
-from patcher.fixes.vllm_source import Evidence, VllmSource
 
 EVIDENCE = "vllm-evidence"
 
@@ -119,7 +119,7 @@ class Snapshot:
     speculators_root: str
     editable_source: str | None
     files: dict[str, bytes | None]
-    vllm: VllmSource | None
+    vllm: LibrarySource | None
     vllm_root: str | None
     manifest: Manifest | None  # parsed once from the agent's answer (``patcher.fixes.manifest``)
     pristine: dict[str, bytes | None]
@@ -134,7 +134,7 @@ class Snapshot:
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
     unfinished: str | None = None  # a finished commit's cleanup that could not be completed (one line)
     state_exists: bool = False  # the state directory is there (perhaps only a lock an earlier run left)
-    library_source: VllmSource | None = None  # no vLLM: the other libraries' fact files
+    library_source: LibrarySource | None = None  # no vLLM: the other libraries' fact files
     installer: str | None = None  # what installed speculators: its dist-info's INSTALLER (pip, uv...)
     raced: bool = False  # read again: another run changed the install between this run's read and commit
 
@@ -319,11 +319,11 @@ def read_snapshot(
     }
     vllm_source = library_source = None
     if vllm is not None:
-        vllm_source = VllmSource(
+        vllm_source = LibrarySource(
             {**contents["vllm"], **contents["libraries"]}, ", ".join(vllm["versions"]) or "unknown", libraries
         )
     else:  # a training-only env: the facts of the training half read transformers and torch alone
-        library_source = VllmSource(contents["libraries"], "not installed", libraries)
+        library_source = LibrarySource(contents["libraries"], "not installed", libraries)
     snap = Snapshot(
         label=transport.label,
         python=answer["python"],

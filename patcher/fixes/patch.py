@@ -17,7 +17,7 @@ __all__ = ["Fact", "Patch", "PatchCodemod", "PatchRefused", "Uncovered", "VllmFa
 
 if TYPE_CHECKING:
     from patcher.fixes.codemod_base import PatchCodemod
-    from patcher.fixes.vllm_source import Evidence, VllmSource
+    from patcher.fixes.library_source import Evidence, LibrarySource
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Fact:
     summary: str
     symbol: str
     first_release: str
-    probe: Callable[[VllmSource], Evidence]
+    probe: Callable[[LibrarySource], Evidence]
     modules: tuple[str, ...] = ()
     of_serving: bool = False
 

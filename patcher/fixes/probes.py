@@ -1,4 +1,4 @@
-"""Probe builders: each returns a function ``VllmSource -> Evidence`` for one kind of fact.
+"""Probe builders: each returns a function ``LibrarySource -> Evidence`` for one kind of fact.
 
 Every probe reads the static source only and reports the line and the code it found, so
 ``verify`` can show its evidence (``file:line`` and the signature or field).
@@ -11,9 +11,9 @@ import functools
 import inspect
 from typing import Callable
 
-from patcher.fixes.vllm_source import Evidence, VllmSource, parameter_names, required_parameters, signature
+from patcher.fixes.library_source import Evidence, LibrarySource, parameter_names, required_parameters, signature
 
-Probe = Callable[[VllmSource], Evidence]
+Probe = Callable[[LibrarySource], Evidence]
 
 
 # The parameters of a probe builder that name a vLLM file the probe reads.
@@ -49,7 +49,7 @@ def _gone(path: str, what: str) -> Evidence:
     return Evidence(False, path, None, f"{what} not found", missing=True)
 
 
-def _class_field(src: VllmSource, path: str, cls: str, name: str) -> ast.AnnAssign | Evidence:
+def _class_field(src: LibrarySource, path: str, cls: str, name: str) -> ast.AnnAssign | Evidence:
     """Field ``name`` of class ``cls`` in ``path``, or the Evidence of its absence: the class
     gone (``Evidence.missing``), or the field not there (an ordinary answer)."""
     if src.find_class(path, cls) is None:
@@ -62,7 +62,7 @@ def _class_field(src: VllmSource, path: str, cls: str, name: str) -> ast.AnnAssi
 def init_field_required(path: str, cls: str, name: str) -> Probe:
     """Holds when dataclass ``cls`` declares ``name: InitVar[...]`` without a default."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         field = _class_field(src, path, cls, name)
         if isinstance(field, Evidence):
             return field
@@ -77,7 +77,7 @@ def init_field_required(path: str, cls: str, name: str) -> Probe:
 def field_defined(path: str, cls: str, name: str) -> Probe:
     """Holds when class ``cls`` declares the field ``name`` (evidence: its declaration)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         field = _class_field(src, path, cls, name)
         if isinstance(field, Evidence):
             return field
@@ -90,7 +90,7 @@ def field_defined(path: str, cls: str, name: str) -> Probe:
 def field_default(path: str, cls: str, name: str, value: str) -> Probe:
     """Holds when ``cls.name`` defaults to ``value`` (source text, e.g. ``True``)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         field = _class_field(src, path, cls, name)
         if isinstance(field, Evidence):
             return field
@@ -106,7 +106,7 @@ def parameter_absent(path: str, qualname: str, param: str, moved_to: str | None 
     the module that defines ``qualname`` where ``path`` no longer does (both declared in the
     fact's modules)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         where, fn = path, src.find_function(path, qualname)
         if fn is None and moved_to is not None:
             where, fn = moved_to, src.find_function(moved_to, qualname)
@@ -123,7 +123,7 @@ def parameter_required(path: str, qualname: str, param: str, optional: bool = Fa
     function itself is new in some releases (absent there: the fact does not hold, an
     ordinary answer); otherwise its absence is ``Evidence.missing``."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
             return _missing(path, qualname) if optional else _gone(path, qualname)
@@ -136,7 +136,7 @@ def parameter_required(path: str, qualname: str, param: str, optional: bool = Fa
 def method_defined(path: str, qualname: str, param: str | None = None) -> Probe:
     """Holds when ``qualname`` is defined (and, if given, takes ``param``)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
             return _missing(path, qualname)
@@ -150,7 +150,7 @@ def method_defined(path: str, qualname: str, param: str | None = None) -> Probe:
 def returns_not_list(path: str, qualname: str) -> Probe:
     """Holds when ``qualname``'s return annotation is not ``list[...]`` (a single value)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
             return _gone(path, qualname)
@@ -165,7 +165,7 @@ def imports_at_top(path: str, module: str) -> Probe:
     """Holds when module ``path`` imports from ``module`` at its top level (not inside a
     function or a branch: whatever loads ``path`` loads ``module``)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         tree = src.tree(path)
         if tree is None:
             return _missing(path, path)
@@ -182,7 +182,7 @@ def attribute_stores(path: str, qualname: str, attr: str, holding: str) -> Probe
     """Holds when function ``qualname`` assigns ``self.<attr>`` a value built from the name
     ``holding`` (e.g. ``self.execute_model_state = (..., input_batch, ...)``)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         fn = src.find_function(path, qualname)
         if fn is None:
             return _missing(path, qualname)
@@ -207,7 +207,7 @@ def class_reads(path: str, cls: str, attr: str) -> Probe:
     """Holds when a method of class ``cls`` reads ``<something>.<attr>`` (the first such read
     is the evidence)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         node = src.find_class(path, cls)
         if node is None:
             return _missing(path, cls)
@@ -226,7 +226,7 @@ def function_moved(old_path: str, new_path: str, name: str) -> Probe:
     module ``new_path`` does (evidence: its definition there); where ``old_path`` still
     defines it, the evidence is that definition."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         old = src.find_function(old_path, name)
         if old is not None:
             return Evidence(False, old_path, old.lineno, signature(old))
@@ -238,14 +238,14 @@ def function_moved(old_path: str, new_path: str, name: str) -> Probe:
     return probe
 
 
-def _absent_library(src: VllmSource, path: str) -> Evidence | None:
+def _absent_library(src: LibrarySource, path: str) -> Evidence | None:
     """The answer of a probe into a library the target does not have at all (transformers
     or torch): the fact does not hold there, an ordinary answer; None when it is installed."""
     library = path.split("/", 1)[0]
     return None if src.installed(library) else Evidence(False, path, None, f"{library} is not installed")
 
 
-def _find_class(src: VllmSource, path: str, cls: str) -> ast.ClassDef | Evidence:
+def _find_class(src: LibrarySource, path: str, cls: str) -> ast.ClassDef | Evidence:
     """Class ``cls`` of ``path`` (a module-level alias followed), or the answer of a probe
     that cannot find it: its library not installed (an ordinary answer), the class gone
     (``Evidence.missing``)."""
@@ -270,7 +270,7 @@ def method_calls(path: str, cls: str, method: str, callee: str) -> Probe:
     evidence: that call. The class defining no such method is an ordinary answer (the fact
     does not hold); the class gone is ``Evidence.missing``."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         node = _find_class(src, path, cls)
         if isinstance(node, Evidence):
             return node
@@ -291,7 +291,7 @@ def field_annotation_mentions(path: str, cls: str, name: str, word: str) -> Prob
     annotated field ``name`` and its annotation names ``word`` (e.g. ``torch``). The class
     without that field is an ordinary answer; the class gone is ``Evidence.missing``."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         node = _find_class(src, path, cls)
         if isinstance(node, Evidence):
             return node
@@ -319,7 +319,7 @@ def aux_layers_are_layer_inputs(path: str) -> Probe:
     (``patcher.fixes.vllm_eagle3.aux_capture``); evidence: the first capture. The module gone
     is ``Evidence.missing``; one without a capture is an ordinary answer."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         from patcher.fixes.vllm_eagle3 import aux_capture
 
         if not src.has(path):
@@ -345,7 +345,7 @@ def method_mentions(path: str, cls: str, method: str, literal: str) -> Probe:
     looks up); evidence: the statement that holds it. The class defining no such method is an
     ordinary answer (the fact does not hold); the class gone is ``Evidence.missing``."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         node = _find_class(src, path, cls)
         if isinstance(node, Evidence):
             return node
@@ -368,7 +368,7 @@ def class_sets_no_attribute(path: str, cls: str, attr: str) -> Probe:
     ``attr``; evidence: the class. Where it does, the evidence is that assignment. The class
     gone is ``Evidence.missing``; the library not installed, an ordinary answer."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         node = _find_class(src, path, cls)
         if isinstance(node, Evidence):
             return node
@@ -400,7 +400,7 @@ def module_absent(path: str) -> Probe:
     release); evidence: its absence, or the module's first line where it is still there. The
     library not installed is an ordinary answer (the fact does not hold)."""
 
-    def probe(src: VllmSource) -> Evidence:
+    def probe(src: LibrarySource) -> Evidence:
         absent = _absent_library(src, path)
         if absent is not None:
             return absent

@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from patcher.fixes.vllm_source import VllmSource
+from patcher.fixes.library_source import LibrarySource
 
 MODELS = "vllm/model_executor/models"
 LLAMA = f"{MODELS}/llama.py"
@@ -144,10 +144,10 @@ def _takes_final_state(tree: ast.AST) -> bool:
     return False
 
 
-def aux_capture(src: VllmSource, path: str) -> AuxCapture:
+def aux_capture(src: LibrarySource, path: str) -> AuxCapture:
     """How the model module ``path`` numbers EAGLE-3 auxiliary hidden states (``AuxCapture``);
     ``numbering`` ``none`` when the file is missing or takes none. Raises ``KeyError`` when
-    ``path`` was not fetched (``VllmSource.tree``)."""
+    ``path`` was not fetched (``LibrarySource.tree``)."""
     tree = src.tree(path)
     loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)] if tree else []
     captures = [c for loop in loops for c in _loop_captures(loop)]
@@ -201,7 +201,7 @@ def _returned_tuple(fn: ast.FunctionDef) -> ast.Return | None:
     )
 
 
-def default_layers(src: VllmSource, modules: tuple[str, ...]) -> DefaultLayers | None:
+def default_layers(src: LibrarySource, modules: tuple[str, ...]) -> DefaultLayers | None:
     """The defaults vLLM gives a verifier defined in ``modules`` (its own module first, then
     those it builds on): ``get_eagle3_default_aux_hidden_state_layers`` there or in
     interfaces.py (vLLM 0.18 on), else the model's own ``get_eagle3_aux_hidden_state_layers``
@@ -239,7 +239,7 @@ class SpeculatorsMethod:
     aux_ids_line: int | None
 
 
-def speculators_methods(src: VllmSource) -> dict[str, SpeculatorsMethod]:
+def speculators_methods(src: LibrarySource) -> dict[str, SpeculatorsMethod]:
     """Every speculators draft type the installed vLLM registers ({} when algos.py is missing)."""
     tree = src.tree(SPECULATORS_ALGOS)
     found = {}
@@ -289,7 +289,7 @@ def _method(fn: ast.FunctionDef, name: str, line: int) -> SpeculatorsMethod:
     return SpeculatorsMethod(name, line, archs, default, arch_line, aux_line)
 
 
-def model_module(src: VllmSource, architecture: str) -> tuple[str, str, int] | None:
+def model_module(src: LibrarySource, architecture: str) -> tuple[str, str, int] | None:
     """(module path, class, registry line) vLLM loads for a verifier ``architecture``
     (``LlamaForCausalLM`` -> ``vllm/model_executor/models/llama.py``), from the literal tables
     of registry.py; None when it names no such architecture."""
@@ -305,7 +305,7 @@ def model_module(src: VllmSource, architecture: str) -> tuple[str, str, int] | N
     return None
 
 
-def sibling_imports(src: VllmSource, path: str) -> list[str]:
+def sibling_imports(src: LibrarySource, path: str) -> list[str]:
     """The model modules ``path`` imports from (``from .qwen2 import Qwen2Model``,
     ``from vllm.model_executor.models.llama import ...``), in order: where a model that only
     subclasses another takes its hidden states."""

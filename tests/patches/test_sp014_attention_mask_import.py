@@ -11,7 +11,7 @@ import pytest
 from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 from sandbox import wheel
 
-from patcher.fixes.vllm_source import VllmSource
+from patcher.fixes.library_source import LibrarySource
 from speculators_patch_codemods.sp014_attention_mask_import import PATCH, PORTABLE
 
 HEAD = "import torch\nfrom transformers import AutoConfig\n"
@@ -120,7 +120,7 @@ def attention_mask_module(release: str | None) -> tuple[bool, str, str]:
         with zipfile.ZipFile(wheel("transformers", release)) as z:
             files[path] = z.read(path) if path in z.namelist() else None
     [fact] = PATCH.facts
-    e = fact.probe(VllmSource(files, "0.34.0", {"transformers": release}))
+    e = fact.probe(LibrarySource(files, "0.34.0", {"transformers": release}))
     return e.holds, e.where, e.found
 
 

@@ -21,8 +21,8 @@ import pytest
 from codemods import assert_codemod, assert_refuses, codemod
 from sandbox import wheel
 
+from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
-from patcher.fixes.vllm_source import VllmSource
 
 PATCHES = {p.id: p for p in loaded().patches}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -45,7 +45,7 @@ def vllm_files(release: str, paths) -> dict[str, bytes | None]:
 
 def evidence(patch_id: str, release: str) -> list[tuple[bool, str]]:
     patch = PATCHES[patch_id]
-    src = VllmSource(vllm_files(release, {m for f in patch.facts for m in f.modules}), release)
+    src = LibrarySource(vllm_files(release, {m for f in patch.facts for m in f.modules}), release)
     return [(e.holds, e.where) for e in (f.probe(src) for f in patch.facts)]
 
 

@@ -15,8 +15,8 @@ import pytest
 from codemods import assert_codemod, assert_refuses, codemod
 from sandbox import wheel
 
+from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
-from patcher.fixes.vllm_source import VllmSource
 from speculators_patch_codemods.capture_methods import EITHER_RUNNER, PER_REQUEST
 from speculators_patch_codemods.sp027_model_runner_v2_by_batch_state import FUNCTIONS, METHODS
 
@@ -33,7 +33,7 @@ def vllm_files(release: str, paths) -> dict[str, bytes | None]:
 
 def evidence(patch_id: str, release: str) -> list[tuple[bool, str]]:
     patch = PATCHES[patch_id]
-    src = VllmSource(vllm_files(release, {m for f in patch.facts for m in f.modules}), release)
+    src = LibrarySource(vllm_files(release, {m for f in patch.facts for m in f.modules}), release)
     return [(e.holds, e.where) for e in (f.probe(src) for f in patch.facts)]
 
 

@@ -15,8 +15,8 @@ from codemods import assert_codemod, assert_noop, assert_refuses, codemod
 from sandbox import make_sandbox, wheel
 from support import run_cli, run_json
 
+from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
-from patcher.fixes.vllm_source import VllmSource
 
 PATCHES = {p.id: p for p in loaded().patches}
 CONFIG = "speculators/config.py"
@@ -39,7 +39,7 @@ def evidence(patch_id: str, release: str | None) -> list[tuple[bool, str, str]]:
     patch = PATCHES[patch_id]
     paths = {m for f in patch.facts for m in f.modules}
     files = transformers_files(release, paths) if release else dict.fromkeys(paths)
-    src = VllmSource(files, "0.34.0", {"transformers": release})
+    src = LibrarySource(files, "0.34.0", {"transformers": release})
     return [(e.holds, e.where, e.found) for e in (f.probe(src) for f in patch.facts)]
 
 

@@ -16,8 +16,8 @@ from codemods import assert_codemod, assert_noop, assert_refuses
 from sandbox import wheel
 
 from patcher.engine import run_codemod
+from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
-from patcher.fixes.vllm_source import VllmSource
 
 PATCH = loaded().by_id()["SP034"]
 CORE = "speculators/models/eagle3/core.py"
@@ -117,7 +117,7 @@ def evidence(release: str | None):
         with zipfile.ZipFile(wheel("transformers", release)) as z:
             files[CONFIGURATION] = z.read(CONFIGURATION)
     [fact] = PATCH.facts
-    e = fact.probe(VllmSource(files, "0.34.0", {"transformers": release}))
+    e = fact.probe(LibrarySource(files, "0.34.0", {"transformers": release}))
     return e.holds, e.where, e.found
 
 

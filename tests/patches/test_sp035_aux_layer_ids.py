@@ -25,8 +25,8 @@ from sandbox import wheel
 
 from patcher.engine import run_codemod
 from patcher.fixes import vllm_eagle3
+from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
-from patcher.fixes.vllm_source import VllmSource
 
 PATCH = {p.id: p for p in loaded().patches}["SP035"]
 PATCH_METHOD = importlib.import_module(PATCH.codemod.__module__).METHOD
@@ -51,10 +51,10 @@ LLAMA_LINE = {
 }
 
 
-def source(release: str) -> VllmSource:
+def source(release: str) -> LibrarySource:
     with zipfile.ZipFile(wheel(dist(release), release)) as z:
         names = set(z.namelist())
-        return VllmSource({p: z.read(p) if p in names else None for p in READ}, release)
+        return LibrarySource({p: z.read(p) if p in names else None for p in READ}, release)
 
 
 def minor(release: str) -> tuple[int, int]:
@@ -62,7 +62,7 @@ def minor(release: str) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def sources() -> dict[str, VllmSource]:
+def sources() -> dict[str, LibrarySource]:
     return {r: source(r) for r in RELEASES}
 
 

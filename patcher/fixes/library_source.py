@@ -40,7 +40,7 @@ class Evidence:
         return f"{self.file}:{self.line}" if self.line else self.file
 
 
-class VllmSource:
+class LibrarySource:
     """Parsed library modules keyed by path relative to their import root (``vllm/...py``,
     ``transformers/...py``, ``torch/...py``).
 
