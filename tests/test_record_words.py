@@ -91,3 +91,15 @@ def test_the_loser_of_two_reverts_says_the_other_run_restored_the_files(sandbox,
     assert done.summary.startswith("nothing to revert: another run restored the files first"), done.summary
     assert any(n.startswith("another speculators-patch run changed this install") for n in notes(snap))
     assert done.exit_code == 0 and not (site / STATE).exists()
+
+
+def test_nothing_to_repair_writes_nothing(sandbox, site):
+    """A record that matches the files, however its JSON is laid out: ``repair`` says there is
+    nothing to repair, and the state folder keeps every byte (it used to rewrite manifest.json
+    while saying so)."""
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    _edit_record(site, lambda entry: None)  # the same record, laid out another way
+    before = tree_digest(site / STATE)
+    repaired = run_cli("repair", "--target", str(sandbox))
+    assert repaired.returncode == 0 and repaired.stdout.strip().splitlines()[-1].startswith("nothing to repair")
+    assert tree_digest(site / STATE) == before

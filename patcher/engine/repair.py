@@ -194,7 +194,15 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileR
     recorded_before = user_records.records(snap.manifest)
     loaded = {p.id: p for p in snap.patches.user_patches() if p.id not in recorded_before}
     manifest = new_manifest(snap, files, loaded)
-    if snap.state_exists or manifest is not None:  # else no state, none to write: a read-only install is fine
+    same = (  # the record as it was and every kept copy named by it: nothing to write, the bytes stay
+        manifest is not None
+        and snap.manifest is not None
+        and not snap.state_problem
+        and manifest.as_dict() == snap.manifest.as_dict()
+        and set(snap.backups) == set(files)
+        and all(len(copies) == 1 for copies in snap.backups.values())
+    )
+    if not same and (snap.state_exists or manifest is not None):  # no state, none to write: read-only is fine
         transport.request(
             "commit",
             state_dir=snap.state_dir,
