@@ -256,10 +256,16 @@ def _find_class(src: LibrarySource, path: str, cls: str) -> ast.ClassDef | Evide
     return node if node is not None else _gone(path, cls)
 
 
-def _method(node: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The method ``name`` defined in the body of class ``node``, or None."""
-    return next(
-        (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None
+def _find_method(src: LibrarySource, path: str, cls: str, method: str):
+    """(class ``cls``, its method ``method``), or the answer of a probe that cannot find them:
+    ``_find_class``'s, or the class defining no such method (an ordinary answer)."""
+    node = _find_class(src, path, cls)
+    if isinstance(node, Evidence):
+        return node
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    fn = next((n for n in node.body if isinstance(n, kinds) and n.name == method), None)
+    return (
+        (node, fn) if fn is not None else Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
     )
 
 
@@ -271,12 +277,10 @@ def method_calls(path: str, cls: str, method: str, callee: str) -> Probe:
     does not hold); the class gone is ``Evidence.missing``."""
 
     def probe(src: LibrarySource) -> Evidence:
-        node = _find_class(src, path, cls)
-        if isinstance(node, Evidence):
-            return node
-        fn = _method(node, method)
-        if fn is None:
-            return Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
+        found = _find_method(src, path, cls, method)
+        if isinstance(found, Evidence):
+            return found
+        node, fn = found
         for call in ast.walk(fn):
             if isinstance(call, ast.Call) and ast.unparse(call.func) == callee:
                 return Evidence(True, path, call.lineno, f"{node.name}.{method}: {ast.unparse(call)}")
@@ -346,12 +350,10 @@ def method_mentions(path: str, cls: str, method: str, literal: str) -> Probe:
     ordinary answer (the fact does not hold); the class gone is ``Evidence.missing``."""
 
     def probe(src: LibrarySource) -> Evidence:
-        node = _find_class(src, path, cls)
-        if isinstance(node, Evidence):
-            return node
-        fn = _method(node, method)
-        if fn is None:
-            return Evidence(False, path, node.lineno, f"class {node.name} defines no {method}")
+        found = _find_method(src, path, cls, method)
+        if isinstance(found, Evidence):
+            return found
+        node, fn = found
         simple = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
         for stmt in (n for n in ast.walk(fn) if isinstance(n, simple)):
             if any(isinstance(c, ast.Constant) and c.value == literal for c in ast.walk(stmt)):
