@@ -141,12 +141,16 @@ def test_ctrl_c_during_a_commit_waits_for_it_and_says_it_finished(sandbox, site,
 def test_ctrl_c_before_a_commit_says_nothing_changed(sandbox, site, tmp_path):
     started = tmp_path / "started"
     slow = tmp_path / "slow-python"
-    slow.write_text(f'#!/bin/sh\ntouch {started}\nsleep 30\nexec {sys.executable} "$@"\n')
+    went_on = tmp_path / "went-on"  # the command's Python would have started
+    slow.write_text(f'#!/bin/sh\ntouch {started}\nsleep 30\ntouch {went_on}\nexec {sys.executable} "$@"\n')
     slow.chmod(0o755)
     result = _interrupt_when(["apply", "--exec", str(slow), "--target", str(sandbox)], started.exists)
     assert result.returncode == 130 and result.stderr.startswith("error: ")  # no blank line first
     assert _one_line(result) == "error: interrupted (Ctrl-C) before anything was written: nothing changed"
     assert not (site / ".speculators-patch").exists()
+    # The --exec command (its own process group) got the Ctrl-C too: the CLI did not wait for
+    # it to finish its sleep and start the agent.
+    assert not went_on.exists()
 
 
 def test_ctrl_c_after_a_commit_says_what_this_run_wrote(sandbox, site):

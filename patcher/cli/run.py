@@ -59,18 +59,23 @@ def run_on_target(opts: Options, verb: Verb, patches: PatchSet, host: str | None
     from patcher.errors import Interrupted
 
     transport = connect(opts, host)
-    with transport, Session(transport) as work:
-        advice = Advice(transport, opts)
-        try:
+    work = None
+    try:
+        # Ctrl-C leaves this block as KeyboardInterrupt, so that the transport passes it on to
+        # an --exec command's own process group instead of waiting for that command to end.
+        with transport, Session(transport) as work:
+            advice = Advice(transport, opts)
             snap, done = session.run(work, functools.partial(verb.run, opts, advice, work), verb.retry, patches)
-        except KeyboardInterrupt:  # what this run had already written on the target, from its session
-            from patcher.cli.render import interrupted_message
+            shown = verb.report(advice, snap, done)
+    except KeyboardInterrupt:  # what this run had already written on the target, from its session
+        if work is None:
+            raise
+        from patcher.cli.render import interrupted_message
 
-            raise Interrupted(interrupted_message([(work.label, work.written)])) from None
-        shown = verb.report(advice, snap, done)
-        shown.notes = notes(snap)
-        shown.data["exchanges"] = transport.exchanges
-        return shown
+        raise Interrupted(interrupted_message([(work.label, work.written)])) from None
+    shown.notes = notes(snap)
+    shown.data["exchanges"] = transport.exchanges
+    return shown
 
 
 def read_hosts_file(path: str) -> list[str]:
