@@ -361,7 +361,7 @@ def step_train(work: Work) -> dict:
         )
     specs = [
         {"workdir": str(work.root), "size": work.size, "device": work.device, "name": name, "settings": work.settings}
-        for name in DRAFTS
+        for name in trained_drafts(work)
     ]
     # a draft trained by an earlier call (its result.json written last) is kept: a device call
     # that ran out of time resumes with the drafts it had not finished
@@ -387,6 +387,11 @@ def step_train(work: Work) -> dict:
     recorded = json.loads((newest(work.root / "drafts" / "vllm") / "config.json").read_text())
     figures["recorded_aux_ids"] = recorded.get("eagle_aux_hidden_state_layer_ids")
     return figures
+
+
+def trained_drafts(work: Work) -> list[str]:
+    """The ``DRAFTS`` this run trains and serves (``--drafts``; all by default)."""
+    return work.settings.get("drafts") or list(DRAFTS)
 
 
 def vocab_mapping(work: Work, vocab: int) -> dict:
@@ -642,7 +647,8 @@ def step_serve(work: Work) -> dict:
     call serves again only the variants whose engine failed (``incomplete``)."""
     serve = serve_module()
     before = (work.figures("serve") or {}).get("served", {})
-    todo = [name for name in SERVED if name not in before or "error" in before[name]]
+    chosen = [name for name in SERVED if SERVED[name][0] in (None, "untrained", *trained_drafts(work))]
+    todo = [name for name in chosen if name not in before or "error" in before[name]]
     turns = work.root / "serve-turns"
     shutil.rmtree(turns, ignore_errors=True)
     parallel = work.device == "cuda"
@@ -661,7 +667,7 @@ def step_serve(work: Work) -> dict:
     }
     figures = {
         "seconds": round(time.time() - t, 1),
-        "served": {name: found.get(name) or before[name] for name in SERVED},
+        "served": {name: found.get(name) or before[name] for name in chosen},
     }
     for name in todo:
         log(f"{name}: {json.dumps(found[name])}")
@@ -891,6 +897,12 @@ def main(args: argparse.Namespace) -> int:
     if args.epochs is not None:
         work.settings["epochs"] = args.epochs
     work.settings["verifier_steps"] = args.verifier_steps
+    if args.drafts:
+        unknown = sorted(set(args.drafts.split(",")) - set(DRAFTS))
+        if unknown:
+            print(f"error: unknown draft {', '.join(unknown)} (known: {', '.join(DRAFTS)})", file=sys.stderr)
+            return 2
+        work.settings["drafts"] = args.drafts.split(",")
     runners = {
         "verifier": step_verifier,
         "responses": step_responses,
@@ -929,5 +941,6 @@ if __name__ == "__main__":
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--out-dir", default=None, help="where report.md and report.json are copied")
     parser.add_argument("--epochs", type=int, default=None, help="the drafts' training epochs (default: SETTINGS)")
+    parser.add_argument("--drafts", default=None, help=f"comma-separated, of: {', '.join(DRAFTS)} (default: all)")
     parser.add_argument("--verifier-steps", type=int, default=None, help="the verifier's steps (default: its SIZES)")
     sys.exit(main(parser.parse_args()))

@@ -6,7 +6,7 @@
 #   STEP:   kimi   selftest --arch kimi_k25: extraction, speculators' Trainer, save/reload, vLLM serves it
 #           llama  the same for llama (docs/selftest.md)
 #           pipe1  benchmarks/real_text_pipeline.py: the verifier on real text, its responses, the capture
-#           pipe2  the same: transformers capture, three drafts trained (EPOCHS overrides; resumable)
+#           pipe2  the same: transformers capture, three drafts trained (EPOCHS, DRAFTS=vllm,hf override; resumable)
 #           pipe3  vLLM serving each draft, the report
 #           check  check-draft on every draft pipe3 served (the pre-apply copy must be flagged)
 # Env: CLI (default: speculators-patch on PATH), WORK (default /tmp/accept: pipe1 and pipe2 share it).
@@ -27,11 +27,11 @@ pipe1)
 pipe2)
   # resumable: a draft trained by an earlier call is kept (a call that runs out of time resumes)
   VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
-    --steps capture-hf,train ${EPOCHS:+--epochs $EPOCHS} 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -60
+    --steps capture-hf,train ${EPOCHS:+--epochs $EPOCHS} ${DRAFTS:+--drafts $DRAFTS} 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -60
   rc=${PIPESTATUS[0]}; tail -3 "$WORK"/logs/train-*.log; exit "$rc" ;;
 pipe3)
   VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
-    --steps serve,report --out-dir "$OUT" 2>&1 | tee "$OUT/pipe3.txt" | grep -v '^INFO' | tail -80
+    --steps serve,report --out-dir "$OUT" ${DRAFTS:+--drafts $DRAFTS} 2>&1 | tee "$OUT/pipe3.txt" | grep -v '^INFO' | tail -80
   exit "${PIPESTATUS[0]}" ;;
 check)
   rc=0
