@@ -195,7 +195,7 @@ def test_contents_the_controller_holds_are_named_not_sent(tmp_path: Path, monkey
         return snap, transport.exchanges
 
     def contents(snap):
-        return snap.files, snap.vllm.files, snap.pristine, snap.manifest
+        return snap.files, snap.libraries.files, snap.pristine, snap.manifest
 
     first, _ = snapshot()
     second, exchanges = snapshot()

@@ -321,7 +321,7 @@ class Lifecycle(Check):
         snap = found.snap
         if snap.training_only:  # no vLLM: no engine core to read
             return None
-        return check(found.calls.vllm or {}, snap.files.get(GENERATOR), snap.written, found.present)
+        return check(found.calls.vllm or {}, snap.files.get(GENERATOR), snap.applicable, found.present)
 
     def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
         """vLLM's engine-core set-up steps against the generator's: a summary, then each

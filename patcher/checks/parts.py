@@ -57,12 +57,12 @@ LIBRARY_NAMES = {"vllm": "vLLM"}  # how the facts' title names a library (others
 def facts_title(snap: Snapshot, facts: list) -> str:
     """The facts table's title: each library the facts read, with its installed version
     (``facts (static read of ...): vLLM 0.34.0, transformers 5.22.2``)."""
-    if snap.vllm is None:  # training only: the facts read transformers (and torch) alone
+    if snap.training_only:  # training only: the facts read transformers (and torch) alone
         libraries = dict.fromkeys(f.fact.library for f in facts if f.fact.library != "vllm")  # the serving vLLM's
-        read = ", ".join(f"{lib} {snap.library_source.version_of(lib)}" for lib in libraries) or "none"
+        read = ", ".join(f"{lib} {snap.libraries.version_of(lib)}" for lib in libraries) or "none"
         return f"facts (static read of {snap.site_packages}): {read}; vLLM not installed"
     libraries = dict.fromkeys(["vllm", *(f.fact.library for f in facts)])
-    read = ", ".join(f"{LIBRARY_NAMES.get(lib, lib)} {snap.vllm.version_of(lib)}" for lib in libraries)
+    read = ", ".join(f"{LIBRARY_NAMES.get(lib, lib)} {snap.libraries.version_of(lib)}" for lib in libraries)
     return f"facts (static read of {snap.vllm_root}): {read}"
 
 
@@ -83,7 +83,7 @@ class PatchVerdicts(Check):
         return Verdicts([f for f in found.facts if f.patch.id in found.ids], rows, every)
 
     def as_json(self, part: Verdicts, snap: Snapshot) -> dict:
-        source = snap.vllm if snap.vllm is not None else snap.library_source
+        source = snap.libraries
         facts = [
             {
                 "patch": f.patch.id,
@@ -155,7 +155,7 @@ class Calls(Check):
 
     def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
         calls = install.calls
-        names = [f"vLLM {snap.vllm.version}"] if snap.vllm is not None else []  # training only: no vLLM to call
+        names = [f"vLLM {snap.vllm_version}"] if not snap.training_only else []  # training only: no vLLM to call
         checked, missing = len(calls.checked), []
         if calls.library is not None:
             for lib, version in calls.library.versions.items():
@@ -195,7 +195,7 @@ def _libraries(calls: Any, snap: Snapshot) -> dict:
     """Per library the calls check read (vLLM; transformers and torch, the training half's):
     its version (None: not installed, nothing checked), calls and imports checked, breaks, notes."""
     out = {}
-    versions = {"vLLM": snap.vllm.version if snap.vllm else None}
+    versions = {"vLLM": snap.vllm_version}
     versions.update(calls.library.versions if calls.library else {})
     for lib, version in versions.items():
         findings = [f for f in calls.all_findings if f.library == lib]
@@ -374,7 +374,7 @@ class EngineProof(Check):
         snap = found.snap
         if snap.training_only:  # no vLLM: no engine to prove
             return Proof(None, [])
-        versions = snap.vllm.version.split(", ")
+        versions = snap.vllm_version.split(", ")
         return Proof(
             proven.unproven(versions, snap.speculators_version), proven.devices(versions, snap.speculators_version)
         )

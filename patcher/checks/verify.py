@@ -50,7 +50,7 @@ class PatchCheck:
 def verdicts(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
     """Check every patch written for the installed speculators against the snapshot (no
     writes, no imports)."""
-    patches = snap.written
+    patches = snap.applicable
     facts = [FactCheck(p, f, snap.evidence[(p.id, f.symbol)]) for p in patches for f in p.facts]
     checks: list[PatchCheck] = []
     plans: list[FilePlan] = plan(snap, patches)
@@ -131,7 +131,7 @@ def _v2_fix(snap: Snapshot) -> str | None:
     """The patch that makes the installed speculators read Model Runner V2's batch
     (``runner_batch="v2"``: patches/sp022_model_runner_v2_capture.py, written for 0.3.0), or
     None for a speculators no such patch is written for (0.4.x)."""
-    return next((p.id for p in snap.written if p.runner_batch == "v2"), None)
+    return next((p.id for p in snap.applicable if p.runner_batch == "v2"), None)
 
 
 def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:

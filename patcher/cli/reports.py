@@ -112,7 +112,7 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
     def render(console: Console) -> None:
         console.print(
             f"target {snap.label}: speculators {snap.speculators_version} at {snap.speculators_root}, "
-            f"vLLM {snap.vllm.version if snap.vllm else 'not installed'}",
+            f"vLLM {snap.vllm_version or 'not installed'}",
             soft_wrap=True,
         )  # one line for grep
         for path, state in files.items():
@@ -121,7 +121,7 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
         console.print(outcome_table(rows, snap.patches, "patches"))
         if any(r["state"] == "stale" for r in rows):
             console.print(
-                f"stale: applied for another vLLM, wrong for vLLM {snap.vllm.version if snap.vllm else 'none'}; "
+                f"stale: applied for another vLLM, wrong for vLLM {snap.vllm_version or 'none'}; "
                 f"fix: {escape(advice.advise(STALE_FIX))}"
             )
 
@@ -137,7 +137,7 @@ TRAINING_ONLY_HINT = (
 
 def _on(snap: Snapshot) -> str:
     """``on vLLM 0.34.0``, or ``without vLLM (training half)`` in a training-only env."""
-    return f"on vLLM {snap.vllm.version}" if snap.vllm is not None else "without vLLM (training half)"
+    return f"on vLLM {snap.vllm_version}" if not snap.training_only else "without vLLM (training half)"
 
 
 def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
@@ -160,7 +160,7 @@ def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
             )
             console.print(escape(snap.not_checked), soft_wrap=True)
         console.print(verdict_line(check))
-        hint = TRAINING_ONLY_HINT if snap.vllm is None else RUNTIME_HINT if check.calls.runtime else SELFTEST_HINT
+        hint = TRAINING_ONLY_HINT if snap.training_only else RUNTIME_HINT if check.calls.runtime else SELFTEST_HINT
         console.print(f"[dim]{hint}[/]")
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)

@@ -22,7 +22,7 @@ def describe(snap: Snapshot) -> dict:
         "speculators": snap.speculators_version,
         "speculators_root": snap.speculators_root,
         "editable_source": snap.editable_source,
-        "vllm": snap.vllm.version if snap.vllm else None,
+        "vllm": snap.vllm_version,
     }
 
 
@@ -55,10 +55,10 @@ def notes(snap: Snapshot, installer: bool = True) -> list[str]:
             f"{snap.state_dir}/manifest.json was written by speculators-patch {written_by}; read by this "
             f"speculators-patch {patcher.__version__}, which records its own version at its next write"
         )
-    if snap.vllm is not None and snap.speculators_version:
+    if not snap.training_only and snap.speculators_version:
         from patcher.fixes.support import outside_range
 
-        outside = outside_range(snap.speculators_version, snap.vllm.version)
+        outside = outside_range(snap.speculators_version, snap.vllm_version)
         if outside:  # never called supported where the support statement does not say so
             notes.append(outside)
     if snap.not_checked:  # no vLLM: every verb says which half it did not look at

@@ -84,7 +84,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
             f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
         )
     elif stale and not text:  # apply writes nothing either: the install is wrong for this vLLM as it stands
-        said = f"no diff: {stale_reason(stale, snap.vllm.version if snap.vllm else 'none')}"
+        said = f"no diff: {stale_reason(stale, snap.vllm_version or 'none')}"
     return Diffed(
         plans,
         text,

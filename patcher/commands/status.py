@@ -74,7 +74,7 @@ def status(
     mark_edited(source_changes(snap), rows, "state")
     # every file this run's patches name and every file the record names (of another release too)
     files = {path: snap.file_state(path) for path in sorted({p.path for p in plans} | set(snap.recorded_paths()))}
-    state, reason = install_state(rows, files, snap.vllm.version if snap.vllm else "")
+    state, reason = install_state(rows, files, snap.vllm_version or "")
     if snap.replaced_from:  # what pip did is pip's doing: never "changed by hand"
         state, reason = "reinstalled", f"{snap.installer_did}; `speculators-patch repair` drops that record"
     elif snap.installer_did and state in ("pristine", "partial"):  # --force-reinstall of the same release

@@ -98,7 +98,7 @@ def verify(
     engine.check_supported(snap)
     with Session.of(transport) as session:
         check = check_install(session, snap, {p.id for p in chosen}, runtime, advise)
-    source = snap.vllm if snap.vllm is not None else snap.library_source
+    source = snap.libraries
     data = {
         **describe(snap),
         "libraries": {name: source.version_of(name) for name in sorted(source.libraries)},

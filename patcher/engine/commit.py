@@ -102,7 +102,7 @@ def apply(
             raise UserError(f"{snap.state_dir}: pristine copy of {p.path} is missing; reinstall speculators")
         pristine[p.path] = base64.b64encode(original).decode()
         # ``checked``: what later read-only runs answer from (patcher.fast_path), or None
-        checked = fast_path.record(p.path, p.after, snap.written, snap.python_version)
+        checked = fast_path.record(p.path, p.after, snap.applicable, snap.python_version)
         files[p.path] = FileRecord(sha256(original), sha256(p.after), keep, checked)
     fresh = {o.patch.id: o.patch for p in changed for o in p.outcomes if o.state == "pending"}
     result = _commit(transport, snap, changed, pristine, new_manifest(snap, files, fresh), plans, verb="apply")
@@ -154,7 +154,7 @@ def new_manifest(
     return Manifest(
         tool=f"speculators-patch {patcher.__version__}",
         speculators_version=snap.speculators_version,
-        vllm_versions=snap.vllm.version if snap.vllm else None,
+        vllm_versions=snap.vllm_version,
         files=dict(files),
         user_patches=user_records.merged(snap.manifest, files, fresh or {}),
     )

@@ -149,7 +149,7 @@ def fact_missing(snap: Snapshot, patch: Patch) -> str:
         e = snap.evidence[(patch.id, f.symbol)]
         if e.missing:
             return (
-                f"vLLM {snap.vllm.version if snap.vllm else ''} has no {f.symbol} ({e.where}: {e.found}): "
+                f"vLLM {snap.vllm_version or ''} has no {f.symbol} ({e.where}: {e.found}): "
                 f"the code {patch.id} rewrites uses it, so it breaks with or without {patch.id}; "
                 f"no patch here handles this vLLM yet (verify's call check names the calls)"
             )

@@ -160,7 +160,7 @@ def _replayed(snap: Snapshot, path: str, copies: list[bytes], current: bytes) ->
             try:
                 replay = (
                     plan_file(snap, path, copy, snap.patches.patches, {}, only_needed=only_needed)
-                    if snap.vllm is not None or not only_needed
+                    if not snap.training_only or not only_needed
                     else None
                 )
             except UserError:

@@ -106,8 +106,9 @@ class Snapshot:
     """Everything read from a target in one ``inspect`` exchange.
 
     ``files`` and ``pristine`` map speculators paths (``speculators/...py``, relative to its
-    import root) to bytes; ``vllm`` is ``None`` when no vLLM is installed (a training-only
-    env: ``library_source`` then holds the transformers and torch files the facts read).
+    import root) to bytes; ``libraries`` holds the files the patches' facts read: vLLM's,
+    transformers' and torch's (its ``version`` vLLM's), or where no vLLM is installed
+    (``vllm_root`` None: a training-only env) transformers' and torch's alone.
     """
 
     label: str
@@ -119,8 +120,8 @@ class Snapshot:
     speculators_root: str
     editable_source: str | None
     files: dict[str, bytes | None]
-    vllm: LibrarySource | None
-    vllm_root: str | None
+    libraries: LibrarySource
+    vllm_root: str | None  # None: no vLLM installed
     manifest: Manifest | None  # parsed once from the agent's answer (``patcher.fixes.manifest``)
     pristine: dict[str, bytes | None]
     journal_pending: bool
@@ -134,7 +135,6 @@ class Snapshot:
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
     unfinished: str | None = None  # a finished commit's cleanup that could not be completed (one line)
     state_exists: bool = False  # the state directory is there (perhaps only a lock an earlier run left)
-    library_source: LibrarySource | None = None  # no vLLM: the other libraries' fact files
     installer: str | None = None  # what installed speculators: its dist-info's INSTALLER (pip, uv...)
     raced: bool = False  # read again: another run changed the install between this run's read and commit
 
@@ -193,7 +193,13 @@ class Snapshot:
     def training_only(self) -> bool:
         """speculators without vLLM (an env that only trains): the patches of the training
         half are judged and applied; the data-generation half (``needs_vllm``) is not checked."""
-        return self.vllm is None
+        return self.vllm_root is None
+
+    @property
+    def vllm_version(self) -> str | None:
+        """The installed vLLM's version (``"0.16.0"``; several dist-infos joined by ``", "``),
+        or None where none is installed."""
+        return None if self.training_only else self.libraries.version
 
     def judged(self, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
         """Those of ``patches`` this target can judge: all of them, or without vLLM those
@@ -214,8 +220,7 @@ class Snapshot:
     def evidence(self) -> dict[tuple[str, str], Evidence]:
         """Evidence per (patch id, fact symbol), each probe run once (or read from the cache
         of evidence for these very vLLM files: ``cached_evidence``)."""
-        source = self.vllm if self.vllm is not None else self.library_source
-        assert source is not None
+        source = self.libraries
         wanted = [(p, f) for p in self.judged(self.patches.patches) for f in p.facts]
         return cached_evidence(
             source.files,
@@ -226,7 +231,7 @@ class Snapshot:
     def _probe(self, fact, source) -> Evidence:
         """``fact.probe(source)``; without vLLM a fact about the serving vLLM
         (``Fact.of_serving``) holds, as on every release from its first, and says so."""
-        if self.vllm is None and fact.of_serving:
+        if self.training_only and fact.of_serving:
             return Evidence(
                 True,
                 fact.modules[0],
@@ -237,7 +242,7 @@ class Snapshot:
         return fact.probe(source)
 
     @property
-    def written(self) -> tuple[Patch, ...]:
+    def applicable(self) -> tuple[Patch, ...]:
         """The patches of ``patches`` written for this target's speculators version that it
         can judge (``judged``: without vLLM, the training half's)."""
         return self.judged(self.patches.written_for(self.speculators_version))
@@ -317,13 +322,12 @@ def read_snapshot(
         name: (", ".join(lib["versions"]) or "unknown") if lib["root"] else None
         for name, lib in (answer.get("libraries") or {}).items()
     }
-    vllm_source = library_source = None
     if vllm is not None:
-        vllm_source = LibrarySource(
+        sources = LibrarySource(
             {**contents["vllm"], **contents["libraries"]}, ", ".join(vllm["versions"]) or "unknown", libraries
         )
     else:  # a training-only env: the facts of the training half read transformers and torch alone
-        library_source = LibrarySource(contents["libraries"], "not installed", libraries)
+        sources = LibrarySource(contents["libraries"], "not installed", libraries)
     snap = Snapshot(
         label=transport.label,
         python=answer["python"],
@@ -334,7 +338,7 @@ def read_snapshot(
         speculators_root=spec["root"],
         editable_source=spec["editable_source"],
         files=contents["speculators"],
-        vllm=vllm_source,
+        libraries=sources,
         vllm_root=None if vllm is None else vllm["root"],
         manifest=manifest,
         pristine=contents["pristine"],
@@ -350,7 +354,6 @@ def read_snapshot(
         record_differs=answer.get("record_differs"),
         unfinished=answer.get("unfinished"),
         state_exists=bool(answer.get("state_exists")),
-        library_source=library_source,
     )
     check_state_version(snap, repairing=tolerate_damage)
     if snap.version_edited and not tolerate_damage:
@@ -461,7 +464,7 @@ def check_covered(snap: Snapshot) -> None:
     """Raise ``UserError`` (one line: what breaks, the vLLM evidence, the patch that covers it
     for another speculators) when the installed vLLM has a change a shipped patch lists in its
     ``uncovered`` (``Uncovered``) for the installed speculators. Nothing to check without vLLM."""
-    if snap.vllm is None:
+    if snap.training_only:
         return
     version = Version(snap.speculators_version)
     for patch in shipped_patches():
@@ -469,7 +472,7 @@ def check_covered(snap: Snapshot) -> None:
             evidence = snap.evidence[(patch.id, uncovered.symbol)]
             if version in SpecifierSet(uncovered.speculators) and evidence.holds:
                 raise Unsupported(
-                    f"speculators {snap.speculators_version} on vLLM {snap.vllm.version}: {uncovered.what} "
+                    f"speculators {snap.speculators_version} on vLLM {snap.vllm_version}: {uncovered.what} "
                     f"({evidence.where}); no patch for speculators {snap.speculators_version} covers it "
                     f"({patch.id} is written for speculators {patch.speculators}); nothing was changed"
                 )
