@@ -1,15 +1,18 @@
-"""``speculators-patch ARGS`` with a Ctrl-C where ``verify``'s call check starts: for ``apply``,
-after its commit (``tests/test_messages.py``)."""
+"""``speculators-patch ARGS`` with a Ctrl-C after ``apply``'s commit (``tests/test_messages.py``):
+where ``verify``'s call check starts (``CTRL_C_AT=verify``, the default) or as the report is
+printed (``CTRL_C_AT=print``)."""
 
 import os
 import signal
 import sys
 
 import patcher.checks.verify as checks
-from patcher.cli import console
+from patcher.cli import app, console
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
-real = checks.verify_calls
+where = os.environ.get("CTRL_C_AT", "verify")
+module, name = (checks, "verify_calls") if where == "verify" else (app, "_emit")
+real = getattr(module, name)
 
 
 def interrupted(*args, **kwargs):
@@ -17,6 +20,6 @@ def interrupted(*args, **kwargs):
     return real(*args, **kwargs)
 
 
-checks.verify_calls = interrupted
+setattr(module, name, interrupted)
 sys.argv[0] = "speculators-patch"
 console()

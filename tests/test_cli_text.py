@@ -32,3 +32,13 @@ def test_list_keeps_file_names_whole():
     assert result.exit_code == 0
     for name in {p.file.rsplit("/", 1)[-1] for p in shipped_patches()}:
         assert name in result.output, name
+
+
+def test_no_command_prints_the_help_not_one_error_line():
+    """``speculators-patch`` alone: click's help, one line per command, on stdout (exit 2, as
+    click gives a group called without a command)."""
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 2
+    assert result.output.startswith("Usage: ") and "error:" not in result.output
+    for verb in ("apply", "verify", "status", "revert", "selftest"):
+        assert any(line.strip().startswith(verb + " ") for line in result.output.splitlines()), verb

@@ -31,6 +31,7 @@ RANK = {
     "cache": 1,
     "digest": 1,
     "errors": 0,
+    "states": 0,
 }
 
 # What the controller may import from ``patcher/agent/``: the modules both sides run (the

@@ -153,16 +153,18 @@ def test_ctrl_c_before_a_commit_says_nothing_changed(sandbox, site, tmp_path):
     assert not went_on.exists()
 
 
-def test_ctrl_c_after_a_commit_says_what_this_run_wrote(sandbox, site):
-    """Ctrl-C while ``apply`` checks what it just wrote: the one line names the files its commit
-    wrote (the run's session keeps them), and the install is patched."""
+@pytest.mark.parametrize("at", ["verify", "print"])
+def test_ctrl_c_after_a_commit_says_what_this_run_wrote(sandbox, site, at):
+    """Ctrl-C while ``apply`` checks what it just wrote, or while it prints its report: the one
+    line names the files its commit wrote (the run's session keeps them), and the install is
+    patched. (It once said "nothing changed" when the Ctrl-C came during the printing.)"""
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "ctrl_c_after_commit.py"), "apply", "--target", str(sandbox)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_AT": at},
     )
-    assert result.returncode == 130, result.stderr
+    assert result.returncode == 130 and result.stderr.startswith("error: "), result.stderr  # no blank line first
     line = _one_line(result)
     assert line.startswith("error: interrupted (Ctrl-C) after this run's commit: ") and line.endswith(
         f"{len(PATCHED_FILES)} file(s) written ({', '.join(sorted(PATCHED_FILES))})"

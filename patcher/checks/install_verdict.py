@@ -9,9 +9,11 @@ PROVEN").
 
 from __future__ import annotations
 
+from patcher.states import InstallState
+
 # The state ``status`` gives a patched install whose static checks fail (docs/design.md,
 # "a verb's verdict is what the target would do").
-BROKEN = "broken"
+BROKEN = InstallState.BROKEN
 
 
 def static_failures(failing: list[str], no_proof: str) -> list[str]:

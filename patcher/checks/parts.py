@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from patcher.checks.check import NO_PROOF, Check, Found, InstallCheck
+from patcher.states import FileState
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -331,7 +332,7 @@ class ModifiedFiles(Listing):
 
     def judge(self, found: Found) -> list[str]:
         snap = found.snap
-        return sorted(p for p in snap.recorded_paths() if snap.file_state(p) == "modified")
+        return sorted(p for p in snap.recorded_paths() if snap.file_state(p) == FileState.MODIFIED)
 
     def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
         for path in install.modified:

@@ -206,6 +206,7 @@ def _main(opts: Options, command: Callable[[PatchSet, str | None], Report]) -> N
     the refusal) and exits with its code."""
     from patcher import cache
 
+    report = None
     try:
         with cache.switched_off(opts.no_cache):  # --no-cache: the option, for this command only
             command = functools.partial(command, run_patches(opts))
@@ -215,13 +216,13 @@ def _main(opts: Options, command: Callable[[PatchSet, str | None], Report]) -> N
 
                 sys.exit(run_many(hosts, command, opts.as_json, opts.jobs))
             report = command(hosts[0] if hosts else None)
-    except KeyboardInterrupt:
-        fail(interrupted_message(), opts.as_json, interrupted_exit())
+        _emit(report, opts.as_json)
+    except KeyboardInterrupt:  # while the answer was printed too: what the run wrote stands
+        fail(interrupted_message(report.written if report else []), opts.as_json, interrupted_exit())
     except Interrupted as e:  # during a commit: what became of it
         fail(str(e), opts.as_json, interrupted_exit())
     except UserError as e:
         fail(one_line(str(e)), opts.as_json)
-    _emit(report, opts.as_json)
     sys.exit(report.exit_code)
 
 
@@ -257,6 +258,9 @@ class _Group(click.Group):
         argv = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:  # no command given: the help, as click prints it
+            click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            sys.exit(2)
         except click.UsageError as e:
             hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
             fail(f"{e.format_message()}{hint}".replace("\n", " "), "--json" in argv)

@@ -60,6 +60,9 @@ class Report:
     render: Callable[[Console], None] = lambda console: None
     notes: list[str] = field(default_factory=list)
     outcome: tuple[str, str] | None = None
+    # what this run's commits wrote on the target, (label, files): a Ctrl-C while the report is
+    # printed says so (``interrupted_message``) rather than "nothing changed"
+    written: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
 APPLY_WORDS = {"applied-now": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}

@@ -67,15 +67,16 @@ def run_on_target(opts: Options, verb: Verb, patches: PatchSet, host: str | None
             advice = Advice(transport, opts)
             snap, done = session.run(work, functools.partial(verb.run, opts, advice, work), verb.retry, patches)
             shown = verb.report(advice, snap, done)
+            shown.notes = notes(snap)
+            shown.written = [(work.label, list(work.written))]
+        shown.data["exchanges"] = transport.exchanges
+        return shown
     except KeyboardInterrupt:  # what this run had already written on the target, from its session
         if work is None:
             raise
         from patcher.cli.render import interrupted_message
 
         raise Interrupted(interrupted_message([(work.label, work.written)])) from None
-    shown.notes = notes(snap)
-    shown.data["exchanges"] = transport.exchanges
-    return shown
 
 
 def read_hosts_file(path: str) -> list[str]:

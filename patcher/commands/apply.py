@@ -15,6 +15,7 @@ from patcher.commands.common import (
 )
 from patcher.commands.status import stale_reason
 from patcher.commands.verify import UNPROVEN
+from patcher.states import FileState
 
 if TYPE_CHECKING:
     from patcher.commands.verify import InstallCheck
@@ -167,7 +168,7 @@ def _apply(
 
     refuse_before_planning(snap, chosen, "apply", advise)
     plans = None  # planned once for this snapshot, then handed to the commit
-    if any(snap.file_state(path) == "edited" for path in snap.files):
+    if any(snap.file_state(path) == FileState.EDITED for path in snap.files):
         plans = engine.plan(snap, chosen)
         if not engine.refusals(plans):  # a codemod's refusal comes first, from engine.apply, as in diff
             refuse_lost_state(snap, "apply", advise, plans)
@@ -200,7 +201,11 @@ def _apply(
         else None
     )
     left_out = left_out_needed(check, chosen_ids, snap.patches.by_id()) if check else []
-    modified = set(check.modified) if check else {p.path for p in result.plans if snap.file_state(p.path) == "modified"}
+    modified = (
+        set(check.modified)
+        if check
+        else {p.path for p in result.plans if snap.file_state(p.path) == FileState.MODIFIED}
+    )
     for row in rows:
         if row["file"] in modified:
             row["file_modified"] = True

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import patcher
 from patcher.errors import UserError
+from patcher.states import FileState, InstallState
 
 if TYPE_CHECKING:
     from patcher.engine import FilePlan, Snapshot
@@ -197,7 +198,7 @@ def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] |
     way-out command as the caller words it."""
     if snap.recorded_paths() or snap.state_problem:
         return
-    edited = sorted(p for p in snap.files if snap.file_state(p) == "edited")
+    edited = sorted(p for p in snap.files if snap.file_state(p) == FileState.EDITED)
     fixes = []
     if plans is not None:
         found = {p.path: sorted(o.patch.id for o in p.outcomes if o.state == "satisfied") for p in plans}
@@ -220,7 +221,7 @@ def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] |
 
 # The states ``status`` gives an install (``commands.status.install_state``); a host whose
 # outcome is one of these was read (``unsupported`` too: its speculators or vLLM was).
-INSTALL_STATES = ("patched", "pristine", "partial", "stale", "modified", "broken", "reinstalled", "unsupported")
+INSTALL_STATES = tuple(InstallState)
 
 
 def hosts_summary(outcomes: list[str]) -> str:
@@ -235,9 +236,9 @@ def hosts_summary(outcomes: list[str]) -> str:
     )
     read = [o for o in outcomes if o in INSTALL_STATES]
     unread = len(outcomes) - len(read)
-    if not any(o in INSTALL_STATES and o != "unsupported" for o in outcomes):  # not status, or none read
+    if not any(o in INSTALL_STATES and o != InstallState.UNSUPPORTED for o in outcomes):  # not status, or none read
         return line
-    patched = read.count("patched")
+    patched = read.count(InstallState.PATCHED)
     if patched == len(read):
         return line + (f": {unread} not read" if unread else "")
     if patched:

@@ -16,6 +16,7 @@ from patcher.commands.common import (
 )
 from patcher.commands.status import stale_reason
 from patcher.errors import UserError
+from patcher.states import FileState
 
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
@@ -68,7 +69,7 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     unsupported = unsupported_reason(outcome_rows(plans))
     text = "" if unsupported else unified_diff(plans)  # apply would write nothing there
-    modified = sorted(p.path for p in plans if snap.file_state(p.path) == "modified")
+    modified = sorted(p.path for p in plans if snap.file_state(p.path) == FileState.MODIFIED)
     from patcher.checks.verify import recorded_states
 
     stale = sorted(pid for pid, state in recorded_states(snap, plans).items() if state == "stale")

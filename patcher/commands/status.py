@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from patcher.checks.parts import mark_edited
 from patcher.commands.common import describe, outcome_rows, refuse_lost_state, source_changes, unsupported_reason
 from patcher.commands.verify import TRAINING_HALF_ONLY
+from patcher.states import FileState, InstallState
 
 if TYPE_CHECKING:
     from patcher.engine import FilePlan, Snapshot
@@ -35,7 +36,7 @@ class Status:
         the install is ``patched``, 2 when it is ``unsupported`` (no patch here handles it, as
         a refused target), else 1 (pristine, partial, stale, modified, broken: its static checks
         fail, reinstalled: an installer replaced the release this tool patched)."""
-        return {"patched": 0, "unsupported": 2}.get(self.data["install"]["state"], 1)
+        return {InstallState.PATCHED: 0, InstallState.UNSUPPORTED: 2}.get(self.data["install"]["state"], 1)
 
     @property
     def outcome(self) -> tuple[str, str]:
@@ -76,16 +77,19 @@ def status(
     files = {path: snap.file_state(path) for path in sorted({p.path for p in plans} | set(snap.recorded_paths()))}
     state, reason = install_state(rows, files, snap.vllm_version or "")
     if snap.replaced_from:  # what pip did is pip's doing: never "changed by hand"
-        state, reason = "reinstalled", f"{snap.installer_did}; `speculators-patch repair` drops that record"
-    elif snap.installer_did and state in ("pristine", "partial"):  # --force-reinstall of the same release
+        state, reason = InstallState.REINSTALLED, f"{snap.installer_did}; `speculators-patch repair` drops that record"
+    elif snap.installer_did and state in (
+        InstallState.PRISTINE,
+        InstallState.PARTIAL,
+    ):  # --force-reinstall of the same release
         state, reason = (
-            "reinstalled",
+            InstallState.REINSTALLED,
             (
                 f"{snap.installer_did}; `speculators-patch apply` patches them again, "
                 f"`speculators-patch revert` drops their record"
             ),
         )
-    elif state == "patched" and transport is not None:
+    elif state == InstallState.PATCHED and transport is not None:
         state, reason = checked_state(transport, snap, verify_command)
     if snap.training_only:  # the state of the training half: never a word on the half nothing read
         reason = "; ".join(filter(None, [reason, TRAINING_HALF_ONLY]))
@@ -111,7 +115,7 @@ def checked_state(transport, snap: Snapshot, verify_command: str) -> tuple[str, 
     failures = static_failures(check.failing, NO_PROOF)
     if failures:
         return BROKEN, broken_reason(failures, verify_command)
-    return "patched", ""
+    return InstallState.PATCHED, ""
 
 
 # A patch's states that leave it out of the installed code (``install_state``).
@@ -126,21 +130,21 @@ def install_state(rows: list[dict], files: dict[str, str], vllm: str = "") -> tu
     ``patched`` (every needed patch is in), ``pristine`` (none applied by this tool) or
     ``partial``; the reason names the files or patches (and for ``stale`` the way out), empty
     when patched."""
-    changed = [p for p, state in files.items() if state in ("modified", "edited")]
+    changed = [p for p, state in files.items() if state in (FileState.MODIFIED, FileState.EDITED)]
     if changed:
-        return "modified", f"changed by hand: {', '.join(changed)}"
+        return InstallState.MODIFIED, f"changed by hand: {', '.join(changed)}"
     unsupported = unsupported_reason(rows)
     if unsupported:  # the words apply and diff refuse in
-        return "unsupported", unsupported
+        return InstallState.UNSUPPORTED, unsupported
     stale = sorted({r["id"] for r in rows if r["state"] == "stale"})
     if stale:
-        return "stale", stale_reason(stale, vllm)
+        return InstallState.STALE, stale_reason(stale, vllm)
     missing = sorted({r["id"] for r in rows if r["state"] in NOT_APPLIED})
     if not missing:
-        return "patched", ""
+        return InstallState.PATCHED, ""
     if not any(r["state"] == "applied" for r in rows):
-        return "pristine", f"needed, not applied: {', '.join(missing)}"
-    return "partial", f"needed, not applied: {', '.join(missing)}"
+        return InstallState.PRISTINE, f"needed, not applied: {', '.join(missing)}"
+    return InstallState.PARTIAL, f"needed, not applied: {', '.join(missing)}"
 
 
 def stale_reason(ids: list[str], vllm: str) -> str:

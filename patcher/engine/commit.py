@@ -20,6 +20,7 @@ from patcher.errors import UserError
 from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.patch import Patch
 from patcher.fixes.userpatches import record as user_records
+from patcher.states import FileState
 
 
 @dataclass
@@ -75,7 +76,7 @@ def apply(
             bases = {
                 path: new_pristine(snap, path, revert_command)
                 for path in sorted(snap.recorded_paths())
-                if snap.file_state(path) == "modified" and path in {p.file for p in chosen}
+                if snap.file_state(path) == FileState.MODIFIED and path in {p.file for p in chosen}
             }
         plans = plan(snap, chosen, adopting=adopt, bases=bases)
     refused = refusals(plans)
@@ -183,12 +184,12 @@ def revert(
     chosen_ids = {p.id for p in chosen}
     for path in sorted(entries):
         state, current = snap.file_state(path), snap.files.get(path)
-        if state in ("pristine", "reinstalled") or current is None:
+        if state in (FileState.PRISTINE, FileState.REINSTALLED) or current is None:
             continue
         if partial and not set(entries[path].patches) & chosen_ids:
             files[path] = entries[path]  # none of the chosen patches is on it: left as it is, edited or not
             continue
-        if state == "modified" and not force:
+        if state == FileState.MODIFIED and not force:
             raise UserError(
                 f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
                 f"file); `revert --force` restores the copy kept before patching and discards that edit; "
@@ -217,11 +218,11 @@ def revert(
     changed = [p for p in plans if p.changed]
     manifest = new_manifest(snap, files, fresh)
     same_record = {k: v.patches for k, v in files.items()} == {
-        k: v.patches for k, v in entries.items() if snap.file_state(k) in ("patched", "modified")
+        k: v.patches for k, v in entries.items() if snap.file_state(k) in (FileState.PATCHED, FileState.MODIFIED)
     }
     litter = not partial and snap.manifest is None and snap.state_exists and not snap.backups
     # a recorded file the installer put back (``pip install --force-reinstall``): its record goes
-    reinstalled = [p for p in entries if p not in files and snap.file_state(p) == "reinstalled"]
+    reinstalled = [p for p in entries if p not in files and snap.file_state(p) == FileState.REINSTALLED]
     if dry_run or (not changed and same_record and not litter and not reinstalled):
         return CommitResult([], plans)
     # (``litter``: a state directory recording nothing, left by an earlier run: the commit removes it)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from patcher.errors import PatchRefused, UserError
 from patcher.fixes.patch import Patch
+from patcher.states import FileState
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -201,7 +202,7 @@ def plan_file(
             patch.origin == "recorded"
             and only_needed
             and not adopting
-            and snap.file_state(path) == "modified"
+            and snap.file_state(path) == FileState.MODIFIED
             and patch.id in (snap.manifest.patches_of(path) if snap.manifest is not None else {})
         ):
             # edited since: the record is all there is to show; apply/verify say the file is modified

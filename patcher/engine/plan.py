@@ -8,6 +8,7 @@ from patcher.engine.file_plan import FilePlan, Outcome, plan_file
 from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
+from patcher.states import FileState
 
 
 def plan(
@@ -41,7 +42,7 @@ def plan(
                     f"not a speculators {snap.speculators_version} layout"
                 )
             recorded = snap.recorded(path)
-            if adopting and snap.file_state(path) == "modified":
+            if adopting and snap.file_state(path) == FileState.MODIFIED:
                 base = (bases or {}).get(path, source)
                 fresh = plan_file(snap, path, base, chosen, {}, adopting=True)
                 kept = fresh.after == source  # the patches are in the file already: shown as applied
@@ -113,7 +114,7 @@ def refusals(plans: list[FilePlan]) -> list[str]:
 
 def guard_modified(snap: Snapshot, paths: list[str]) -> None:
     for path in paths:
-        if snap.file_state(path) == "modified":
+        if snap.file_state(path) == FileState.MODIFIED:
             raise UserError(
                 f"{path} was modified after patching (sha256 matches neither the pristine nor the "
                 f"patched file); `speculators-patch apply --adopt` keeps the change: it becomes part of the "

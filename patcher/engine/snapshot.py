@@ -26,6 +26,7 @@ from patcher.fixes.library_source import Evidence, LibrarySource
 from patcher.fixes.manifest import REPAIR_HINT, FileRecord, Manifest
 from patcher.fixes.patch import Patch, needs_vllm
 from patcher.fixes.registry import PatchSet, loaded, shipped_patches, written_for
+from patcher.states import FileState
 
 EVIDENCE = "vllm-evidence"
 
@@ -168,7 +169,7 @@ class Snapshot:
     def reinstalled_paths(self) -> list[str]:
         """The recorded files that are again what the installer put there (``file_state``
         ``reinstalled``), sorted."""
-        return sorted(p for p in self.recorded_paths() if self.file_state(p) == "reinstalled")
+        return sorted(p for p in self.recorded_paths() if self.file_state(p) == FileState.REINSTALLED)
 
     @property
     def installer_did(self) -> str | None:
@@ -247,7 +248,7 @@ class Snapshot:
         can judge (``judged``: without vLLM, the training half's)."""
         return self.judged(self.patches.written_for(self.speculators_version))
 
-    def file_state(self, path: str) -> str:
+    def file_state(self, path: str) -> FileState:
         """``pristine`` | ``patched`` | ``reinstalled`` (recorded as patched, and now the bytes
         the installer put there: its pristine copy, or pip's ``RECORD`` digest, whatever
         release that is) | ``modified`` (changed after patching) | ``edited`` (no valid record
@@ -259,14 +260,14 @@ class Snapshot:
         installed = self.record.get(path)
         if entry is None or current is None or self.replaced_from:
             if current is not None and installed is not None and sha256(current) != installed:
-                return "edited"
-            return "reinstalled" if entry is not None and current is not None else "pristine"
+                return FileState.EDITED
+            return FileState.REINSTALLED if entry is not None and current is not None else FileState.PRISTINE
         digest = sha256(current)
         if digest == entry.patched_sha256:
-            return "patched"
+            return FileState.PATCHED
         if digest in (entry.pristine_sha256, installed):
-            return "reinstalled"
-        return "modified"
+            return FileState.REINSTALLED
+        return FileState.MODIFIED
 
     def entry(self, path: str) -> FileRecord | None:
         """The manifest's record of ``path``, or None (no manifest, or no record of it)."""
@@ -278,7 +279,7 @@ class Snapshot:
 
     def recorded(self, path: str) -> dict[str, int]:
         """Patches the manifest records as applied by us to ``path`` (id -> version)."""
-        if self.file_state(path) != "patched":
+        if self.file_state(path) != FileState.PATCHED:
             return {}
         return self.manifest.patches_of(path)
 
