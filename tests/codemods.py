@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from patcher.engine import run_codemod
 from patcher.fixes.patch import Patch
 from patcher.fixes.registry import shipped_patches
@@ -67,3 +69,41 @@ def assert_refuses(patch: Patch | str, source: str, reason: str) -> str:
     assert detail.startswith(patch.file) and ": unrecognised code, expected " in detail, detail
     assert reason in detail, detail
     return detail
+
+
+# The three tests every codemod test module runs over its lists, for the module to bind under
+# its own names (pytest collects a test function by the name it has in the module):
+#     test_pad_token_id = rewrite_test(REWRITES)
+
+
+def rewrite_test(rewrites: list):
+    """A fast test of each ``(patch id, before, after)`` of ``rewrites`` (``assert_codemod``)."""
+
+    @pytest.mark.fast
+    @pytest.mark.parametrize(("patch_id", "before", "after"), rewrites)
+    def test(patch_id, before, after):
+        assert_codemod(patch_id, before, after)
+
+    return test
+
+
+def noop_test(noops: list):
+    """A fast test of each ``(patch id, source)`` of ``noops`` (``assert_noop``)."""
+
+    @pytest.mark.fast
+    @pytest.mark.parametrize(("patch_id", "src"), noops)
+    def test(patch_id, src):
+        assert_noop(patch_id, src)
+
+    return test
+
+
+def refusal_test(refusals: list):
+    """A fast test of each ``(patch id, source, reason)`` of ``refusals`` (``assert_refuses``)."""
+
+    @pytest.mark.fast
+    @pytest.mark.parametrize(("patch_id", "src", "expected"), refusals)
+    def test(patch_id, src, expected):
+        assert_refuses(patch_id, src, expected)
+
+    return test

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod, patch_of
+from codemods import (
+    codemod,
+    noop_test,
+    patch_of,
+    refusal_test,
+    rewrite_test,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -201,19 +207,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_api_fix(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_api_fix = rewrite_test(REWRITES)
 
 
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_api_fix_noop(patch_id, src):
-    assert_noop(patch_id, src)
+test_api_fix_noop = noop_test(NOOPS)
 
 
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_api_fix_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_api_fix_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def test_refusal_names_the_line():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod
+from codemods import codemod, noop_test, refusal_test, rewrite_test
 
 from speculators_patch_codemods.sp009_layer_hook_capture import HOOK_METHODS, PATCH
 
@@ -237,19 +237,10 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_layer_hook_capture(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_layer_hook_capture = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_layer_hook_capture_noop(patch_id, src) -> None:
-    assert_noop(patch_id, src)
+test_layer_hook_capture_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_layer_hook_capture_refuses_unknown_code(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_layer_hook_capture_refuses_unknown_code = refusal_test(REFUSALS)

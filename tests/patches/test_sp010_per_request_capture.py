@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod
+from codemods import codemod, noop_test, refusal_test, rewrite_test
 from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
 from speculators_patch_codemods.sp010_per_request_capture import METHODS, PATCH
@@ -80,10 +80,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_per_request_capture(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_per_request_capture = rewrite_test(REWRITES)
 
 
 def test_per_request_capture_on_speculators_0_3_0(pristine_sources) -> None:
@@ -94,16 +91,10 @@ def test_per_request_capture_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "custom_worker.py", "exec")
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_per_request_capture_noop(patch_id, src) -> None:
-    assert_noop(patch_id, src)
+test_per_request_capture_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_per_request_capture_refuses_unknown_code(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_per_request_capture_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 # The emitted methods at work, on plain Python stand-ins for tensors and the model runner

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod
+from codemods import codemod, noop_test, refusal_test, rewrite_test
 
 from speculators_patch_codemods.sp012_prefill_to_completion import PATCH
 
@@ -141,10 +141,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_prefill_to_completion(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_prefill_to_completion = rewrite_test(REWRITES)
 
 
 @pytest.mark.fast
@@ -165,13 +162,7 @@ def test_prefill_to_completion_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "vllm_hidden_states_generator.py", "exec")
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_prefill_to_completion_noop(patch_id, src) -> None:
-    assert_noop(patch_id, src)
+test_prefill_to_completion_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_prefill_to_completion_refuses_unknown_code(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_prefill_to_completion_refuses_unknown_code = refusal_test(REFUSALS)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod
+from codemods import codemod, noop_test, refusal_test, rewrite_test
 
 from speculators_patch_codemods.sp013_request_eos_token_id import PATCH
 
@@ -80,19 +80,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_request_eos_token_id(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_request_eos_token_id = rewrite_test(REWRITES)
 
 
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_request_eos_token_id_noop(patch_id, src) -> None:
-    assert_noop(patch_id, src)
+test_request_eos_token_id_noop = noop_test(NOOPS)
 
 
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_request_eos_token_id_refuses_unknown_code(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_request_eos_token_id_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def test_request_eos_token_id_is_portable_and_always_needed() -> None:

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod
+from codemods import codemod, noop_test, refusal_test, rewrite_test
 from sandbox import wheel
 
 from patcher.fixes.library_source import LibrarySource
@@ -43,22 +43,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_attention_mask_import(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_attention_mask_import = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_attention_mask_import_noop(patch_id, src) -> None:
-    assert_noop(patch_id, src)
+test_attention_mask_import_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_attention_mask_import_refuses_unknown_code(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_attention_mask_import_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def test_on_speculators_0_3_0() -> None:

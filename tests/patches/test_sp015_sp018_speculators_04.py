@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses
+from codemods import noop_test, refusal_test, rewrite_test
 
 from patcher.fixes.registry import loaded
 
@@ -167,22 +167,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_speculators_04_fix(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_speculators_04_fix = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_speculators_04_fix_noop(patch_id, src):
-    assert_noop(patch_id, src)
+test_speculators_04_fix_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_speculators_04_fix_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_speculators_04_fix_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def test_both_releases_ship_the_same_data_generation_files():

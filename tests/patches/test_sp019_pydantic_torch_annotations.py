@@ -8,7 +8,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_refuses, codemod
+from codemods import codemod, refusal_test, rewrite_test
 from sandbox import wheel
 
 from patcher.fixes.registry import loaded
@@ -46,10 +46,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_pydantic_torch_annotations(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_pydantic_torch_annotations = rewrite_test(REWRITES)
 
 
 @pytest.mark.fast
@@ -67,10 +64,7 @@ def test_applied_twice_is_a_noop():
     assert verdict == "satisfied" and "torch is imported" in detail
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_unrecognised_code_is_refused(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_unrecognised_code_is_refused = refusal_test(REFUSALS)
 
 
 def test_the_real_file_is_rewritten_and_still_parses():

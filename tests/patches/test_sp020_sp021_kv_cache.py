@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_refuses, codemod
+from codemods import codemod, refusal_test, rewrite_test
 from sandbox import wheel
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -101,10 +101,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_kv_cache_fix(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_kv_cache_fix = rewrite_test(REWRITES)
 
 
 def test_sp020_resolves_the_layout_right_after_the_specs_and_before_sizing(generator_src):
@@ -134,7 +131,4 @@ def test_sp021_passes_none_only_where_vllm_records_a_user_block_size(generator_s
     assert codemod("SP021", new)[0] == "satisfied"
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_unrecognised_code_is_refused(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_unrecognised_code_is_refused = refusal_test(REFUSALS)

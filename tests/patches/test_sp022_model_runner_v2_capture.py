@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 import pytest
-from codemods import assert_codemod, assert_refuses, codemod
+from codemods import codemod, refusal_test, rewrite_test
 from worker_fakes import BEFORE, FakeTorch, Rows, Step
 
 from speculators_patch_codemods.capture_methods import EITHER_RUNNER, PER_REQUEST
@@ -46,10 +46,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_model_runner_v2_capture(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_model_runner_v2_capture = rewrite_test(REWRITES)
 
 
 @pytest.mark.fast
@@ -74,10 +71,7 @@ def test_crlf_files_stay_crlf() -> None:
     assert verdict == "changed" and "\n" not in new.replace("\r\n", "")
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_refuses_anything_but_sp010s_method(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_refuses_anything_but_sp010s_method = refusal_test(REFUSALS)
 
 
 # The emitted methods at work on stand-ins shaped like vLLM's runners (the real engine runs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_refuses, codemod
+from codemods import codemod, refusal_test, rewrite_test
 
 from speculators_patch_codemods.sp025_release_finished_requests import PATCH
 
@@ -56,10 +56,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_sends_the_last_scheduler_output(patch_id, before, after) -> None:
-    assert_codemod(patch_id, before, after)
+test_sends_the_last_scheduler_output = rewrite_test(REWRITES)
 
 
 def test_on_speculators_0_3_0(pristine_sources) -> None:
@@ -68,10 +65,7 @@ def test_on_speculators_0_3_0(pristine_sources) -> None:
     compile(new, "vllm_hidden_states_generator.py", "exec")
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_refuses_unknown_loops(patch_id, src, expected) -> None:
-    assert_refuses(patch_id, src, expected)
+test_refuses_unknown_loops = refusal_test(REFUSALS)
 
 
 class Output:

@@ -12,7 +12,7 @@ import sys
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_refuses, codemod
+from codemods import codemod, refusal_test, rewrite_test
 from sandbox import wheel
 
 from patcher.fixes.library_source import LibrarySource
@@ -99,16 +99,10 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_vllm_034_fix(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_vllm_034_fix = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_vllm_034_fix_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_vllm_034_fix_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def in_order(source: str, *ids: str) -> str:

@@ -6,7 +6,7 @@ and the refusal of what they do not recognise. The emitted code runs in tests/e2
 from __future__ import annotations
 
 import pytest
-from codemods import assert_codemod, assert_refuses, codemod
+from codemods import codemod, refusal_test, rewrite_test
 
 from speculators_patch_codemods.sp028_stage_captures_in_shared_memory import METHODS as STAGING_METHODS
 from speculators_patch_codemods.sp029_collect_captures_per_step import HELPER_CODE
@@ -113,16 +113,10 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_capture_transfer(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_capture_transfer = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_capture_transfer_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_capture_transfer_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 # -- on speculators 0.3.0's files -----------------------------------------------------------

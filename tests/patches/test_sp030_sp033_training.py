@@ -11,7 +11,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses, codemod
+from codemods import codemod, noop_test, refusal_test, rewrite_test
 from sandbox import make_sandbox, wheel
 from support import run_cli, run_json
 
@@ -210,22 +210,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_training_fix(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_training_fix = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_training_fix_noop(patch_id, src):
-    assert_noop(patch_id, src)
+test_training_fix_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_training_fix_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_training_fix_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 # -- on the real files and facts ------------------------------------------------------------

@@ -12,7 +12,7 @@ import importlib
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses
+from codemods import noop_test, refusal_test, rewrite_test
 from sandbox import wheel
 
 from patcher.engine import run_codemod
@@ -93,22 +93,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_wrapped_verifier(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_wrapped_verifier = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_wrapped_verifier_noop(patch_id, src):
-    assert_noop(patch_id, src)
+test_wrapped_verifier_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_wrapped_verifier_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_wrapped_verifier_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def evidence(release: str | None):

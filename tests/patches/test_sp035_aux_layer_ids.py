@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses
+from codemods import noop_test, refusal_test, rewrite_test
 from matrix_doc import RELEASES, dist
 from sandbox import wheel
 
@@ -151,22 +151,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_record_aux_layers(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_record_aux_layers = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_record_aux_layers_noop(patch_id, src):
-    assert_noop(patch_id, src)
+test_record_aux_layers_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_record_aux_layers_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_record_aux_layers_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 @pytest.mark.parametrize("release", ["0.3.0", "0.4.0", "0.4.0.1"])

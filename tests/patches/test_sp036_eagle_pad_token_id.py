@@ -7,7 +7,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from codemods import assert_codemod, assert_noop, assert_refuses
+from codemods import noop_test, refusal_test, rewrite_test
 from sandbox import wheel
 
 from patcher.engine import run_codemod
@@ -37,22 +37,13 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "before", "after"), REWRITES)
-def test_pad_token_id(patch_id, before, after):
-    assert_codemod(patch_id, before, after)
+test_pad_token_id = rewrite_test(REWRITES)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src"), NOOPS)
-def test_pad_token_id_noop(patch_id, src):
-    assert_noop(patch_id, src)
+test_pad_token_id_noop = noop_test(NOOPS)
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize(("patch_id", "src", "expected"), REFUSALS)
-def test_pad_token_id_refuses_unknown_code(patch_id, src, expected):
-    assert_refuses(patch_id, src, expected)
+test_pad_token_id_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def evidence(release: str | None) -> tuple[bool, str, str]:
