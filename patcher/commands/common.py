@@ -64,6 +64,11 @@ def notes(snap: Snapshot, installer: bool = True) -> list[str]:
             notes.append(outside)
     if snap.not_checked:  # no vLLM: every verb says which half it did not look at
         notes.append(snap.not_checked)
+        from patcher.fixes.support import transformers_outside
+
+        outside = transformers_outside(snap.libraries.version_of("transformers"))
+        if outside:  # the half that was judged, judged against an untested transformers
+            notes.append(outside)
     if snap.unfinished:
         notes.append(snap.unfinished)
     elif snap.journal_pending:

@@ -39,6 +39,11 @@ LINES = (
     Line(("0.4.0", "0.4.0.1"), ("0.12", "0.17"), "tests/test_speculators_04.py"),
 )
 RELEASES = tuple(r for line in LINES for r in line.releases)
+# The transformers releases (oldest and newest minor) the training half is checked on: the
+# engine tier's envs (tests/e2e/test_training.py: 4.57.6 beside vLLM 0.16.0, 5.19.0 beside
+# 0.32.0, 5.22.2 without vLLM) and tests/test_training_only.py (5.22.2). Where vLLM is
+# installed, its range (``LINES``) speaks for the stack it brings.
+TRANSFORMERS = ("4.57", "5.22")
 
 
 def _and(words: list[str]) -> str:
@@ -77,3 +82,20 @@ def outside_range(speculators: str, vllm: str) -> str:
                 f"that range, untested"
             )
     return ""
+
+
+def transformers_outside(version: str) -> str:
+    """A note when transformers ``version`` is outside ``TRANSFORMERS``, else "" (also for an
+    unknown or unparsable version). For an env that only trains, where transformers (and torch)
+    is all the patches are judged against: such an env is not refused, but not called tested."""
+    try:
+        minor = Version(version).release[:2]
+    except ValueError:
+        return ""
+    low, high = (Version(v).release[:2] for v in TRANSFORMERS)
+    if low <= minor <= high:
+        return ""
+    return (
+        f"the training half is tested on transformers {'–'.join(TRANSFORMERS)}; transformers {version} is "
+        f"outside that range, untested"
+    )
