@@ -85,7 +85,9 @@ def test_a_transformers_newer_than_any_tested_is_said_untested(tmp_path):
     """transformers 5.23.0 (newer than the training half's tests run): the verbs still work,
     and each says the judged half was judged against an untested transformers."""
     env = make_sandbox(tmp_path / "env", "0.3.0", None, transformers="5.23.0", torch_sources="2.13.0+cpu", link=True)
-    untested = "the training half is tested on transformers 4.57–5.22; transformers 5.23.0 is outside that range, untested"
+    untested = (
+        "the training half is tested on transformers 4.57–5.22; transformers 5.23.0 is outside that range, untested"
+    )
     code, status = run_json("status", "--target", str(env))
     assert code == 1 and untested in status["notes"]
     proc = run_cli("apply", "--target", str(env))
