@@ -48,6 +48,9 @@ def test_an_unsupported_host_is_named_as_such(tmp_path):
     assert text.returncode == 2 and "1 pristine, 1 unsupported" in text.stdout
     [row] = [h for h in data["hosts"] if h["outcome"] == "unsupported"]
     assert row["reason"].startswith("speculators 0.5.0 is not supported")
+    # each host's line on stderr is whole (a long reason is not wrapped onto more lines)
+    [line] = [ln for ln in text.stderr.splitlines() if ln.strip().startswith("unsupported ")]
+    assert line.strip() == f"unsupported {b}/bin/python: {row['reason']}", text.stderr
 
 
 def test_status_of_one_target_names_its_install(sandbox):

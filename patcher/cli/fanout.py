@@ -248,9 +248,10 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
                 except Exception as e:  # the worker process itself died
                     r = HostResult(host, "failed", 2, f"internal error: worker died: {type(e).__name__}: {e}", 0.0)
                 results[host] = r
-                progress.console.print(
+                progress.console.print(  # one line a host, whatever its length: grep finds it whole
                     f"[{_COLORS.get(r.outcome, '')}]{r.outcome:>12}[/] {escape(r.host)}"
-                    + (f": {escape(r.reason)}" if r.reason else "")
+                    + (f": {escape(r.reason)}" if r.reason else ""),
+                    soft_wrap=True,
                 )
                 progress.advance(task)
     except KeyboardInterrupt:
