@@ -107,3 +107,22 @@ def refusal_test(refusals: list):
         assert_refuses(patch_id, src, expected)
 
     return test
+
+
+def transformers_evidence(patch: Patch | str, module: str, release: str | None) -> tuple[bool, str, str]:
+    """``(holds, where, found)`` of ``patch``'s one fact, probed on ``module``
+    (``transformers/configuration_utils.py``) as transformers ``release``'s wheel ships it
+    (None: no transformers installed)."""
+    import zipfile
+
+    from sandbox import wheel
+
+    from patcher.fixes.library_source import LibrarySource
+
+    files = {module: None}
+    if release is not None:
+        with zipfile.ZipFile(wheel("transformers", release)) as z:
+            files[module] = z.read(module)
+    [fact] = patch_of(patch).facts
+    found = fact.probe(LibrarySource(files, "0.34.0", {"transformers": release}))
+    return found.holds, found.where, found.found

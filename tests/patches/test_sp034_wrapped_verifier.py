@@ -12,11 +12,10 @@ import importlib
 import zipfile
 
 import pytest
-from codemods import noop_test, refusal_test, rewrite_test
+from codemods import noop_test, refusal_test, rewrite_test, transformers_evidence
 from sandbox import wheel
 
 from patcher.engine import run_codemod
-from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
 
 PATCH = loaded().by_id()["SP034"]
@@ -102,14 +101,8 @@ test_wrapped_verifier_noop = noop_test(NOOPS)
 test_wrapped_verifier_refuses_unknown_code = refusal_test(REFUSALS)
 
 
-def evidence(release: str | None):
-    files = {CONFIGURATION: None}
-    if release is not None:
-        with zipfile.ZipFile(wheel("transformers", release)) as z:
-            files[CONFIGURATION] = z.read(CONFIGURATION)
-    [fact] = PATCH.facts
-    e = fact.probe(LibrarySource(files, "0.34.0", {"transformers": release}))
-    return e.holds, e.where, e.found
+def evidence(release: str | None) -> tuple[bool, str, str]:
+    return transformers_evidence(PATCH, CONFIGURATION, release)
 
 
 def core(release: str) -> str:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from codemods import noop_test, refusal_test, rewrite_test
+from codemods import noop_test, refusal_test, rewrite_test, transformers_evidence
 from sandbox import wheel
 
 from patcher.engine import run_codemod
-from patcher.fixes.library_source import LibrarySource
 from patcher.fixes.registry import loaded
 
 PATCH = loaded().by_id()["SP036"]
@@ -47,13 +46,7 @@ test_pad_token_id_refuses_unknown_code = refusal_test(REFUSALS)
 
 
 def evidence(release: str | None) -> tuple[bool, str, str]:
-    files = {CONFIGURATION: None}
-    if release is not None:
-        with zipfile.ZipFile(wheel("transformers", release)) as z:
-            files[CONFIGURATION] = z.read(CONFIGURATION)
-    [fact] = PATCH.facts
-    e = fact.probe(LibrarySource(files, "0.34.0", {"transformers": release}))
-    return e.holds, e.where, e.found
+    return transformers_evidence(PATCH, CONFIGURATION, release)
 
 
 def test_transformers_4_sets_pad_token_id_on_every_config():
