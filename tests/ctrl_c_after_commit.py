@@ -1,17 +1,19 @@
 """``speculators-patch ARGS`` with a Ctrl-C after ``apply``'s commit (``tests/test_messages.py``):
-where ``verify``'s call check starts (``CTRL_C_AT=verify``, the default) or as the report is
-printed (``CTRL_C_AT=print``)."""
+where ``verify``'s call check starts (``CTRL_C_AT=verify``, the default), as the report is
+printed (``CTRL_C_AT=print``) or, over several hosts, as the summary is (``CTRL_C_AT=summary``)."""
 
 import os
 import signal
 import sys
 
 import patcher.checks.verify as checks
-from patcher.cli import app, console
+from patcher.cli import app, console, fanout
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 where = os.environ.get("CTRL_C_AT", "verify")
-module, name = (checks, "verify_calls") if where == "verify" else (app, "_emit")
+module, name = {"verify": (checks, "verify_calls"), "print": (app, "_emit"), "summary": (fanout, "summary_table")}[
+    where
+]
 real = getattr(module, name)
 
 

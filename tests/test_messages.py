@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox import make_sandbox
 from support import CLI, PATCHED_FILES, ROOT, run_cli, run_json
 
 
@@ -171,6 +172,29 @@ def test_ctrl_c_after_a_commit_says_what_this_run_wrote(sandbox, site, at):
     ), line
     status = run_cli("status", "--target", str(sandbox))
     assert status.returncode == 0 and status.stdout.count(": patched") == len(PATCHED_FILES)
+
+
+def test_ctrl_c_during_a_fleet_summary_never_says_nothing_changed(tmp_path):
+    """Over two hosts, Ctrl-C as the summary table is printed, after both committed: the one
+    line says every host answered (their lines above say what each did), never "nothing
+    changed"; both installs are patched."""
+    envs = [make_sandbox(tmp_path / name) for name in ("a", "b")]
+    targets = [a for env in envs for a in ("--exec", str(env / "bin" / "python"))]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "ctrl_c_after_commit.py"), "apply", *targets],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_AT": "summary"},
+    )
+    assert result.returncode == 130, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (
+        "error: interrupted (Ctrl-C) while the summary was printed, after every host answered: "
+        "each host's line above says what it did"
+    ), result.stderr
+    assert result.stderr.count("changed ") == 2, result.stderr  # each host's own line, before it
+    for env in envs:
+        assert run_cli("status", "--target", str(env)).returncode == 0
 
 
 def test_a_bad_line_in_a_hosts_file_is_named(tmp_path):

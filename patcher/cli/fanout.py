@@ -275,11 +275,17 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
         code = 1
     else:
         code = max(r.exit_code for r in ordered)
-    if as_json:
-        click.echo(jsontext.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
-    else:
-        from patcher.cli.render import print_out
+    try:
+        if as_json:
+            click.echo(jsontext.dumps({"hosts": [r.as_json() for r in ordered], "exit_code": code}, indent=1))
+        else:
+            from patcher.cli.render import print_out
 
-        print_out(lambda console: console.print(summary_table(ordered)))
-        click.echo(hosts_summary([r.outcome for r in ordered]))
+            print_out(lambda console: console.print(summary_table(ordered)))
+            click.echo(hosts_summary([r.outcome for r in ordered]))
+    except KeyboardInterrupt:  # every host has answered: never "nothing changed" now
+        raise Interrupted(
+            f"interrupted ({interruption()}) while the summary was printed, after every host answered: "
+            f"each host's line above says what it did"
+        ) from None
     return code
