@@ -160,10 +160,10 @@ def test_ctrl_c_after_a_commit_says_what_this_run_wrote(sandbox, site, at):
     line names the files its commit wrote (the run's session keeps them), and the install is
     patched. (It once said "nothing changed" when the Ctrl-C came during the printing.)"""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "ctrl_c_after_commit.py"), "apply", "--target", str(sandbox)],
+        [sys.executable, "-m", "ctrl_c_after_commit", "apply", "--target", str(sandbox)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_AT": at},
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "CTRL_C_AT": at},
     )
     assert result.returncode == 130 and result.stderr.startswith("error: "), result.stderr  # no blank line first
     line = _one_line(result)
@@ -181,10 +181,10 @@ def test_ctrl_c_during_a_fleet_summary_never_says_nothing_changed(tmp_path):
     envs = [make_sandbox(tmp_path / name) for name in ("a", "b")]
     targets = [a for env in envs for a in ("--exec", str(env / "bin" / "python"))]
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "ctrl_c_after_commit.py"), "apply", *targets],
+        [sys.executable, "-m", "ctrl_c_after_commit", "apply", *targets],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_AT": "summary"},
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "CTRL_C_AT": "summary"},
     )
     assert result.returncode == 130, result.stderr
     last = result.stderr.strip().splitlines()[-1]

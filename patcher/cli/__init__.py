@@ -91,6 +91,12 @@ def console() -> None:
     finally:  # answered, exit code set: a signal while the interpreter shuts down changes nothing
         for stopped in (signal.SIGINT, *stoppers):
             signal.signal(stopped, signal.SIG_IGN)
+        # Under ``python -m``, CPython ends a process by SIGINT (exit -2, not our 130) when the last
+        # exec()/eval() of a string was left by a KeyboardInterrupt, caught or not (pythonrun.c
+        # run_eval_code_obj sets _Py_UnhandledKeyboardInterrupt, Modules/main.c Py_RunMain reads it;
+        # a Ctrl-C inside a dataclass's generated code while a module loads does that). Each such
+        # eval clears the flag first: this one leaves it clear.
+        eval("0")
 
 
 def __getattr__(name: str):
