@@ -76,37 +76,30 @@ def assert_refuses(patch: Patch | str, source: str, reason: str) -> str:
 #     test_pad_token_id = rewrite_test(REWRITES)
 
 
-def rewrite_test(rewrites: list):
-    """A fast test of each ``(patch id, before, after)`` of ``rewrites`` (``assert_codemod``)."""
+def _cases_test(cases: list, check):
+    """A fast test of each ``pytest.param`` of ``cases``: ``check(*its values)``, under its id."""
 
     @pytest.mark.fast
-    @pytest.mark.parametrize(("patch_id", "before", "after"), rewrites)
-    def test(patch_id, before, after):
-        assert_codemod(patch_id, before, after)
+    @pytest.mark.parametrize("case", [pytest.param(c.values, id=c.id, marks=c.marks) for c in cases])
+    def test(case):
+        check(*case)
 
     return test
+
+
+def rewrite_test(rewrites: list):
+    """The test of each ``(patch id, before, after)`` of ``rewrites`` (``assert_codemod``)."""
+    return _cases_test(rewrites, assert_codemod)
 
 
 def noop_test(noops: list):
-    """A fast test of each ``(patch id, source)`` of ``noops`` (``assert_noop``)."""
-
-    @pytest.mark.fast
-    @pytest.mark.parametrize(("patch_id", "src"), noops)
-    def test(patch_id, src):
-        assert_noop(patch_id, src)
-
-    return test
+    """The test of each ``(patch id, source)`` of ``noops`` (``assert_noop``)."""
+    return _cases_test(noops, assert_noop)
 
 
 def refusal_test(refusals: list):
-    """A fast test of each ``(patch id, source, reason)`` of ``refusals`` (``assert_refuses``)."""
-
-    @pytest.mark.fast
-    @pytest.mark.parametrize(("patch_id", "src", "expected"), refusals)
-    def test(patch_id, src, expected):
-        assert_refuses(patch_id, src, expected)
-
-    return test
+    """The test of each ``(patch id, source, reason)`` of ``refusals`` (``assert_refuses``)."""
+    return _cases_test(refusals, assert_refuses)
 
 
 def transformers_evidence(patch: Patch | str, module: str, release: str | None) -> tuple[bool, str, str]:
