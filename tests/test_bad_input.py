@@ -21,6 +21,15 @@ def test_missing_target(tmp_path):
     assert_refused(run_cli("apply", "--target", str(tmp_path / "nope")), "target does not exist")
 
 
+def test_a_dangling_link_as_target_is_named_as_one(tmp_path):
+    link = tmp_path / "env"
+    link.symlink_to(tmp_path / "moved-away")
+    assert_refused(
+        run_cli("status", "--target", str(link)),
+        f"target is a symbolic link to {tmp_path / 'moved-away'}, which does not exist: {link}",
+    )
+
+
 @pytest.mark.parametrize("target", ["me@gpu-box:/opt/env", "ssh://me@gpu-box/opt/env"])
 def test_a_remote_path_as_target_names_host(target):
     """scp's or ssh's way of naming a remote env: refused, with --host as the way."""

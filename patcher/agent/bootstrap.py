@@ -84,6 +84,10 @@ def resolve(target, where=None, environ=None, executable=None):
         os.stat(path)
     except OSError as e:  # missing, or under a directory this user cannot traverse
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            if os.path.islink(path):  # the link is there; what it names is not
+                raise Refused(
+                    "target%s is a symbolic link to %s, which does not exist: %s" % (on, os.readlink(path), target)
+                )
             shown = target if path in (target, target.rstrip("/")) else "%s (%s)" % (target, path)
             # scp's [user@]host:/path, or an ssh:// URL: the remote env is --host's
             remote = re.match(r"^ssh://([^/\s]+)(/.*)$", target) or re.match(r"^([^/:\s]+):(/.*)$", target)
