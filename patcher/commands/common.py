@@ -56,19 +56,13 @@ def notes(snap: Snapshot, installer: bool = True) -> list[str]:
             f"{snap.state_dir}/manifest.json was written by speculators-patch {written_by}; read by this "
             f"speculators-patch {patcher.__version__}, which records its own version at its next write"
         )
+    from patcher.fixes.support import outside_range, transformers_outside
+
     if not snap.training_only and snap.speculators_version:
-        from patcher.fixes.support import outside_range
-
-        outside = outside_range(snap.speculators_version, snap.vllm_version)
-        if outside:  # never called supported where the support statement does not say so
-            notes.append(outside)
-    if snap.not_checked:  # no vLLM: every verb says which half it did not look at
-        notes.append(snap.not_checked)
-        from patcher.fixes.support import transformers_outside
-
-        outside = transformers_outside(snap.libraries.version_of("transformers"))
-        if outside:  # the half that was judged, judged against an untested transformers
-            notes.append(outside)
+        # never called supported where the support statement does not say so
+        notes.append(outside_range(snap.speculators_version, snap.vllm_version))
+    if snap.training_only:  # every verb says which half it did not look at, and what it judged against
+        notes += [snap.not_checked, transformers_outside(snap.libraries.version_of("transformers"))]
     if snap.unfinished:
         notes.append(snap.unfinished)
     elif snap.journal_pending:
@@ -76,7 +70,7 @@ def notes(snap: Snapshot, installer: bool = True) -> list[str]:
             f"an interrupted commit left {snap.state_dir}/journal.json; it could not be rolled back "
             "(read-only?) and will be on the next writable run"
         )
-    return notes
+    return [note for note in notes if note]  # a range check with nothing to say gives ""
 
 
 def unsupported_reason(rows: list[dict]) -> str:

@@ -63,37 +63,36 @@ def releases_for(specifiers: list[str]) -> list[str]:
     return [r for r in RELEASES if any(Version(r) in SpecifierSet(s) for s in specifiers)]
 
 
+def _outside(version: str, minors: tuple[str, str]) -> bool:
+    """Whether release ``version`` falls outside ``minors`` (oldest and newest minor, inclusive);
+    False for an unknown or unparsable version (nothing to say about it)."""
+    try:
+        minor = Version(version).release[:2]
+    except ValueError:
+        return False
+    low, high = (Version(v).release[:2] for v in minors)
+    return not low <= minor <= high
+
+
 def outside_range(speculators: str, vllm: str) -> str:
     """A note when vLLM ``vllm`` is outside the releases the line of ``speculators`` is
     checked on (``LINES``), else "". Such a pair is not refused (each patch applies where its
     facts hold, and ``verify`` says what still breaks), but no verb calls it supported
     silently. Unknown or unparsable versions give ""."""
-    try:
-        minor = Version(vllm).release[:2]
-    except ValueError:
+    line = next((line for line in LINES if speculators in line.releases), None)
+    if line is None or not _outside(vllm, line.vllm):
         return ""
-    for line in LINES:
-        if speculators in line.releases:
-            low, high = (Version(v).release[:2] for v in line.vllm)
-            if low <= minor <= high:
-                return ""
-            return (
-                f"speculators {speculators} is supported on vLLM {'–'.join(line.vllm)}; vLLM {vllm} is outside "
-                f"that range, untested"
-            )
-    return ""
+    return (
+        f"speculators {speculators} is supported on vLLM {'–'.join(line.vllm)}; vLLM {vllm} is outside "
+        f"that range, untested"
+    )
 
 
 def transformers_outside(version: str) -> str:
     """A note when transformers ``version`` is outside ``TRANSFORMERS``, else "" (also for an
     unknown or unparsable version). For an env that only trains, where transformers (and torch)
     is all the patches are judged against: such an env is not refused, but not called tested."""
-    try:
-        minor = Version(version).release[:2]
-    except ValueError:
-        return ""
-    low, high = (Version(v).release[:2] for v in TRANSFORMERS)
-    if low <= minor <= high:
+    if not _outside(version, TRANSFORMERS):
         return ""
     return (
         f"the training half is tested on transformers {'–'.join(TRANSFORMERS)}; transformers {version} is "
