@@ -9,6 +9,7 @@ real pip, the real CLI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -132,6 +133,23 @@ def test_repair_says_it_rewrote_a_damaged_record(sandbox, site, field):
     if rewritten:
         assert "nothing to repair" not in last and "already matched" not in last, (field, last)
         assert last.startswith("repaired:"), (field, last)
+
+
+def test_repair_that_removes_a_stray_kept_copy_says_so(sandbox, site):
+    """A kept copy no record names (named by its own digest, so it is read as a copy): repair
+    removes it and says so, never "nothing to repair"; run again, there is nothing to repair."""
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    kept = next((site / STATE / "pristine" / "speculators" / "train").glob("trainer.py.sha256-*"))
+    content = b"# a stray copy\n"
+    stray = kept.with_name("trainer.py.sha256-" + hashlib.sha256(content).hexdigest())
+    stray.write_bytes(content)
+    repaired = run_cli("repair", "--target", str(sandbox))
+    last = repaired.stdout.strip().splitlines()[-1]
+    assert repaired.returncode == 0 and not stray.exists() and kept.exists(), repaired.stdout
+    assert last.startswith("repaired: ") and "nothing to repair" not in last, last
+    assert "removed 1 kept copy no record names (speculators/train/trainer.py)" in last, last
+    again = run_cli("repair", "--target", str(sandbox))
+    assert again.stdout.strip().splitlines()[-1].startswith("nothing to repair: "), again.stdout
 
 
 def test_an_edited_release_in_the_record_is_damage_not_pips_doing(sandbox, site):

@@ -66,7 +66,7 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
             files[path] = record
         if line is not None:
             lines.append(line)
-    written = _commit_records(transport, snap, files)
+    written, committed = _commit_records(transport, snap, files)
     unrestorable = [p for p in (snap.record_differs or []) if p not in files]
     for path in unrestorable:
         lines.append(
@@ -75,7 +75,25 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
             f"lost); pip install --force-reinstall --no-deps speculators=={snap.speculators_version} does"
         )
     dropped = snap.replaced_from
-    return RepairResult(first, lines, unrestorable, dropped, snap, record_changes(snap.manifest, written))
+    changes = record_changes(snap.manifest, written)
+    if committed and written is not None:
+        changes += _dropped_copies(snap, files)
+    return RepairResult(first, lines, unrestorable, dropped, snap, changes)
+
+
+def _dropped_copies(snap: Snapshot, files: dict[str, FileRecord]) -> list[str]:
+    """The kept copies a repair commit removed (the new record, ``files``, names none of them:
+    a stray copy, or an older one of a file whose record was rebuilt), as one phrase; [] when
+    none was."""
+    paths = sorted(
+        p
+        for p, copies in snap.backups.items()
+        for c in copies
+        if p not in files or sha256(c) != files[p].pristine_sha256
+    )
+    if not paths:
+        return []
+    return [f"removed {len(paths)} kept cop{'y' if len(paths) == 1 else 'ies'} no record names ({', '.join(paths)})"]
 
 
 def record_changes(old: Manifest | None, new: Manifest | None) -> list[str]:
@@ -183,10 +201,10 @@ def _modified_record(entry: FileRecord | None, copies: list[bytes], digest: str)
     return FileRecord(sha256(kept), patched, dict(entry.patches) if entry is not None else {})
 
 
-def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileRecord]) -> Manifest | None:
+def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileRecord]) -> tuple[Manifest | None, bool]:
     """Write the rebuilt manifest (``files``: its records) and the pristine copies it names,
     as a ``repair`` commit: no speculators file is written, copies nothing names go. Returns
-    the manifest now on the target (None: none)."""
+    the manifest now on the target (None: none) and whether a commit was made."""
     pristine = {
         p: base64.b64encode(next(c for c in snap.backups[p] if sha256(c) == e.pristine_sha256)).decode()
         for p, e in files.items()
@@ -202,7 +220,8 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileR
         and set(snap.backups) == set(files)
         and all(len(copies) == 1 for copies in snap.backups.values())
     )
-    if not same and (snap.state_exists or manifest is not None):  # no state, none to write: read-only is fine
+    committed = not same and (snap.state_exists or manifest is not None)  # no state, none to write: read-only
+    if committed:
         transport.request(
             "commit",
             state_dir=snap.state_dir,
@@ -214,4 +233,4 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileR
             repair=True,
             verb="repair",
         )
-    return manifest
+    return manifest, committed
