@@ -42,3 +42,30 @@ def test_no_command_prints_the_help_not_one_error_line():
     assert result.output.startswith("Usage: ") and "error:" not in result.output
     for verb in ("apply", "verify", "status", "revert", "selftest"):
         assert any(line.strip().startswith(verb + " ") for line in result.output.splitlines()), verb
+
+
+@pytest.mark.parametrize("width", [80, 100, 124])
+def test_list_on_a_narrow_terminal_loses_nothing(width):
+    """``list`` on a terminal narrower than its table: every patch's id, file name, what it
+    depends on and what it requires are shown whole, within the terminal's width (the table
+    was cut: on 80 columns "SP00", no "depends on" or "requires" column at all)."""
+    import io
+
+    from rich.console import Console
+
+    from patcher.cli.reports import list_report
+    from patcher.commands.listing import depends_on, listing
+    from patcher.fixes.registry import loaded
+
+    done = listing(loaded())
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None, highlight=False)
+    list_report(done).render(console)
+    text = out.getvalue()
+    rows = text.split("\nsupported: ")[0]  # the support statement is one line, as everywhere
+    assert all(len(line.rstrip()) <= width for line in rows.splitlines()), text
+    words = " ".join(text.split())
+    for r in done.rows:
+        requires = ", ".join(r["requires"]) or "nothing"
+        line = f"{r['id']} {r['name']} v{r['version']} ({r['file'].rsplit('/', 1)[-1]}): depends on"
+        assert f"{line} {' '.join(depends_on(r).split())}; requires {requires}" in words, r["id"]

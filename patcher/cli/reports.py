@@ -199,33 +199,58 @@ def list_report(done: Listed) -> Report:
     def render(console: Console) -> None:
         from rich.table import Table
 
-        table = Table()
-        for col in ("id", "name", "v", "file", "depends on", "requires", *(("origin",) if done.origins else ())):
-            # ids, names and file names whole (file names were cut mid-word); the others wrap, and fold
-            # a symbol only where the terminal is too narrow for it
-            table.add_column(
-                col,
-                overflow="fold",
-                no_wrap=col in ("id", "name", "v", "file"),
-                min_width=24 if col == "depends on" else None,  # "speculators' own logic" on one line
-            )
-        for r in done.rows:
-            origin = (escape(done.origins.get(r["id"], "shipped")),) if done.origins else ()
-            table.add_row(
+        columns = ("id", "name", "v", "file", "depends on", "requires", *(("origin",) if done.origins else ()))
+        whole = ("id", "name", "v", "file", "requires")
+        rows = [
+            (
                 r["id"],
                 r["name"],
                 str(r["version"]),
                 r["file"].rsplit("/", 1)[-1],
                 depends_on(r),
                 ", ".join(r["requires"]),
-                *origin,
+                *((done.origins.get(r["id"], "shipped"),) if done.origins else ()),
             )
+            for r in done.rows
+        ]
+        table = Table()
+        for col in columns:
+            # ids, names, file names and required ids whole (file names were cut mid-word); the others
+            # wrap, and fold a symbol only where the terminal is too narrow for it
+            table.add_column(
+                col,
+                overflow="fold",
+                no_wrap=col in whole,
+                min_width=24 if col == "depends on" else None,  # "speculators' own logic" on one line
+            )
+        for row in rows:
+            table.add_row(*row[:6], *(escape(origin) for origin in row[6:]))
         # a pipe or a file gets the table at its natural width, nothing wrapped; a terminal its own
         shown = console.width
         if not console.is_terminal:
             console.width = 10_000  # measured unbounded
             console.width = max(shown, console.measure(table).maximum)
-        console.print(table)
+        # the narrowest the table can be: its whole columns, the others at their least, a border
+        # and a space each side of every cell
+        narrowest = 3 * len(columns) + 1
+        for i, col in enumerate(columns):
+            narrowest += (
+                max(len(col), *(len(row[i]) for row in rows))
+                if col in whole
+                else max(len(col), 24 * (col == "depends on"))
+            )
+        if narrowest > console.width:
+            # a terminal too narrow for it cuts its cells (80 columns: "SP00", no "depends on" or
+            # "requires" at all): one paragraph per patch instead, wrapped by words
+            for row in rows:
+                origin = f"; from {row[6]}" if done.origins else ""
+                console.print(
+                    escape(
+                        f"{row[0]} {row[1]} v{row[2]} ({row[3]}): depends on {row[4]}; requires {row[5] or 'nothing'}{origin}"
+                    )
+                )
+        else:
+            console.print(table)
         console.width = shown
         console.print(escape(done.summary))
         console.print(escape(done.supported), soft_wrap=True)
