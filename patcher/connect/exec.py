@@ -75,8 +75,8 @@ class ExecTransport(BootstrapTransport):
         during = "while committing" if op == "commit" else "while reading"
         if code < 0:
             return (
-                f"{self._where}: the agent was killed (signal {-code}) {during}; a commit it had started is "
-                f"rolled back by the next speculators-patch command on that target"
+                f"{self._where}: the agent was killed (signal {-code}) {during}; the next speculators-patch "
+                f"command on that target finishes a commit it had started past its commit point, or rolls it back"
             )
         hint = (
             ""

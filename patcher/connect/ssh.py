@@ -238,8 +238,8 @@ def explain_ssh_failure(stderr: str, where: str, during: str, master_gone: bool 
         )
     if not text.strip():  # ssh says nothing when the remote command dies of a signal
         return (
-            f"{where}: the remote agent was killed {during}; a commit it had started is rolled back "
-            f"by the next speculators-patch command on that host"
+            f"{where}: the remote agent was killed {during}; the next speculators-patch command on that "
+            f"host finishes a commit it had started past its commit point, or rolls it back"
         )
     return f"{where}: ssh failed {during}: {last_line(text)}"
 

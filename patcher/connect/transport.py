@@ -347,9 +347,9 @@ class Transport:
         if op == "commit":
             return (
                 f"{where}: no answer to the commit within {wait:g} s (--timeout and the wait for a commit in "
-                f"progress); its agent was stopped: a commit that had started is rolled back by the next "
-                f"speculators-patch command on the target (one that reached a remote target may still finish "
-                f"there): run `speculators-patch status` to see which"
+                f"progress); its agent was stopped: a commit that had started is finished (past its commit "
+                f"point) or rolled back by the next speculators-patch command on the target (one that reached a "
+                f"remote target may still finish there): run `speculators-patch status` to see which"
             )
         return f"{where}: no answer to {op} within {wait:g} s (--timeout); nothing was written by this run"
 
@@ -395,6 +395,13 @@ class Transport:
             self._proc.wait(timeout=self.EXIT_WAIT)
         except subprocess.TimeoutExpired:
             pass
+        code = self._proc.returncode
+        if code is not None and code < 0:  # killed (the OOM killer, kill -9): no interpreter's fault
+            during = "while committing" if op == "commit" else "while reading"
+            return (
+                f"{self._where_text()}: the agent was killed (signal {-code}) {during}; the next speculators-patch "
+                f"command on that target finishes a commit it had started past its commit point, or rolls it back"
+            )
         err = self.stderr_text().strip().splitlines()
         # The interpreter hint only where the failure looks like one (no output, or Python
         # 2 / a shell choking on the agent's source), not after e.g. a full disk.
