@@ -99,6 +99,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -598,6 +599,26 @@ def storage_dir(tmp: Path, need: int) -> Path:
     return tmp / "hidden-states"
 
 
+def run_child(command: list[str], out, env: dict, timeout: float) -> int | str:
+    """Run one row's process in its own process group; its exit code, or "timeout". Whatever
+    of the group is left when it ends (vLLM's engine core and workers after a timeout or a
+    crash) is killed, so that the next row finds the GPU free."""
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline, timed_out = time.monotonic() + timeout, False
+    # Wait without reaping it: its pid, the group's id, stays ours until the group is killed.
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    code = proc.wait()
+    return "timeout" if timed_out else code
+
+
 def separate(args, config: dict, layers: list[int], label: str) -> None:
     """One child process per row, one after another; the table and the ratios."""
     import torch
@@ -640,13 +661,7 @@ def separate(args, config: dict, layers: list[int], label: str) -> None:
                 log = logs / f"{row}.log"
                 began = time.time()
                 with log.open("w") as out:
-                    try:
-                        proc = subprocess.run(
-                            command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=args.child_timeout
-                        )
-                        code = proc.returncode
-                    except subprocess.TimeoutExpired:
-                        code = "timeout"
+                    code = run_child(command, out, env, args.child_timeout)
                 text = log.read_text(errors="replace")
                 found = [line[len(ROW_MARK) :] for line in text.splitlines() if line.startswith(ROW_MARK)]
                 if found and code == 0:
@@ -657,7 +672,9 @@ def separate(args, config: dict, layers: list[int], label: str) -> None:
                         flush=True,
                     )
                 else:
-                    errors = dict.fromkeys(line for line in text.splitlines() if "Error:" in line)
+                    errors = dict.fromkeys(
+                        line for line in text.splitlines() if "Error:" in line and "WARNING" not in line
+                    )
                     tail = "\n".join([*list(errors)[:6], "...", *text.splitlines()[-12:]])
                     results[row] = {"row": row, "failed": f"exit {code}", "wall_s": round(time.time() - began, 1)}
                     print(
