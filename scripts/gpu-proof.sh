@@ -9,6 +9,10 @@
 #           pipe2  the same: transformers capture, three drafts trained (EPOCHS, DRAFTS=vllm,hf override; resumable)
 #           pipe3  vLLM serving each draft, the report
 #           check  check-draft on every draft pipe3 served (the pre-apply copy must be flagged)
+#           bench-llama  benchmarks/gpu_extraction.py --mode separate, Llama-3.1-8B shapes: vLLM eager, vLLM default
+#                  config, vLLM's extract_hidden_states route, the patched generator, one engine per process
+#                  (docs/speed.md); about 7 minutes on an H100 (PROMPTS, BATCH override 120 and 60)
+#           bench-moe    the same for the mixture-of-experts shapes (Qwen3-30B-A3B widths, 24 layers)
 # Env: CLI (default: speculators-patch on PATH), WORK (default /tmp/accept: pipe1 and pipe2 share it).
 set -u
 TARGET=${1:?usage: gpu-proof.sh TARGET STEP [OUT]}; STEP=${2:?usage: gpu-proof.sh TARGET STEP [OUT]}
@@ -39,5 +43,12 @@ check)
     echo "== $d"; "$CLI" check-draft "$d" --target "$TARGET" --data-config "$WORK/data-vllm" 2>&1 | tail -4
     echo "exit ${PIPESTATUS[0]}"
   done | tee "$OUT/check-draft.txt" ;;
-*) echo "unknown step $STEP: kimi, llama, pipe1, pipe2, pipe3 or check" >&2; exit 2 ;;
+bench-llama|bench-moe)
+  # vLLM's own LLM() on 0.34 needs nvidia-cutlass-dsl (with its cu13 libraries) and quack-kernels for its kernel
+  # warm-up; the child logs stay in OUT/bench-<model>-logs
+  model=${STEP#bench-}; model=${model/llama/llama8b}
+  "$PY" benchmarks/gpu_extraction.py --mode separate --model "$model" --prompts "${PROMPTS:-120}" --batch "${BATCH:-60}" \
+    --rounds 2 --child-timeout 400 --logs "$OUT/bench-$model-logs" 2>&1 | tee "$OUT/bench-$model.txt" | grep -v '^INFO' | tail -40
+  exit "${PIPESTATUS[0]}" ;;
+*) echo "unknown step $STEP: kimi, llama, pipe1, pipe2, pipe3, check, bench-llama or bench-moe" >&2; exit 2 ;;
 esac
