@@ -7,7 +7,7 @@ decoder-only target models (EAGLE-3 verifiers), so the value is False.
 """
 
 from patcher.fixes.codemods import AddKeyword
-from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, VllmFact
 from patcher.fixes.probes import init_field_required
 
 
@@ -35,5 +35,5 @@ PATCH = Patch(
         ),
     ),
     order=10,
-    symptoms=(r"is_encoder_decoder|max_model_len\s+Field required",),
+    checks=CheckHooks(symptoms=(r"is_encoder_decoder|max_model_len\s+Field required",)),
 )

@@ -8,7 +8,7 @@ from there), so the fact is read where the function is.
 """
 
 from patcher.fixes.codemods import RemoveKeyword
-from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, VllmFact
 from patcher.fixes.probes import parameter_absent
 
 
@@ -42,5 +42,5 @@ PATCH = Patch(
         ),
     ),
     order=20,
-    symptoms=(r"kv_cache_specs",),
+    checks=CheckHooks(symptoms=(r"kv_cache_specs",)),
 )

@@ -6,7 +6,7 @@ size the generator configured (cache_config.block_size), as vLLM's engine core p
 """
 
 from patcher.fixes.codemods import AddKeyword
-from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, VllmFact
 from patcher.fixes.probes import parameter_required
 
 
@@ -35,5 +35,5 @@ PATCH = Patch(
         ),
     ),
     order=30,
-    symptoms=(r"missing 1 required positional argument: 'block_size'|block_size",),
+    checks=CheckHooks(symptoms=(r"missing 1 required positional argument: 'block_size'|block_size",)),
 )

@@ -7,7 +7,7 @@ captures). Every prompt must be computed in full, so the generator disables it.
 """
 
 from patcher.fixes.codemods import AddKeyword
-from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, VllmFact
 from patcher.fixes.probes import field_default
 
 
@@ -36,5 +36,5 @@ PATCH = Patch(
     ),
     order=40,
     portable=True,
-    symptoms=(r"block_hashes",),
+    checks=CheckHooks(symptoms=(r"block_hashes",)),
 )

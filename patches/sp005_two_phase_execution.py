@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import calls_to, replace_statements, same_code
-from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 from speculators_patch_codemods import two_phase_step
 
@@ -69,6 +69,5 @@ PATCH = Patch(
     ),
     order=50,
     portable=True,
-    engine_steps=("sample_tokens",),
-    symptoms=(r"sample_tokens\(\) must be called",),
+    checks=CheckHooks(engine_steps=("sample_tokens",), symptoms=(r"sample_tokens\(\) must be called",)),
 )

@@ -8,7 +8,7 @@ the argument keeps the existing `[0]` correct.
 """
 
 from patcher.fixes.codemods import RemoveKeyword
-from patcher.fixes.patch import Patch, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, VllmFact
 from patcher.fixes.probes import returns_not_list
 
 
@@ -38,5 +38,5 @@ PATCH = Patch(
     ),
     order=60,
     portable=True,
-    symptoms=(r"truth value of a Tensor|ambiguous",),
+    checks=CheckHooks(symptoms=(r"truth value of a Tensor|ambiguous",)),
 )

@@ -11,7 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import calls_to
-from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 
 OLD_CALL = m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name("get_input_embeddings")))
@@ -65,5 +65,5 @@ PATCH = Patch(
     ),
     order=70,
     portable=True,
-    symptoms=(r"get_input_embeddings",),
+    checks=CheckHooks(symptoms=(r"get_input_embeddings",)),
 )

@@ -23,7 +23,7 @@ import libcst.matchers as m
 from libcst.codemod.visitors import RemoveImportsVisitor
 
 from patcher.fixes.cst_helpers import calls_to, replace_statements
-from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import method_defined
 
 GATE = m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Call(func=m.Name("supports_eagle3"))))
@@ -96,5 +96,5 @@ PATCH = Patch(
     ),
     order=80,
     portable=True,
-    symptoms=(r"does not support hidden state extraction|has no attribute 'model'",),
+    checks=CheckHooks(symptoms=(r"does not support hidden state extraction|has no attribute 'model'",)),
 )

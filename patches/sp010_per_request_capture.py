@@ -32,7 +32,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import statements
-from patcher.fixes.patch import Patch, PatchCodemod
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod
 from speculators_patch_codemods import capture_methods
 
 CLASS = m.ClassDef(name=m.Name("HiddenStatesWorkerExtension"))
@@ -135,11 +135,10 @@ PATCH = Patch(
     version=2,
     title="Worker: split captures per request by vLLM's batch order and chunked steps",
     risk="hidden states can be attributed to the wrong request",
-    runner_batch="v1",
-    attribution=True,
     file="speculators/data_generation/custom_worker.py",
     codemod=PerRequestCapture,
     order=100,
     portable=True,
+    checks=CheckHooks(runner_batch="v1", attribution=True),
     # SP012 (generator side) calls the RPC this patch adds: it declares requires=("SP010",).
 )

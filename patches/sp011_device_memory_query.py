@@ -9,7 +9,7 @@ The smallest worker's figure bounds the cache, as in vLLM.
 
 import libcst.matchers as m
 
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import CheckHooks, Patch
 from speculators_patch_codemods.executor_memory_query import FACTS, FREE_AND_TOTAL, ExecutorMemoryQuery
 
 ANY_CUDA_QUERY = m.Call(
@@ -37,6 +37,8 @@ PATCH = Patch(
     facts=FACTS,
     order=110,
     portable=True,
-    engine_steps=("determine_available_memory",),
-    symptoms=(r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver",),
+    checks=CheckHooks(
+        engine_steps=("determine_available_memory",),
+        symptoms=(r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver",),
+    ),
 )

@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import append_keyword, same_code, statements
-from patcher.fixes.patch import Patch, PatchCodemod
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod
 
 PER_REQUEST = '{"per_request": True}'  # collective_rpc(..., kwargs=PER_REQUEST)
 
@@ -235,10 +235,10 @@ PATCH = Patch(
     version=1,
     title="Generator: finish each prompt across chunked steps, results per request or an error",
     risk="prompts split across steps are aborted half-way: hidden states can be attributed to the wrong request",
-    attribution=True,
     file="speculators/data_generation/vllm_hidden_states_generator.py",
     codemod=PrefillToCompletion,
     order=120,
     portable=True,
     requires=("SP010",),  # calls _get_captured_states(per_request=True), which SP010 adds
+    checks=CheckHooks(attribution=True),
 )

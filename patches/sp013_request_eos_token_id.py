@@ -14,7 +14,7 @@ whatever the installed vLLM: a 0.16-patched install then survives an upgrade to 
 The codemod is written out in ``eos_token_id_where_taken.py``, which SP018 (0.4.x) runs too.
 """
 
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import CheckHooks, Patch
 from speculators_patch_codemods.eos_token_id_where_taken import PassEosTokenIdWhereTaken
 
 
@@ -33,5 +33,5 @@ PATCH = Patch(
     order=57,
     portable=True,
     depends_on="at run time: whether Request.__init__ takes eos_token_id (vllm/v1/request.py; removed in 0.17)",
-    symptoms=(r"eos_token_id",),
+    checks=CheckHooks(symptoms=(r"eos_token_id",)),
 )

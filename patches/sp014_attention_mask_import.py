@@ -23,7 +23,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import replace_statements
-from patcher.fixes.patch import Fact, Patch, PatchCodemod
+from patcher.fixes.patch import CheckHooks, Fact, Patch, PatchCodemod
 from patcher.fixes.probes import module_absent
 
 MODULE = "modeling_attn_mask_utils"
@@ -103,5 +103,5 @@ PATCH = Patch(
             probe=module_absent(f"transformers/{MODULE}.py"),
         ),
     ),
-    symptoms=(r"modeling_attn_mask_utils",),
+    checks=CheckHooks(symptoms=(r"modeling_attn_mask_utils",)),
 )

@@ -16,7 +16,7 @@ is left in place (``empty_cache`` and ``is_npu_available`` come from the same im
 
 import libcst.matchers as m
 
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import CheckHooks, Patch
 from speculators_patch_codemods.executor_memory_query import FACTS, FREE_AND_TOTAL, ExecutorMemoryQuery
 
 # free_memory, _ = mem_get_info()   (speculators.utils.util.mem_get_info)
@@ -43,5 +43,5 @@ PATCH = Patch(
     speculators=">=0.4.0,<0.4.1",
     order=110,
     portable=True,
-    symptoms=(r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver",),
+    checks=CheckHooks(symptoms=(r"mem_get_info|Torch not compiled with CUDA|Found no NVIDIA driver",)),
 )

@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import same_code, statements
-from patcher.fixes.patch import Patch, PatchCodemod
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod
 
 SCHEDULE = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("scheduler")), m.Name("schedule")))
 EXECUTE = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("executor")), m.Name("execute_model")))
@@ -97,5 +97,5 @@ PATCH = Patch(
     speculators=">=0.4.0,<0.4.1",
     order=140,
     portable=True,
-    symptoms=(r"not found in captured states",),
+    checks=CheckHooks(symptoms=(r"not found in captured states",)),
 )

@@ -11,7 +11,7 @@ where it is accepted, so one patched file runs on vLLM 0.12-0.16 and on 0.17 and
 SP013 it is needed wherever the keyword is passed unconditionally, whatever the installed vLLM.
 """
 
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import CheckHooks, Patch
 from speculators_patch_codemods.eos_token_id_where_taken import PassEosTokenIdWhereTaken
 
 
@@ -31,5 +31,5 @@ PATCH = Patch(
     order=57,
     portable=True,
     depends_on="at run time: whether Request.__init__ takes eos_token_id (vllm/v1/request.py; removed in 0.17)",
-    symptoms=(r"eos_token_id",),
+    checks=CheckHooks(symptoms=(r"eos_token_id",)),
 )

@@ -21,7 +21,7 @@ loaded by then (speculators imports it), so it costs nothing. Needed on every in
 import libcst.matchers as m
 
 from patcher.fixes.codemods import Replace
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import CheckHooks, Patch
 
 REBUILD = m.SimpleStatementLine(
     body=[
@@ -62,6 +62,6 @@ PATCH = Patch(
     order=10,
     portable=True,
     depends_on="transformers 5 annotations naming torch (PretrainedConfig); the added import is right on every version",
-    symptoms=(r"name 'torch' is not defined",),
     speculators=">=0.3.0,<0.4.1",
+    checks=CheckHooks(symptoms=(r"name 'torch' is not defined",)),
 )

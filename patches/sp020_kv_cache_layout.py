@@ -18,7 +18,7 @@ install keeps working.
 import libcst.matchers as m
 
 from patcher.fixes.codemods import Replace
-from patcher.fixes.patch import Patch
+from patcher.fixes.patch import CheckHooks, Patch
 from speculators_patch_codemods import kv_cache_layout_block
 
 SPEC_NAME = m.SimpleString('"get_kv_cache_spec"') | m.SimpleString("'get_kv_cache_spec'")
@@ -58,6 +58,6 @@ PATCH = Patch(
     codemod=ResolveKvCacheLayout,
     order=150,
     portable=True,
-    engine_steps=("get_supported_kv_cache_layouts", "set_kv_cache_layout"),
     depends_on="at run time: Executor.get_supported_kv_cache_layouts/set_kv_cache_layout and resolve_kv_cache_layout (vllm/v1/executor/abstract.py, vllm/v1/attention/backends/utils.py; 0.29+)",
+    checks=CheckHooks(engine_steps=("get_supported_kv_cache_layouts", "set_kv_cache_layout")),
 )

@@ -26,7 +26,7 @@ naming its class and the variable that selects V1.
 import libcst as cst
 import libcst.matchers as m
 
-from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import attribute_stores
 from speculators_patch_codemods import capture_methods
 
@@ -80,8 +80,6 @@ PATCH = Patch(
     version=1,
     title="Worker: read each step's batch layout from Model Runner V2 too (vLLM's GPU default)",
     risk="under Model Runner V2 hidden states cannot be attributed to their requests (capture stops at setup)",
-    runner_batch="v2",
-    attribution=True,
     file="speculators/data_generation/custom_worker.py",
     codemod=ModelRunnerV2Capture,
     facts=(
@@ -100,4 +98,5 @@ PATCH = Patch(
     order=105,
     portable=True,
     requires=("SP010",),  # rewrites the method SP010 adds
+    checks=CheckHooks(runner_batch="v2", attribution=True),
 )

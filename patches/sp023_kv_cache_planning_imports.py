@@ -19,7 +19,7 @@ it ran before; on 0.33 it takes the moved functions.
 import libcst.matchers as m
 
 from patcher.fixes.codemods import Replace
-from patcher.fixes.patch import Patch, Uncovered, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, Uncovered, VllmFact
 from patcher.fixes.probes import function_moved
 
 OLD = "vllm/v1/core/kv_cache_utils.py"
@@ -87,13 +87,15 @@ PATCH = Patch(
     # speculators 0.4.x's generator imports the three KV cache helpers as 0.3.0's does (plus
     # two that stayed in kv_cache_utils), but it also lacks SP020's layout resolution and
     # passes its fixed block size to the Scheduler: a port SP015-SP018 do not make.
-    uncovered=(
-        Uncovered(
-            "~=0.4.0",
-            "kv_cache_planning.get_kv_cache_config_from_groups",
-            "its generator imports _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups and "
-            "unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which this vLLM moved to "
-            "kv_cache_planning",
-        ),
+    checks=CheckHooks(
+        uncovered=(
+            Uncovered(
+                "~=0.4.0",
+                "kv_cache_planning.get_kv_cache_config_from_groups",
+                "its generator imports _get_kv_cache_groups_uniform_spec, get_kv_cache_config_from_groups and "
+                "unify_hybrid_kv_cache_specs from vllm.v1.core.kv_cache_utils, which this vLLM moved to "
+                "kv_cache_planning",
+            ),
+        )
     ),
 )

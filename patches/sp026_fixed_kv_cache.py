@@ -23,7 +23,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import append_keyword, calls_to, statements
-from patcher.fixes.patch import Patch, PatchCodemod, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, PatchCodemod, VllmFact
 from patcher.fixes.probes import field_defined
 
 CHOICE = "_FIXED_KV_CACHE"
@@ -94,5 +94,7 @@ PATCH = Patch(
     order=165,
     portable=True,
     risk="on a GPU the worker reads KV blocks vLLM never mapped: CUDA illegal memory access at the first long batch",
-    engine_steps=("extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache"),
+    checks=CheckHooks(
+        engine_steps=("extensible_kv_cache_unsupported_reason", "disable_extensible_kv_cache", "extend_kv_cache")
+    ),
 )

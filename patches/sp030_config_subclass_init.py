@@ -18,7 +18,7 @@ again. Where transformers adds none (before 5.4) the method changes nothing.
 """
 
 from patcher.fixes.codemods import AddMethod
-from patcher.fixes.patch import Fact, Patch
+from patcher.fixes.patch import CheckHooks, Fact, Patch
 from patcher.fixes.probes import method_calls
 
 CONFIGURATION = "transformers/configuration_utils.py"
@@ -58,5 +58,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=10,
     portable=True,
-    symptoms=(r"__pydantic_fields_set__",),
+    checks=CheckHooks(symptoms=(r"__pydantic_fields_set__",)),
 )

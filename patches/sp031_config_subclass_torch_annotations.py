@@ -18,7 +18,7 @@ still cannot be resolved is left for pydantic to report as before (``raise_error
 """
 
 from patcher.fixes.codemods import AddMethod
-from patcher.fixes.patch import Fact, Patch
+from patcher.fixes.patch import CheckHooks, Fact, Patch
 from patcher.fixes.probes import field_annotation_mentions
 
 CONFIGURATION = "transformers/configuration_utils.py"
@@ -59,5 +59,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=20,
     portable=True,
-    symptoms=(r"is not fully defined; you should define `torch`",),
+    checks=CheckHooks(symptoms=(r"is not fully defined; you should define `torch`",)),
 )

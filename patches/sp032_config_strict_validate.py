@@ -14,7 +14,7 @@ Portable form: ``SpeculatorModelConfig.validate()`` runs transformers' own valid
 """
 
 from patcher.fixes.codemods import AddMethod
-from patcher.fixes.patch import Fact, Patch
+from patcher.fixes.patch import CheckHooks, Fact, Patch
 from patcher.fixes.probes import method_calls
 
 CONFIGURATION = "transformers/configuration_utils.py"
@@ -53,5 +53,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=30,
     portable=True,
-    symptoms=(r"BaseModel\.validate\(\) missing 1 required positional argument",),
+    checks=CheckHooks(symptoms=(r"BaseModel\.validate\(\) missing 1 required positional argument",)),
 )

@@ -45,7 +45,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.fixes.cst_helpers import code_of, same_code, statements
-from patcher.fixes.patch import Fact, Patch, PatchCodemod
+from patcher.fixes.patch import CheckHooks, Fact, Patch, PatchCodemod
 from patcher.fixes.probes import method_mentions
 
 CONFIGURATION = "transformers/configuration_utils.py"
@@ -238,10 +238,12 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=10,
     portable=True,
-    symptoms=(
-        r"contains custom code which must be executed",
-        r"object has no attribute '(hidden_size|vocab_size|pad_token_id)'",
-        r"Could not find embedding weights in",
-        r"KeyError: 'model\.embed_tokens\.weight'",
+    checks=CheckHooks(
+        symptoms=(
+            r"contains custom code which must be executed",
+            r"object has no attribute '(hidden_size|vocab_size|pad_token_id)'",
+            r"Could not find embedding weights in",
+            r"KeyError: 'model\.embed_tokens\.weight'",
+        )
     ),
 )

@@ -22,7 +22,7 @@ wherever the base config sets no ``pad_token_id`` (transformers 5.0.0 on).
 import libcst.matchers as m
 
 from patcher.fixes.codemods import Replace
-from patcher.fixes.patch import Fact, Patch
+from patcher.fixes.patch import CheckHooks, Fact, Patch
 from patcher.fixes.probes import class_sets_no_attribute
 
 CONFIGURATION = "transformers/configuration_utils.py"
@@ -63,5 +63,5 @@ PATCH = Patch(
     speculators=">=0.3.0,<0.4.1",
     order=20,
     portable=True,
-    symptoms=(r"object has no attribute 'pad_token_id'",),
+    checks=CheckHooks(symptoms=(r"object has no attribute 'pad_token_id'",)),
 )

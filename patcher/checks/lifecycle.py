@@ -16,7 +16,7 @@ abstract.py that only forwards to ``collective_rpc("Y")`` counts as ``rpc:Y`` to
 side (0.11-0.26's ``initialize_from_config`` also sends ``compile_or_warm_up_model``). Each step
 of the core is then:
 - made: the generator makes it;
-- handled: a patch applied to this install lists it in ``Patch.engine_steps`` (it makes the
+- handled: a patch applied to this install lists it in ``CheckHooks.engine_steps`` (it makes the
   generator account for the step, e.g. the fixed-KV-cache patch (patches/sp026_fixed_kv_cache.py)
   turns off the cache that ``extend_kv_cache`` grows);
 - not needed: a step with no work for the generator's configuration (``NOT_NEEDED``, with why);
@@ -231,13 +231,13 @@ def check(
 ) -> LifecycleCheck | None:
     """Classify the engine core's steps for the installed generator. ``vllm``: the sources read
     for verify (``CORE`` and ``EXECUTOR`` among them); ``patches``: the patches written for the
-    installed speculators (``Patch.engine_steps``); ``present``: ids of those applied to it or
+    installed speculators (``CheckHooks.engine_steps``); ``present``: ids of those applied to it or
     already satisfied. None when vLLM has no engine core to read (``CORE`` missing or not
     Python) or the generator is missing. Cached by the files' digests, like the model-runner check."""
     core, generator_src = vllm.get(CORE), generator
     if core is None or generator_src is None:
         return None
-    handlers = {step: p.id for p in patches for step in p.engine_steps}
+    handlers = {step: p.id for p in patches for step in p.checks.engine_steps}
     digests = [hashlib.sha256(s).hexdigest() if s is not None else None for s in (core, vllm.get(EXECUTOR), generator)]
     key = cache.key(["lifecycle", tool_digest(), digests, sorted(handlers.items()), sorted(present)])
     stored = cache.load("lifecycle", key)

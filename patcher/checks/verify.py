@@ -131,7 +131,7 @@ def _v2_fix(snap: Snapshot) -> str | None:
     """The patch that makes the installed speculators read Model Runner V2's batch
     (``runner_batch="v2"``: patches/sp022_model_runner_v2_capture.py, written for 0.3.0), or
     None for a speculators no such patch is written for (0.4.x)."""
-    return next((p.id for p in snap.applicable if p.runner_batch == "v2"), None)
+    return next((p.id for p in snap.applicable if p.checks.runner_batch == "v2"), None)
 
 
 def _sources_request(snap: Snapshot, runtime: bool = False) -> tuple[dict, dict | None]:

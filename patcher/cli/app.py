@@ -272,7 +272,7 @@ class _Group(click.Group):
 
 class _AttributionHelp(click.Option):
     """An option whose help names, in place of ``{attribution}``, the shipped patches without
-    which hidden states can be attributed to the wrong request (``Patch.attribution``): read
+    which hidden states can be attributed to the wrong request (``CheckHooks.attribution``): read
     from the patch set only when the help is shown, so no other command loads it for this."""
 
     @property
@@ -282,7 +282,7 @@ class _AttributionHelp(click.Option):
             return text
         from patcher.fixes.registry import shipped_patches
 
-        ids = sorted(p.id for p in shipped_patches() if p.attribution)
+        ids = sorted(p.id for p in shipped_patches() if p.checks.attribution)
         named = " and ".join(filter(None, [", ".join(ids[:-1]), *ids[-1:]]))
         return text.replace("{attribution}", named)
 

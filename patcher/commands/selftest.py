@@ -57,7 +57,7 @@ def diagnose(error: dict, patches: PatchSet, speculators: str | None = None) -> 
     candidates = sorted(patches.written_for(speculators) if speculators else patches.patches, key=lambda p: p.id)
     for text in (said, tracebacks):
         for patch in candidates:
-            if any(re.search(pattern, text) for pattern in patch.symptoms):
+            if any(re.search(pattern, text) for pattern in patch.checks.symptoms):
                 return patch.id
     return None
 

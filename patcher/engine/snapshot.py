@@ -469,7 +469,7 @@ def check_covered(snap: Snapshot) -> None:
         return
     version = Version(snap.speculators_version)
     for patch in shipped_patches():
-        for uncovered in patch.uncovered:
+        for uncovered in patch.checks.uncovered:
             evidence = snap.evidence[(patch.id, uncovered.symbol)]
             if version in SpecifierSet(uncovered.speculators) and evidence.holds:
                 raise Unsupported(

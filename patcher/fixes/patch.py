@@ -89,6 +89,40 @@ class Uncovered:
 
 
 @dataclass(frozen=True)
+class CheckHooks:
+    """What the checks that name a patch read of it, grouped apart from what the patch is;
+    a patch no check names keeps the defaults.
+
+    Attributes:
+        engine_steps: set-up steps of vLLM's own engine core (executor methods that
+            ``EngineCore`` calls, vllm/v1/engine/core.py) which this patch makes the generator
+            account for, by making the call or by configuring vLLM so that the step has
+            nothing to do; ``verify``'s life-cycle check (``patcher.checks.lifecycle``) names
+            the patch when the step is skipped and the patch is not applied.
+        runner_batch: the vLLM model runner whose per-step batch the patch makes capture split
+            per request (``v1``: the V1 runner's ``input_batch``; ``v2``: Model Runner V2's
+            ``InputBatch``). ``verify``'s model-runner check (``patcher.checks.model_runner``)
+            names the ``v2`` patch written for the installed speculators as the way to capture
+            under Model Runner V2. Empty: none.
+        attribution: left out where the installed vLLM needs it, hidden states can be
+            attributed to the wrong request; ``apply --help`` names these patches under
+            ``--allow-partial``.
+        uncovered: vLLM changes, recognised by this patch's facts, that no patch covers for
+            another speculators (``Uncovered``); ``apply`` and ``diff`` refuse such a target.
+        symptoms: regular expressions (``re.search``) of what the failure this patch fixes
+            says where it is missing (an exception's type and message, a traceback line);
+            ``selftest`` names the patch when its generator or its training stage fails with
+            one. Empty: no symptom of its own (a silent error, or one another patch's names).
+    """
+
+    engine_steps: tuple[str, ...] = ()
+    runner_batch: str = ""
+    symptoms: tuple[str, ...] = ()
+    attribution: bool = False
+    uncovered: tuple[Uncovered, ...] = ()
+
+
+@dataclass(frozen=True)
 class Patch:
     """One versioned fix for one incompatibility, applied by a libcst codemod.
 
@@ -117,28 +151,10 @@ class Patch:
         depends_on: for a patch without facts, what its emitted code depends on, in words
             (what it reads from vLLM or transformers at run time, with module and release);
             ``list`` shows it. Empty: a fix of speculators' own logic.
-        engine_steps: set-up steps of vLLM's own engine core (executor methods that
-            ``EngineCore`` calls, vllm/v1/engine/core.py) which this patch makes the generator
-            account for, by making the call or by configuring vLLM so that the step has
-            nothing to do; ``verify``'s life-cycle check (``patcher.checks.lifecycle``) names
-            the patch when the step is skipped and the patch is not applied.
         risk: what goes wrong where the installed vLLM needs this patch and it is left out
             (one line, e.g. "hidden states can be attributed to the wrong request"); ``apply``
             names it when ``--only``/``--skip`` leave a needed patch out. Empty: the title.
-        runner_batch: the vLLM model runner whose per-step batch the patch makes capture split
-            per request (``v1``: the V1 runner's ``input_batch``; ``v2``: Model Runner V2's
-            ``InputBatch``). ``verify``'s model-runner check (``patcher.checks.model_runner``)
-            names the ``v2`` patch written for the installed speculators as the way to capture
-            under Model Runner V2. Empty: none.
-        attribution: left out where the installed vLLM needs it, hidden states can be
-            attributed to the wrong request; ``apply --help`` names these patches under
-            ``--allow-partial``.
-        uncovered: vLLM changes, recognised by this patch's facts, that no patch covers for
-            another speculators (``Uncovered``); ``apply`` and ``diff`` refuse such a target.
-        symptoms: regular expressions (``re.search``) of what the failure this patch fixes
-            says where it is missing (an exception's type and message, a traceback line);
-            ``selftest`` names the patch when its generator or its training stage fails with
-            one. Empty: no symptom of its own (a silent error, or one another patch's names).
+        checks: what the checks that name a patch read of it (``CheckHooks``).
         origin: where the patch comes from, set by the loader, not by its author:
             ``shipped`` (``patches/``), ``file`` (``--patch-file``), ``package`` (an installed
             pack, entry-point group ``speculators_patch.patches``) or ``recorded`` (named by
@@ -160,12 +176,8 @@ class Patch:
     portable: bool = False
     requires: tuple[str, ...] = ()
     depends_on: str = ""
-    engine_steps: tuple[str, ...] = ()
     risk: str = ""
-    symptoms: tuple[str, ...] = ()
-    runner_batch: str = ""
-    attribution: bool = False
-    uncovered: tuple[Uncovered, ...] = ()
+    checks: CheckHooks = CheckHooks()
     origin: str = "shipped"
     source: str = ""
     source_sha256: str = ""

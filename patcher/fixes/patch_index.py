@@ -15,7 +15,7 @@ import importlib
 
 from patcher import cache
 from patcher.fixes import probes
-from patcher.fixes.patch import Patch, Uncovered, VllmFact
+from patcher.fixes.patch import CheckHooks, Patch, Uncovered, VllmFact
 
 KIND = "patch-index"
 
@@ -81,12 +81,14 @@ def dump(patches: tuple[Patch, ...], modules: dict[str, str]) -> list[dict] | No
                 "portable": p.portable,
                 "requires": list(p.requires),
                 "depends_on": p.depends_on,
-                "engine_steps": list(p.engine_steps),
                 "risk": p.risk,
-                "symptoms": list(p.symptoms),
-                "runner_batch": p.runner_batch,
-                "attribution": p.attribution,
-                "uncovered": [[u.speculators, u.symbol, u.what] for u in p.uncovered],
+                "checks": {
+                    "engine_steps": list(p.checks.engine_steps),
+                    "runner_batch": p.checks.runner_batch,
+                    "symptoms": list(p.checks.symptoms),
+                    "attribution": p.checks.attribution,
+                    "uncovered": [[u.speculators, u.symbol, u.what] for u in p.checks.uncovered],
+                },
             }
         )
     return rows
@@ -121,12 +123,14 @@ def build(rows: list[dict]) -> tuple[Patch, ...]:
                 r["portable"],
                 tuple(r["requires"]),
                 depends_on=r["depends_on"],
-                engine_steps=tuple(r["engine_steps"]),
                 risk=r["risk"],
-                symptoms=tuple(r["symptoms"]),
-                runner_batch=r["runner_batch"],
-                attribution=r["attribution"],
-                uncovered=tuple(Uncovered(*u) for u in r["uncovered"]),
+                checks=CheckHooks(
+                    engine_steps=tuple(r["checks"]["engine_steps"]),
+                    runner_batch=r["checks"]["runner_batch"],
+                    symptoms=tuple(r["checks"]["symptoms"]),
+                    attribution=r["checks"]["attribution"],
+                    uncovered=tuple(Uncovered(*u) for u in r["checks"]["uncovered"]),
+                ),
             )
         )
     return tuple(patches)

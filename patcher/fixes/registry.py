@@ -73,9 +73,9 @@ def _import_all() -> tuple[tuple[Patch, ...], dict[str, str]]:
         if patch.version < 1 or not patch.title or not patch.file.endswith(".py"):
             problems.append("version, title or file missing")
         SpecifierSet(patch.speculators)
-        if patch.runner_batch not in ("", "v1", "v2"):
-            problems.append(f"runner_batch {patch.runner_batch!r} is not v1 or v2")
-        for u in patch.uncovered:
+        if patch.checks.runner_batch not in ("", "v1", "v2"):
+            problems.append(f"runner_batch {patch.checks.runner_batch!r} is not v1 or v2")
+        for u in patch.checks.uncovered:
             SpecifierSet(u.speculators)
             if u.symbol not in {f.symbol for f in patch.facts}:
                 problems.append(f"uncovered names {u.symbol!r}, not one of its facts")

@@ -187,14 +187,14 @@ def test_what_a_patch_is_for_is_a_field_of_its_record():
     from patcher.fixes import patch_index
 
     for release in RELEASES:
-        assert len([p for p in BY_RELEASE[release] if p.runner_batch == "v2"]) <= 1
-    assert [p.id for p in BY_RELEASE["0.3.0"] if p.runner_batch == "v2"] == ["SP022"]
-    assert sorted(p.id for p in PATCHES if p.attribution) == ["SP010", "SP012", "SP022"]
-    assert [(p.id, u.speculators) for p in PATCHES for u in p.uncovered] == [("SP023", "~=0.4.0")]
+        assert len([p for p in BY_RELEASE[release] if p.checks.runner_batch == "v2"]) <= 1
+    assert [p.id for p in BY_RELEASE["0.3.0"] if p.checks.runner_batch == "v2"] == ["SP022"]
+    assert sorted(p.id for p in PATCHES if p.checks.attribution) == ["SP010", "SP012", "SP022"]
+    assert [(p.id, u.speculators) for p in PATCHES for u in p.checks.uncovered] == [("SP023", "~=0.4.0")]
     rows = patch_index.dump(PATCHES, {p.id: p.codemod.__module__ for p in PATCHES})
     assert rows is not None
     for old, new in zip(PATCHES, patch_index.build(json.loads(json.dumps(rows))), strict=True):
-        assert (new.runner_batch, new.attribution, new.uncovered) == (old.runner_batch, old.attribution, old.uncovered)
+        assert new.checks == old.checks
     help_text = " ".join(run_cli("apply", "--help").stdout.split())
     assert "e.g. without SP010, SP012 and SP022 hidden states can be attributed to the wrong request." in help_text
 
