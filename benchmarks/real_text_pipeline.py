@@ -26,7 +26,10 @@ Steps (``STEPS``), as a user runs speculators 0.3.0:
 - ``train``: the vocabulary mapping from the responses' token counts (every token but one,
   ``DRAFT_VOCAB_SHORT_BY``, so vLLM loads the mapping), the untrained draft saved by the
   checkpointer, then speculators' ``Trainer`` for each of ``DRAFTS`` (in parallel on a GPU; on
-  a CPU only the forward and the checkpointer's save: FlexAttention has no backward there);
+  a CPU only the forward and the checkpointer's save: FlexAttention has no backward there).
+  On a GPU it stops at ``--train-seconds``: a draft keeps the epochs it finished (the
+  checkpointer saves one per epoch), is reported as stopped, and the next ``train`` call
+  resumes it from its newest epoch (``TrainerConfig.resume_from_checkpoint``);
 - ``serve``: vLLM serving, each of ``SERVED`` in its own engine (all at once on a GPU, each
   timed alone): the verifier alone, and with each draft as its EAGLE-3 speculator
   (``speculative_config={"method": "eagle3", "model": DRAFT, "num_speculative_tokens": k}``),
@@ -60,8 +63,9 @@ SETTINGS = {
         "response_tokens": 192,
         "serve_tokens": 128,
         "single_stream": 4,
-        "pack": 4096,
+        "pack": 8192,
         "epochs": 8,
+        "train_seconds": 450,
         "lr": 6e-4,
         "ttt": 5,
         "capture_batch": 200,
@@ -72,6 +76,7 @@ SETTINGS = {
         "single_stream": 1,
         "pack": 512,
         "epochs": 1,
+        "train_seconds": None,
         "lr": 6e-4,
         "ttt": 3,
         "capture_batch": 32,
@@ -346,7 +351,9 @@ class Comparison:
 
 
 def step_train(work: Work) -> dict:
-    """The vocabulary mapping, the untrained draft, then a draft trained on each capture."""
+    """The vocabulary mapping, the untrained draft, then a draft trained on each capture; on
+    a GPU for at most ``train_seconds``: a draft stopped then keeps its finished epochs and is
+    resumed by the next call (``incomplete``)."""
     import torch
 
     text = work.config()
@@ -363,28 +370,39 @@ def step_train(work: Work) -> dict:
         {"workdir": str(work.root), "size": work.size, "device": work.device, "name": name, "settings": work.settings}
         for name in trained_drafts(work)
     ]
-    # a draft trained by an earlier call (its result.json written last) is kept: a device call
-    # that ran out of time resumes with the drafts it had not finished
     done = {s["name"]: work.root / "drafts" / s["name"] / "result.json" for s in specs}
-    todo = [s for s in specs if not done[s["name"]].is_file()]
-    log(f"training {', '.join(s['name'] for s in todo) or 'nothing'} (logs: {work.root / 'logs'}/train-*.log)")
+    todo = [s for s in specs if not done[s["name"]].is_file() or json.loads(done[s["name"]].read_text())["stopped"]]
+    for s in todo:
+        done[s["name"]].unlink(missing_ok=True)
+    budget = work.settings["train_seconds"] if work.device == "cuda" else None
+    log(
+        f"training {', '.join(s['name'] for s in todo) or 'nothing'} (logs: {work.root / 'logs'}/train-*.log"
+        + (f"; stopped after {budget} s" if budget else "")
+        + ")"
+    )
     run_children(
         [["--train-one", json.dumps(s)] for s in todo],
         parallel=work.device == "cuda",
         logs=[work.root / "logs" / f"train-{s['name']}.log" for s in todo],
+        timeout=budget,
     )
-    results = [json.loads(done[s["name"]].read_text()) if done[s["name"]].is_file() else None for s in specs]
-    results = [r if r is not None else _failed(work, s["name"]) for r, s in zip(results, specs, strict=True)]
     figures = {"vocab": mapping["figures"], "drafts": {}}
-    for spec, result in zip(specs, results, strict=True):
-        figures["drafts"][spec["name"]] = result
+    for spec in specs:
+        name = spec["name"]
+        if not done[name].is_file() and saved_epochs(work.root / "drafts" / name):
+            done[name].write_text(json.dumps(draft_result(work, name, work.settings, stopped=True), indent=1))
+        result = json.loads(done[name].read_text()) if done[name].is_file() else _failed(work, name)
+        figures["drafts"][name] = result
         if "error" in result:
-            raise RuntimeError(f"training the {spec['name']} draft failed:\n" + "\n".join(result["tail"]))
+            raise RuntimeError(f"training the {name} draft failed:\n" + "\n".join(result["tail"]))
         log(
-            f"{spec['name']} draft: {result['steps']} steps, loss {result['loss_first']:.4f} -> "
-            f"{result['loss_last']:.4f}, accuracy per TTT step {result['accuracy']}"
+            f"{name} draft: {result['steps']} steps, {result['epochs_done']} of {result['epochs']} epochs"
+            + (" (stopped at the time budget: the next train call resumes it)" if result["stopped"] else "")
+            + f", loss {result['loss_first']:.4f} -> {result['loss_last']:.4f}, accuracy per TTT step "
+            f"{result['accuracy']}, {result['seconds_per_step']} s per step"
         )
-    recorded = json.loads((newest(work.root / "drafts" / "vllm") / "config.json").read_text())
+    figures["incomplete"] = any(d["stopped"] for d in figures["drafts"].values())
+    recorded = json.loads((draft_checkpoint(work, "vllm") / "config.json").read_text())
     figures["recorded_aux_ids"] = recorded.get("eagle_aux_hidden_state_layer_ids")
     return figures
 
@@ -469,11 +487,9 @@ def draft_model(work: Work, text: dict, mapping: dict):
 
 def train_one(spec: dict) -> dict:
     """One draft of ``DRAFTS`` (``spec["name"]``): speculators' dataset, packing sampler and
-    ``Trainer`` on a GPU; on a CPU the forward and the checkpointer's save. Returns steps,
-    loss first -> last (means of 20 steps), the accuracy per TTT step speculators logs
-    (``full_acc_i``, mean of the last 50 steps), seconds."""
-    import torch
-
+    ``Trainer`` on a GPU, resumed from its newest saved epoch; on a CPU the forward and the
+    checkpointer's save. Every step's metrics go to ``steps.jsonl`` as they come; returns
+    ``draft_result``."""
     work = Work(Path(spec["workdir"]), spec["size"], spec["device"])
     work.settings.update(spec["settings"])
     settings = work.settings
@@ -483,27 +499,82 @@ def train_one(spec: dict) -> dict:
     files = sorted((work.root / f"data-{data}").glob("*.pt"))
     loader = data_loader(files, settings["pack"], final_norm(work) if normed else None)
     save_path = work.root / "drafts" / spec["name"]
-    t = time.time()
+    log_file = StepLog(save_path / "steps.jsonl")
     if work.device == "cuda":
-        steps = trainer(model, loader, save_path, settings)
+        trainer(model, loader, save_path, settings, log_file)
     else:
-        steps = forward_only(model, loader, save_path, settings["ttt"])
+        forward_only(model, loader, save_path, settings["ttt"], log_file)
+    result = draft_result(work, spec["name"], settings, stopped=False)
+    (save_path / "result.json").write_text(json.dumps(result, indent=1))  # last: the draft is complete
+    return result
+
+
+class StepLog:
+    """A draft's training record, one JSON line per event, written as it happens (a draft
+    stopped at the time budget keeps it): ``{"epoch", "step_s", <speculators' metrics>}`` per
+    optimizer step (``step_s``: seconds since the step before in this process, None for a
+    process's first), ``{"saved": epoch}`` once the checkpointer has saved an epoch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.last: float | None = None
+
+    def entries(self) -> list[dict]:
+        return [json.loads(x) for x in self.path.read_text().splitlines()] if self.path.is_file() else []
+
+    def keep_epochs_before(self, epoch: int) -> None:
+        """Drop what a stopped run logged of ``epoch`` and later: they are trained again."""
+        kept = [e for e in self.entries() if e.get("epoch", e.get("saved", 0)) < epoch]
+        self.path.write_text("".join(json.dumps(e) + "\n" for e in kept))
+
+    def step(self, epoch: int, metrics: dict) -> None:
+        now = time.perf_counter()
+        entry = {"epoch": epoch, "step_s": None if self.last is None else round(now - self.last, 4), **metrics}
+        self.last = now
+        self._write(entry)
+
+    def saved(self, epoch: int) -> None:
+        self._write({"saved": epoch})
+
+    def _write(self, entry: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def saved_epochs(save_path: Path) -> list[int]:
+    """The epochs whose checkpoint the step log says was saved whole."""
+    return [e["saved"] for e in StepLog(save_path / "steps.jsonl").entries() if "saved" in e]
+
+
+def draft_result(work: Work, name: str, settings: dict, stopped: bool) -> dict:
+    """A draft's figures from its step log, over the epochs saved whole: steps, epochs done of
+    ``epochs``, loss first -> last (means of 20 steps), the accuracy per TTT step speculators
+    logs (``full_acc_i``, mean of the last 50 steps), the median seconds per step and their
+    sum; ``stopped``: the time budget ended the run before its last epoch."""
+    import torch
+
+    save_path = work.root / "drafts" / name
+    epochs_done = len(saved_epochs(save_path))
+    steps = [e for e in StepLog(save_path / "steps.jsonl").entries() if e.get("epoch", epochs_done) < epochs_done]
     last = steps[-50:]
-    result = {
+    timed = sorted(e["step_s"] for e in steps if e["step_s"] is not None)
+    return {
         "steps": len(steps),
         "ttt_steps": settings["ttt"],
         "epochs": settings["epochs"] if work.device == "cuda" else 0,
+        "epochs_done": epochs_done if work.device == "cuda" else 0,
+        "stopped": stopped,
         "lr": settings["lr"],
         "pack": settings["pack"],
         "loss_first": sum(s["loss"] for s in steps[:20]) / len(steps[:20]),
         "loss_last": sum(s["loss"] for s in steps[-20:]) / len(steps[-20:]),
         "accuracy": [round(sum(s[f"full_acc_{i}"] for s in last) / len(last), 4) for i in range(settings["ttt"])],
-        "seconds": round(time.time() - t, 1),
-        "checkpoint": str(newest(save_path)),
+        "seconds_per_step": timed[len(timed) // 2] if timed else None,
+        "seconds": round(sum(timed), 1),
+        "checkpoint": str(save_path / str(max(saved_epochs(save_path)))),
         "torch": torch.__version__,
     }
-    (save_path / "result.json").write_text(json.dumps(result, indent=1))  # last: the draft is complete
-    return result
 
 
 def data_loader(files: list[Path], pack: int, transform=None):
@@ -541,40 +612,44 @@ def final_norm(work: Work):
     return transform
 
 
-def trainer(model, loader, save_path: Path, settings: dict) -> list[dict]:
-    """speculators' ``Trainer`` (linear schedule, 1 % warm-up, its defaults); every step's
-    logged metrics."""
+def trainer(model, loader, save_path: Path, settings: dict, step_log: StepLog) -> None:
+    """speculators' ``Trainer`` (linear schedule, 1 % warm-up, its defaults), resumed from the
+    newest epoch the step log says was saved whole (a checkpoint a stopped run left half
+    written is removed first); every step and every saved epoch logged."""
     import logging
 
     from speculators.train.trainer import Trainer, TrainerConfig
 
-    steps: list[dict] = []
-
-    start = time.time()
+    whole = saved_epochs(save_path)
+    for partial in (d for d in save_path.iterdir() if d.name.isdigit() and int(d.name) not in whole):
+        shutil.rmtree(partial)
 
     class Metrics(logging.Handler):
         def emit(self, record):
             if isinstance(record.msg, dict) and "train" in record.msg:
-                steps.append(record.msg["train"])
-                if len(steps) % 100 == 0:  # progress in the child's log, read after a timeout too
-                    print(f"step {len(steps)}: loss {steps[-1]['loss']:.4f} ({time.time() - start:.0f} s)", flush=True)
+                step_log.step(record.msg["epoch"], record.msg["train"])
+            elif isinstance(record.msg, str) and record.msg.startswith("Finished saving checkpoint to "):
+                step_log.saved(int(Path(record.msg.rsplit(" ", 1)[1]).name))
 
-    metrics = logging.getLogger("speculators.metrics")
-    metrics.addHandler(Metrics())
-    metrics.setLevel(logging.INFO)
+    for name in ("speculators.metrics", "speculators"):
+        logging.getLogger(name).addHandler(Metrics())
+        logging.getLogger(name).setLevel(logging.INFO)
     kwargs = {"ttt_steps": settings["ttt"]}
     config = TrainerConfig(
         lr=settings["lr"],
         num_epochs=settings["epochs"],
         save_path=str(save_path),
+        resume_from_checkpoint=True,
         train_call_kwargs=kwargs,
         val_call_kwargs=kwargs,
     )
-    Trainer(model, config, loader, None).run_training()
-    return steps
+    run = Trainer(model, config, loader, None)
+    step_log.keep_epochs_before(run.current_epoch)
+    print(f"training epochs {run.current_epoch + 1}..{settings['epochs']} of {settings['epochs']}", flush=True)
+    run.run_training()
 
 
-def forward_only(model, loader, save_path: Path, ttt: int) -> list[dict]:
+def forward_only(model, loader, save_path: Path, ttt: int, step_log: StepLog) -> None:
     """CPU: no backward through FlexAttention there; the training forward on the first
     batch (eager) and the checkpointer's save of the draft."""
     import torch
@@ -583,25 +658,58 @@ def forward_only(model, loader, save_path: Path, ttt: int) -> list[dict]:
     batch = next(iter(loader))
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         _, loss, metrics = model(**batch, ttt_steps=ttt)
+    step_log.keep_epochs_before(0)
+    step_log.step(0, {k: float(v) for k, v in metrics.items()} | {"loss": loss.item()})
     SingleGPUCheckpointer(save_path).save_checkpoint(model, torch.optim.AdamW(model.parameters()), 0)
-    return [{k: float(v) for k, v in metrics.items()} | {"loss": loss.item()}]
+    step_log.saved(0)
+
+
+def draft_checkpoint(work: Work, draft: str) -> Path:
+    """The checkpoint a draft is served from: the untrained draft's, or the last epoch a
+    trained one saved whole (its ``result.json``). Raises RuntimeError for a draft the train
+    step has not trained."""
+    if draft == "untrained":
+        return newest(work.root / "drafts" / draft)
+    result = work.root / "drafts" / draft / "result.json"
+    if not result.is_file():
+        raise RuntimeError(f"the {draft} draft has no training result ({result}): run the train step first")
+    return Path(json.loads(result.read_text())["checkpoint"])
 
 
 def newest(checkpoints: Path) -> Path:
     return max((d for d in checkpoints.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
 
 
-def run_children(arg_lists: list[list[str]], parallel: bool, logs: list[Path]) -> None:
+def run_children(arg_lists: list[list[str]], parallel: bool, logs: list[Path], timeout: float | None = None) -> None:
     """This script in child processes (one per argument list, its output to the matching
-    file of ``logs``), all at once or in turn, until each has exited."""
+    file of ``logs``, each in its own process group), all at once or in turn, until each has
+    exited or ``timeout`` seconds have passed since the first started: then every one still
+    running is killed with its process group."""
+
     procs = []
+    deadline = None if timeout is None else time.monotonic() + timeout
     for args, path in zip(arg_lists, logs, strict=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w") as out:
-            procs.append(subprocess.Popen([sys.executable, __file__, *args], stdout=out, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
         if not parallel:
-            procs[-1].wait()
+            _wait(procs[-1], deadline)
     for proc in procs:
+        _wait(proc, deadline)
+
+
+def _wait(proc: subprocess.Popen, deadline: float | None) -> None:
+    """Wait for ``proc``; past ``deadline``, kill its process group (its own children too)."""
+    import signal
+
+    try:
+        proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -625,7 +733,7 @@ def served_draft(work: Work, draft: str, ids: str) -> str:
     what unpatched speculators 0.3.0 saves. Where it keeps them, it says so in ``aux_ids.txt``."""
     target = work.root / "served" / f"{draft}-{ids}"
     if not target.is_dir():
-        shutil.copytree(newest(work.root / "drafts" / draft), target)
+        shutil.copytree(draft_checkpoint(work, draft), target)
         config_file = target / "config.json"
         config = json.loads(config_file.read_text())
         recorded = config.pop("eagle_aux_hidden_state_layer_ids", None)
@@ -806,7 +914,8 @@ def _render_verifier(v: dict | None) -> list[str]:
         f"{v['model']['parameters']:,} parameters, {v['tokenizer']['kind']} of {v['tokenizer']['vocab']} tokens "
         f"({v['device_name']}, {v['seconds']['total']} s)",
         f"- corpus: {c['name']}: {c['files']} files, {c['bytes']:,} bytes, sha256 {c['sha256']}; "
-        f"{c['heldout_files']} files held out; {v['tokens']['train']:,} training tokens",
+        f"{c['heldout_files']} files held out, {c.get('user_files', 0)} the user's text (the draft's prompts); "
+        f"{v['tokens']['train']:,} tokens train the verifier",
         f"- training: {t['steps']} steps x {t['batch']} x {t['seq']} tokens ({t['seconds']} s), "
         f"loss {t['loss_first']:.3f} -> {t['loss_last']:.3f}; held-out loss {h['loss']:.4f} nats/token "
         f"(top-1 {h['top1']:.3f}, {h['tokens']:,} tokens)",
@@ -847,13 +956,15 @@ def _render_training(t: dict | None) -> list[str]:
         f"{vocab['response_tokens_covered']:.4f} of the response tokens; aux ids the install recorded: "
         f"{t['recorded_aux_ids']}",
         "",
-        "| draft | steps | epochs | TTT steps | loss first -> last | accuracy per TTT step | seconds |",
-        "|---|---|---|---|---|---|---|",
+        "| draft | steps | epochs done | TTT steps | loss first -> last | accuracy per TTT step | s per step | seconds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, d in t["drafts"].items():
+        stopped = " (stopped: time budget)" if d["stopped"] else ""
         lines.append(
-            f"| {name} | {d['steps']} | {d['epochs']} | {d['ttt_steps']} | {d['loss_first']:.4f} -> "
-            f"{d['loss_last']:.4f} | {d['accuracy']} | {d['seconds']} |"
+            f"| {name} | {d['steps']} | {d['epochs_done']} of {d['epochs']}{stopped} | {d['ttt_steps']} | "
+            f"{d['loss_first']:.4f} -> {d['loss_last']:.4f} | {d['accuracy']} | {d['seconds_per_step']} | "
+            f"{d['seconds']} |"
         )
     return lines
 
@@ -896,6 +1007,8 @@ def main(args: argparse.Namespace) -> int:
     work = Work(Path(args.workdir), "tiny" if args.tiny else "full", device)
     if args.epochs is not None:
         work.settings["epochs"] = args.epochs
+    if args.train_seconds is not None:
+        work.settings["train_seconds"] = args.train_seconds
     work.settings["verifier_steps"] = args.verifier_steps
     if args.drafts:
         unknown = sorted(set(args.drafts.split(",")) - set(DRAFTS))
@@ -941,6 +1054,12 @@ if __name__ == "__main__":
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--out-dir", default=None, help="where report.md and report.json are copied")
     parser.add_argument("--epochs", type=int, default=None, help="the drafts' training epochs (default: SETTINGS)")
+    parser.add_argument(
+        "--train-seconds",
+        type=float,
+        default=None,
+        help="GPU: stop the drafts' training after this long; the next train call resumes it (default: SETTINGS)",
+    )
     parser.add_argument("--drafts", default=None, help=f"comma-separated, of: {', '.join(DRAFTS)} (default: all)")
     parser.add_argument("--verifier-steps", type=int, default=None, help="the verifier's steps (default: its SIZES)")
     sys.exit(main(parser.parse_args()))

@@ -8,8 +8,11 @@ Runs under the target's interpreter (torch, transformers, tokenizers; no network
 1. The corpus: every ``*.py`` file of this interpreter's standard library
    (``sysconfig.get_paths()["stdlib"]``, site-packages left out, tests included), sorted by
    path; its sha256 (over each path and its bytes, in order) and size are printed, since
-   another Python release has another standard library. About 3 % of the files, picked by
-   the sha256 of their path, are held out: no token of them is trained on.
+   another Python release has another standard library. Each file goes to one side, picked
+   by the sha256 of its path: about 3 % are held out for evaluation, about 20 % are the
+   user's text (the draft's training prompts come from them), the rest train the verifier.
+   Neither of the first two has a token the verifier trained on: a user trains a draft on
+   prompts the verifier never memorised, and it is served on others again.
 2. The tokenizer: a byte-level BPE trained on the training files with ``tokenizers``
    (``VOCAB`` tokens, ``<|endoftext|>`` between files), saved as transformers'
    ``PreTrainedTokenizerFast``.
@@ -19,8 +22,9 @@ Runs under the target's interpreter (torch, transformers, tokenizers; no network
    transformers and vLLM load.
 4. Held-out loss: mean cross-entropy (nats per token) and top-1 accuracy on fixed windows of
    the held-out files, printed with the training loss.
-5. Prompts: ``prompts.json`` beside the checkpoint, ``train`` windows from the training files
-   and ``heldout`` windows from the held-out files, each starting at a line start.
+5. Prompts: ``prompts.json`` beside the checkpoint, ``train`` windows (the draft's training
+   prompts) from the user's files and ``heldout`` windows from the held-out files, each
+   starting at a line start.
 
 Deterministic: seeded windows, weights and prompts; the figures of one interpreter and device
 repeat. ``--tiny``: a few-minute CPU run of the same code (1.5 MB of the corpus, 8 layers of
@@ -40,7 +44,8 @@ from pathlib import Path
 
 MARKER = "@@real-text-verifier"
 EOT = "<|endoftext|>"
-HELD_OUT_PERCENT = 3  # files whose path hashes below this share are held out
+HELD_OUT_PERCENT = 3  # files whose path hashes fall below this share are held out (evaluation)
+USER_PERCENT = 20  # the next share: the user's text, the draft's training prompts
 PROMPT_TOKENS = 64
 # name -> sizes and schedule. "full": about 2 minutes on one H100 (31 M parameters,
 # ~40 M training tokens); "tiny": the same code on a CPU in a few minutes.
@@ -56,7 +61,7 @@ SIZES = {
         "steps": 1200,
         "lr": 1e-3,
         "corpus_bytes": None,
-        "train_prompts": 2400,
+        "train_prompts": 4000,
         "heldout_prompts": 128,
         "eval_windows": 128,
     },
@@ -109,10 +114,12 @@ def corpus(limit_bytes: int | None = None) -> tuple[list[tuple[str, str]], dict]
     return files, about
 
 
-def held_out(rel: str) -> bool:
-    """Whether a file is held out: decided by its path alone, so a file keeps its side
-    whatever else the corpus holds."""
-    return int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % 100 < HELD_OUT_PERCENT
+def side(rel: str) -> str:
+    """Which side a file is on: ``heldout`` (evaluation), ``user`` (the draft's training
+    prompts) or ``verifier`` (trains the verifier); decided by its path alone, so a file keeps
+    its side whatever else the corpus holds."""
+    share = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % 100
+    return "heldout" if share < HELD_OUT_PERCENT else "user" if share < HELD_OUT_PERCENT + USER_PERCENT else "verifier"
 
 
 def train_tokenizer(texts: list[str], vocab: int):
@@ -314,13 +321,17 @@ def build(out: Path, size_name: str = "full", device: str = "cuda", seed: int = 
         torch.backends.cuda.matmul.allow_tf32 = True
     t0 = time.time()
     files, about = corpus(size["corpus_bytes"])
-    train_texts = [text for rel, text in files if not held_out(rel)]
-    heldout_texts = [text for rel, text in files if held_out(rel)]
-    about["heldout_files"] = len(heldout_texts)
+    texts = {name: [text for rel, text in files if side(rel) == name] for name in ("verifier", "user", "heldout")}
+    train_texts, heldout_texts = texts["verifier"], texts["heldout"]
+    about["heldout_files"], about["user_files"] = len(heldout_texts), len(texts["user"])
     log(f"corpus: {about['name']}, {about['files']} files, {about['bytes']:,} bytes, sha256 {about['sha256']}")
-    log(f"held out: {len(heldout_texts)} files ({HELD_OUT_PERCENT} % by path hash)")
+    log(
+        f"held out: {len(heldout_texts)} files ({HELD_OUT_PERCENT} % by path hash); the user's text (the draft's "
+        f"prompts): {len(texts['user'])} files ({USER_PERCENT} %); the verifier trains on the other {len(train_texts)}"
+    )
     tok = train_tokenizer(train_texts, size["vocab"])
     train_stream, heldout_stream = token_stream(tok, train_texts), token_stream(tok, heldout_texts)
+    user_stream = token_stream(tok, texts["user"])
     tokenizer_sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
     log(
         f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens (sha256 {tokenizer_sha[:16]}); "
@@ -340,9 +351,9 @@ def build(out: Path, size_name: str = "full", device: str = "cuda", seed: int = 
     )
     out.mkdir(parents=True, exist_ok=True)
     save(model, tok, out)
-    starts_train, starts_held = line_starts(tok, train_stream), line_starts(tok, heldout_stream)
+    starts_user, starts_held = line_starts(tok, user_stream), line_starts(tok, heldout_stream)
     sets = {
-        "train": prompts(train_stream, starts_train, size["train_prompts"], PROMPT_TOKENS, seed + 1),
+        "train": prompts(user_stream, starts_user, size["train_prompts"], PROMPT_TOKENS, seed + 1),
         "heldout": prompts(heldout_stream, starts_held, size["heldout_prompts"], PROMPT_TOKENS, seed + 2),
     }
     (out / "prompts.json").write_text(json.dumps(sets))
@@ -352,7 +363,7 @@ def build(out: Path, size_name: str = "full", device: str = "cuda", seed: int = 
         "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "corpus": about,
         "tokenizer": {"kind": "byte-level BPE", "vocab": tok.get_vocab_size(), "sha256": tokenizer_sha},
-        "tokens": {"train": len(train_stream), "heldout": len(heldout_stream)},
+        "tokens": {"train": len(train_stream), "user": len(user_stream), "heldout": len(heldout_stream)},
         "model": {k: size[k] for k in ("vocab", "hidden", "layers", "heads", "intermediate")}
         | {"parameters": sum(p.numel() for p in model.parameters())},
         "training": training,

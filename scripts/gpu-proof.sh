@@ -6,7 +6,8 @@
 #   STEP:   kimi   selftest --arch kimi_k25: extraction, speculators' Trainer, save/reload, vLLM serves it
 #           llama  the same for llama (docs/selftest.md)
 #           pipe1  benchmarks/real_text_pipeline.py: the verifier on real text, its responses, the capture
-#           pipe2  the same: transformers capture, three drafts trained (EPOCHS, DRAFTS=vllm,hf override; resumable)
+#           pipe2  the same: transformers capture, three drafts trained (EPOCHS, DRAFTS=vllm,hf, TRAIN_SECONDS
+#                  override; stops at the time budget, and a second pipe2 resumes from the last saved epoch)
 #           pipe3  vLLM serving each draft, the report
 #           check  check-draft on every draft pipe3 served (the pre-apply copy must be flagged)
 #           bench-llama  benchmarks/gpu_extraction.py --mode separate, Llama-3.1-8B shapes: vLLM eager, vLLM default
@@ -31,12 +32,15 @@ pipe1)
 pipe2)
   # resumable: a draft trained by an earlier call is kept (a call that runs out of time resumes)
   VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
-    --steps capture-hf,train ${EPOCHS:+--epochs $EPOCHS} ${DRAFTS:+--drafts $DRAFTS} 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -60
-  rc=${PIPESTATUS[0]}; tail -3 "$WORK"/logs/train-*.log; exit "$rc" ;;
+    --steps capture-hf,train ${EPOCHS:+--epochs $EPOCHS} ${DRAFTS:+--drafts $DRAFTS} \
+    ${TRAIN_SECONDS:+--train-seconds $TRAIN_SECONDS} 2>&1 | tee "$OUT/pipe2.txt" | grep -v '^INFO' | tail -60
+  rc=${PIPESTATUS[0]}; for f in "$WORK"/logs/train-*.log; do echo "== $f"; tail -n 3 "$f"; done
+  tar -czf "$OUT/work-logs.tgz" -C "$WORK" logs $(cd "$WORK" && ls drafts/*/steps.jsonl drafts/*/result.json 2>/dev/null)
+  exit "$rc" ;;
 pipe3)
   VLLM_LOGGING_LEVEL=WARNING "$PY" benchmarks/real_text_pipeline.py --workdir "$WORK" \
     --steps serve,report --out-dir "$OUT" ${DRAFTS:+--drafts $DRAFTS} 2>&1 | tee "$OUT/pipe3.txt" | grep -v '^INFO' | tail -80
-  exit "${PIPESTATUS[0]}" ;;
+  rc=${PIPESTATUS[0]}; tar -czf "$OUT/work-logs.tgz" -C "$WORK" logs; exit "$rc" ;;
 check)
   rc=0
   for d in "$WORK"/served/*/; do
