@@ -186,6 +186,7 @@ _NOT_STARTED = "interrupted ({}) before this host was contacted: nothing changed
 
 
 def _plainly(host: str, text: str) -> str:
+    """``text`` with its ways out said plainly, for any host (``run_many``'s default)."""
     return render(text)
 
 

@@ -406,7 +406,7 @@ def test_034_without_sp026_fails_the_life_cycle_check(envs, tmp_path):
     generator = (site_packages(env) / GEN).read_text().splitlines()
     assert extend["file"] == GEN and "initialize_from_config" in generator[extend["line"] - 1]
     assert (
-        extend["detail"].endswith("SP026 handles it: speculators-patch apply")
+        extend["detail"].endswith(f"SP026 handles it: speculators-patch apply --target {env}")
         and "(when extensible)" in extend["detail"]
     )
     code, report = cli("apply", "--target", str(env))
