@@ -32,6 +32,7 @@ RANK = {
     "digest": 1,
     "errors": 0,
     "states": 0,
+    "ways": 0,
 }
 
 # What the controller may import from ``patcher/agent/``: the modules both sides run (the

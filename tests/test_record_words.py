@@ -51,7 +51,9 @@ def test_a_record_naming_an_unknown_patch_is_repaired(sandbox, site):
     _edit_record(site, lambda e: e["patches"].update(SP999=1))
     before = tree_digest(site)
     line = _one_error(run_cli("status", "--target", str(sandbox)))
-    assert "records SP999 v1" in line and "`speculators-patch repair` rebuilds the record" in line, line
+    assert (
+        "records SP999 v1" in line and f"`speculators-patch repair --target {sandbox}` rebuilds the record" in line
+    ), line
     assert tree_digest(site) == before
     _repaired_to_patched(sandbox)
     _, report = run_json("status", "--target", str(sandbox))

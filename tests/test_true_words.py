@@ -134,9 +134,10 @@ def test_a_vllm_downgrade_is_called_stale_with_its_fix(sandbox, site):
     code, data = run_json("apply", "--target", str(sandbox))
     stale = sorted({r["id"] for r in data["patches"] if r["state"] == "stale"})
     assert stale == ["SP001", "SP002", "SP003"] and code == 1
-    said = (
+    said = (  # each way out with this run's --target (it said both without it)
         "SP001, SP002, SP003 applied for another vLLM release, wrong for vLLM 0.11.0: take them out with "
-        "`speculators-patch revert`, then `speculators-patch apply` for this release"
+        f"`speculators-patch revert --target {sandbox}`, then `speculators-patch apply --target {sandbox}` for this "
+        "release"
     )
     assert data["summary"] == f"nothing written: {said}"
     code, status = run_json("status", "--target", str(sandbox))
@@ -179,7 +180,9 @@ def test_a_record_of_a_patch_this_tool_lacks_names_a_way_out_that_exists(sandbox
     said = _one_error(result)
     assert result.returncode == 2 and "or newer" not in said, said
     assert f"this speculators-patch {patcher.__version__} has no SP999: the record names a patch" in said
-    assert "nothing was changed; `speculators-patch repair` rebuilds the record from the files" in said, said
+    assert f"nothing was changed; `speculators-patch repair --target {sandbox}` rebuilds the record from the" in said, (
+        said
+    )
     repaired = run_cli("repair", "--target", str(sandbox))  # the way out, as named (issue 46)
     assert repaired.returncode == 0 and f"rewrote the record of {GENERATOR}" in repaired.stdout, repaired.stdout
     code, data = run_json("status", "--target", str(sandbox))

@@ -95,7 +95,7 @@ def test_the_state_left_by_a_pip_uninstall_is_named_and_repair_removes_it(sandbo
         assert "no speculators installed" in line and f"{site / STATE} is left over" in line, (verb, line)
         assert (
             f"{len(PATCHED_FILES)} patched file(s) of speculators 0.3.0" in line
-            and "`speculators-patch repair` removes it" in line
+            and f"`speculators-patch repair --target {sandbox}` removes it" in line
         )
     assert tree_digest(site) == before
 
@@ -166,7 +166,7 @@ def test_an_edited_release_in_the_record_is_damage_not_pips_doing(sandbox, site)
     for verb in ("status", "verify", "diff", "apply", "revert"):
         line = _one_error(run_cli(verb, "--target", str(sandbox)))
         assert "manifest.json is damaged (it names speculators 0.4.0" in line and "pip replaced" not in line, line
-        assert "`speculators-patch repair`" in line, line
+        assert f"`speculators-patch repair --target {sandbox}`" in line, line
     assert tree_digest(site) == before
     repaired = run_cli("repair", "--target", str(sandbox))
     assert repaired.returncode == 0 and "rewrote speculators_version" in repaired.stdout, repaired.stdout

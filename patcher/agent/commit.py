@@ -41,6 +41,7 @@ from .common import (
     record_digests,
     sha256,
     site_dir_of,
+    way,
 )
 from .state import backup_name, find_backup, list_backups, load_state, manifest_problem
 
@@ -637,13 +638,13 @@ def _unfinished(state, e):
             getattr(e, "strerror", None) or e,
             state,
         )
-    way = (
+    fix = (
         "`chattr -i %s`" % path if _immutable(path) or _immutable(os.path.dirname(path)) else "make %s removable" % path
     )
     return (
         "%s: a finished commit's cleanup could not remove %s (%s); the files are whole; %s, then run "
-        "`speculators-patch status`: it finishes the cleanup"
-        % (os.path.join(state, CLEANUP), path, getattr(e, "strerror", None) or e, way)
+        "`%s`: it finishes the cleanup"
+        % (os.path.join(state, CLEANUP), path, getattr(e, "strerror", None) or e, fix, way("status"))
     )
 
 
@@ -979,7 +980,7 @@ def _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, adopted=fro
         raise AgentError(
             "refusing to drop the kept pristine copy of %s: the file differs from it and the new "
             "record keeps no entry for it, so nothing could restore it (nothing changed); "
-            "run `speculators-patch status` on the target and report this" % path
+            "run `%s` on the target and report this" % (path, way("status"))
         )
 
 

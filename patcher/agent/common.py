@@ -40,6 +40,12 @@ CLEANUP = "cleanup.json"
 MANIFEST = "manifest.json"
 
 
+def way(verb):
+    """``speculators-patch VERB`` as a token in a message (``patcher.ways.Way``'s): the
+    controller words it with its run's target options, which the agent never learns."""
+    return "\u27e6speculators-patch %s\u27e7" % verb
+
+
 SPACE_MARGIN = 64 * 1024
 
 

@@ -11,7 +11,10 @@ import re
 
 HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
-REPAIR_HINT = "`speculators-patch repair` rebuilds the record from the files and the verified pristine copies"
+# ``speculators-patch repair`` as a way-out token (``patcher.ways.Way("repair")``, ``common.way``)
+REPAIR_HINT = (
+    "`\u27e6speculators-patch repair\u27e7` rebuilds the record from the files and the verified pristine copies"
+)
 
 
 def is_speculators_path(path):

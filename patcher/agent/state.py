@@ -27,6 +27,7 @@ from .common import (
     digest_of,
     read_bytes,
     sha256,
+    way,
 )
 from .manifest_rules import manifest_problem  # noqa: F401 (commit imports it from here)
 
@@ -130,11 +131,11 @@ def load_state(state, root):
         if hit is None:
             current = digest_of(os.path.join(root, path))
             if current == entry["pristine_sha256"]:
-                way = REPAIR_HINT + " (the installed file is the pristine one)"
+                fix = REPAIR_HINT + " (the installed file is the pristine one)"
             else:
-                way = (
+                fix = (
                     "reinstall speculators (pip install --force-reinstall --no-deps speculators==%s), then run "
-                    "`speculators-patch repair`" % ((manifest or {}).get("speculators_version") or "<version>")
+                    "`%s`" % ((manifest or {}).get("speculators_version") or "<version>", way("repair"))
                 )
             return State(
                 manifest,
@@ -143,7 +144,7 @@ def load_state(state, root):
                 backups,
                 (
                     "%s: the pristine copy of %s is missing or does not match its recorded sha256 (tampered or "
-                    "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, way)
+                    "truncated); nothing was restored from it; %s" % (os.path.join(state, "pristine"), path, fix)
                 ),
             )
         pristine[path] = hit[1]
@@ -185,5 +186,5 @@ def orphaned_state(site_dir):
     )
     return (
         "; %s is left over from patching it (%s), and speculators was uninstalled since: nothing there is "
-        "needed; `speculators-patch repair` removes it" % (state, what if files else "no record")
+        "needed; `%s` removes it" % (state, what if files else "no record", way("repair"))
     )

@@ -11,7 +11,7 @@ its entries of ``verify --json`` (``as_json``) and prints its lines (``render``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -23,15 +23,14 @@ if TYPE_CHECKING:
 class Found:
     """What the checks judge: the snapshot (after the commit, for ``apply``), the patches whose
     verdicts count (``ids``, narrowed by ``--only``/``--skip``), every patch's verdict
-    (``checks.verify.verdicts``), what the ``sources`` exchange found (``calls``) and a fix
-    hint as the caller words it (``advise``)."""
+    (``checks.verify.verdicts``) and what the ``sources`` exchange found (``calls``). A fix
+    hint in them names its way out as a ``patcher.ways.Way`` token, which the front end words."""
 
     snap: Snapshot
     ids: set[str]
     facts: list  # checks.verify.FactCheck
     every: list  # checks.verify.PatchCheck
     calls: Any  # checks.verify.CallsCheck
-    advise: Callable[[str], str] = str
 
     @property
     def present(self) -> set[str]:
@@ -63,13 +62,11 @@ class Check:
         """Its entries of ``verify --json``."""
         return {self.key: part.as_dict() if part is not None else None}
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
-        """Its lines in ``verify``'s report (``install.parts[key]``: its part). ``again``:
-        ``speculators-patch SUBCOMMAND`` worded with this run's target options."""
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
+        """Its lines in ``verify``'s report (``install.parts[key]``: its part). A way out is a
+        ``patcher.ways.Way`` in the text: the front end's console words it for this run."""
 
-    def render_failed(
-        self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]
-    ) -> None:
+    def render_failed(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         """Its lines under ``apply``'s table when apply's check of what it wrote fails."""
 
 

@@ -10,6 +10,7 @@ PROVEN").
 from __future__ import annotations
 
 from patcher.states import InstallState
+from patcher.ways import Way
 
 # The state ``status`` gives a patched install whose static checks fail (docs/design.md,
 # "a verb's verdict is what the target would do").
@@ -22,10 +23,10 @@ def static_failures(failing: list[str], no_proof: str) -> list[str]:
     return [what for what in failing if what != no_proof]
 
 
-def broken_reason(failures: list[str], verify_command: str) -> str:
+def broken_reason(failures: list[str]) -> str:
     """``status``'s reason for a ``broken`` install, in one clause: what failed and the
     command that names each break."""
     return (
         f"every needed patch is applied, but verify's static checks fail ({', '.join(failures)}): "
-        f"the install would not run as patched; `{verify_command}` names each break"
+        f"the install would not run as patched; `{Way('verify')}` names each break"
     )

@@ -28,12 +28,13 @@ from __future__ import annotations
 import ast
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from patcher import cache
 from patcher.checks.callsite import Finding
 from patcher.checks.check import Check, Found, InstallCheck
 from patcher.digest import tool as tool_digest
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -284,7 +285,7 @@ def _check(
             steps.append(Step(name, line, when, "not-needed", why=NOT_NEEDED[name]))
         else:
             patch = handlers.get(name, "")
-            fix = f"{patch} handles it: speculators-patch apply" if patch else "no patch covers it"
+            fix = f"{patch} handles it: {Way('apply')}" if patch else "no patch covers it"
             steps.append(Step(name, line, when, "skipped", patch, fix))
             end_line, end_name = end if end is not None else (1, "none")
             findings.append(
@@ -323,7 +324,7 @@ class Lifecycle(Check):
             return None
         return check(found.calls.vllm or {}, snap.files.get(GENERATOR), snap.applicable, found.present)
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         """vLLM's engine-core set-up steps against the generator's: a summary, then each
         skipped step with both file:lines and the patch that handles it."""
         from rich.markup import escape
@@ -342,11 +343,9 @@ class Lifecycle(Check):
             console.print(f"  [red]break[/] {escape(f'{f.where}: {f.call}: {f.detail}')}")
             console.print(f"        vLLM {escape(f'{f.vllm_where}: {f.vllm_found}')}")
 
-    def render_failed(
-        self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]
-    ) -> None:
+    def render_failed(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         if not self.ok(install.parts.get(self.key)):
-            self.render(console, install, snap, again)
+            self.render(console, install, snap)
 
 
 CHECK = Lifecycle()

@@ -38,6 +38,7 @@ from typing import Mapping
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
+from patcher.ways import Way
 
 VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 WORKER = "vllm/v1/worker/gpu_worker.py"
@@ -50,7 +51,7 @@ def _fix(patch: str | None) -> str:
     it (the ``runner_batch="v2"`` patch written for the installed speculators: 0.3.0 has one), or
     none is written for the installed speculators."""
     if patch:
-        return f"set {VARIABLE}=0 in the job's environment, or run speculators-patch apply ({patch})"
+        return f"set {VARIABLE}=0 in the job's environment, or run {Way('apply')} ({patch})"
     return f"set {VARIABLE}=0 in the job's environment (no patch here reads V2's batch for this speculators)"
 
 

@@ -6,10 +6,11 @@ patches whose source changed, files modified after patching, and the engine proo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from patcher.checks.check import NO_PROOF, Check, Found, InstallCheck
 from patcher.states import FileState
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,7 +76,7 @@ class PatchVerdicts(Check):
 
     def judge(self, found: Found) -> Verdicts:
         rows = [
-            {"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": found.advise(c.hint)}
+            {"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict, "hint": c.hint}
             for c in found.every
             if c.patch.id in found.ids
         ]
@@ -103,7 +104,7 @@ class PatchVerdicts(Check):
         ]
         return {"facts": facts, "patches": part.rows}
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         from rich.table import Table
 
         table = Table(title=facts_title(snap, install.facts), title_justify="left")
@@ -154,7 +155,7 @@ class Calls(Check):
             }
         }
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         calls = install.calls
         names = [f"vLLM {snap.vllm_version}"] if not snap.training_only else []  # training only: no vLLM to call
         checked, missing = len(calls.checked), []
@@ -232,7 +233,7 @@ class Imports(Check):
     def judge(self, found: Found) -> Any:
         return found.calls.imports
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         imports = install.parts.get(self.key)
         if imports is None:
             return
@@ -277,7 +278,7 @@ class ModelRunner(Check):
     def ok(self, part: Any) -> bool:
         return part is None or part.severity != "error"
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         runner = install.parts.get(self.key)
         if runner is not None:
             mark = {"error": "[red]break[/]", "warning": "[yellow]warning[/]"}.get(runner.severity, "[dim]note[/]")
@@ -295,10 +296,8 @@ class Listing(Check):
     def as_json(self, part: list, snap: Snapshot) -> dict:
         return {self.key: part}
 
-    def render_failed(
-        self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]
-    ) -> None:
-        self.render(console, install, snap, again)
+    def render_failed(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
+        self.render(console, install, snap)
 
 
 class UserPatchSources(Listing):
@@ -314,7 +313,7 @@ class UserPatchSources(Listing):
         changes = record.source_changes(snap.manifest, snap.patches.user_patches(), snap.applied_ids())
         return [c for c in changes if c["id"] in found.ids]
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         for c in install.changed_sources:
             console.print(
                 f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
@@ -334,14 +333,14 @@ class ModifiedFiles(Listing):
         snap = found.snap
         return sorted(p for p in snap.recorded_paths() if snap.file_state(p) == FileState.MODIFIED)
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         for path in install.modified:
             console.print(
                 f"[red]{path}: modified after patching[/] (its sha256 matches neither the pristine nor the patched "
                 f"file, so the patches recorded for it are not vouched for): "
-                f"`{escape(again('apply'))} --adopt` keeps the edit (it joins the pristine copy, "
+                f"`{Way('apply', ('--adopt',))}` keeps the edit (it joins the pristine copy, "
                 f"which revert restores) and patches it; "
-                f"`{escape(again('revert'))} --force` restores the kept copy (the edit is lost)",
+                f"`{Way('revert', ('--force',))}` restores the kept copy (the edit is lost)",
                 soft_wrap=True,
             )
 
@@ -403,7 +402,7 @@ class EngineProof(Check):
             }
         }
 
-    def render(self, console: Console, install: InstallCheck, snap: Snapshot, again: Callable[[str], str]) -> None:
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         from patcher.checks import proven
 
         if install.unproven and not install.only_unproven:  # else the verdict line says it

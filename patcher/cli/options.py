@@ -1,5 +1,5 @@
 """One run's command-line options, read once by the command's click function and passed
-down from there (``Options``), and the advice that repeats them (``again``): a command
+down from there (``Options``), and the advice that repeats them (``Advice``): a command
 copied from the output acts on the target this run checked, not on the active one."""
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from patcher import ways
+from patcher.ways import Way
+
 if TYPE_CHECKING:
-    from patcher.connect.transport import Transport
+    from patcher.cli.render import Report
 
 DEFAULT_JOBS = 8  # --jobs: hosts worked on at once
 
@@ -45,43 +48,50 @@ class Options:
     runtime: bool = False
 
 
-def again(subcommand: str, transport: Transport, opts: Options) -> str:
-    """``speculators-patch SUBCOMMAND`` as this run reached its target (``--host``/``--exec``,
-    ``--ssh-config``, ``--target``, ``--patch-file``)."""
-    import shlex
-
-    from patcher.connect.exec import ExecTransport
-    from patcher.connect.ssh import SshTransport
-
-    words = ["speculators-patch", subcommand]
-    if isinstance(transport, ExecTransport):
-        words += ["--exec", transport.command]
-    elif isinstance(transport, SshTransport):
-        words += ["--host", transport.host] + (["--ssh-config", transport.ssh_config] if transport.ssh_config else [])
-    if opts.target:
-        words += ["--target", opts.target]
-    for path in opts.patch_files:
-        words += ["--patch-file", path]
-    return " ".join(shlex.quote(w) for w in words)
+# Verbs whose command line has no --patch-file (the way is said without this run's).
+NO_PATCH_FILE = ("selftest",)
 
 
 @dataclass(frozen=True)
 class Advice:
-    """Way-out commands worded for this run: ``advise(hint)`` gives a hint's
-    ``speculators-patch apply``/``revert``/``repair`` this run's target options (the
-    ``advise`` the verbs of ``patcher.commands`` take); ``again(subcommand)`` is one such
-    command."""
+    """Way-out commands worded for one run on one target, ``host``: an SSH host, an
+    ``--exec`` command (``patcher.connect.exec.ExecTarget``) or None for this machine. The
+    layers below write a way out as a ``patcher.ways.Way`` token; this is where it is said,
+    once: the CLI words each target's report and refusal with it (``cli.run.worded``), the
+    Ansible plugins each task's result."""
 
-    transport: Transport
     opts: Options
+    host: str | None = None
 
-    def again(self, subcommand: str) -> str:
-        """``speculators-patch SUBCOMMAND`` with this run's target options."""
-        return again(subcommand, self.transport, self.opts)
+    def say(self, way: Way) -> str:
+        """``speculators-patch VERB`` with this run's target options (``--host``/``--exec``,
+        ``--ssh-config``, ``--target``, ``--patch-file``), then the way's own flags."""
+        import shlex
 
-    def advise(self, hint: str) -> str:
-        """``hint`` with each ``speculators-patch apply``/``revert``/``repair`` in it given
-        this run's target options."""
-        for sub in ("revert", "apply", "repair"):
-            hint = hint.replace(f"speculators-patch {sub}", self.again(sub))
-        return hint
+        from patcher.connect.exec import ExecTarget
+
+        words = [ways.PROGRAM, way.verb]
+        if isinstance(self.host, ExecTarget):
+            words += ["--exec", self.host]
+        elif self.host is not None:
+            words += ["--host", self.host] + (["--ssh-config", self.opts.ssh_config] if self.opts.ssh_config else [])
+        if self.opts.target:
+            words += ["--target", self.opts.target]
+        if way.verb not in NO_PATCH_FILE:
+            for path in self.opts.patch_files:
+                words += ["--patch-file", path]
+        return " ".join(shlex.quote(w) for w in [*words, *way.flags])
+
+    def render(self, text: str) -> str:
+        """``text`` with each way out in it said for this run (``say``)."""
+        return ways.render(text, self.say)
+
+    def report(self, shown: Report) -> Report:
+        """``shown`` with each way out said for this run: in its data, notes and row here,
+        and in its lines as its console prints them (``Report.say``)."""
+        shown.data = ways.render_all(shown.data, self.say)
+        shown.notes = [self.render(note) for note in shown.notes]
+        if shown.outcome is not None:
+            shown.outcome = (shown.outcome[0], self.render(shown.outcome[1]))
+        shown.say = self.say
+        return shown

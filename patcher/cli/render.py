@@ -1,11 +1,14 @@
-"""What the command line prints: the console, the tables and the verdict lines (the advice
-in them carries this run's own target options: ``patcher.cli.options.Advice``)."""
+"""What the command line prints: the console, the tables and the verdict lines (the ways out
+in them are said with this run's own target options as the console prints them:
+``patcher.cli.worded``, ``patcher.cli.options.Advice``)."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
+
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -15,21 +18,24 @@ if TYPE_CHECKING:
     from patcher.fixes.registry import PatchSet
 
 
-def _console() -> Console:
-    """The console for standard output. sys.stdout is None when the tool is started with
-    standard output closed (``>&-``); that is refused in one line by ``_Group.main``."""
-    from rich.console import Console
+def _console(say: Callable[[Way], str] | None) -> Console:
+    """The console for standard output, saying ways out with ``say`` (None: plainly). sys.stdout
+    is None when the tool is started with standard output closed (``>&-``); that is refused in
+    one line by ``_Group.main``."""
+    from patcher.cli.worded import WordedConsole
 
-    return Console(highlight=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 120)
+    width = None if sys.stdout is not None and sys.stdout.isatty() else 120
+    return WordedConsole(highlight=False, width=width, say=say)
 
 
-def print_out(render: Callable[[Console], None]) -> None:
-    """Run ``render`` on the standard output console. Piped or redirected (no terminal), the
+def print_out(render: Callable[[Console], None], say: Callable[[Way], str] | None = None) -> None:
+    """Run ``render`` on the standard output console, which says each way out in what it
+    prints with ``say`` (``Report.say``). Piped or redirected (no terminal), the
     text is 120 columns wide and every line loses the trailing spaces rich pads tables
     and titles with, so ``grep``, ``diff`` and logs see only what was written; on a terminal
     it prints as it renders. (What ``render`` writes to ``sys.stdout`` itself, a diff, is
     passed through untouched.)"""
-    console = _console()
+    console = _console(say)
     if sys.stdout.isatty():
         render(console)
         return
@@ -63,6 +69,8 @@ class Report:
     # what this run's commits wrote on the target, (label, files): a Ctrl-C while the report is
     # printed says so (``interrupted_message``) rather than "nothing changed"
     written: list[tuple[str, list[str]]] = field(default_factory=list)
+    # how its console says a way out (``patcher.cli.options.Advice.say``; None: plainly)
+    say: Callable[[Way], str] | None = None
 
 
 APPLY_WORDS = {"applied-now": "applied now", "applied": "applied earlier", "satisfied": "already satisfied"}
@@ -116,12 +124,12 @@ def verdict_line(check: InstallCheck) -> str:
 # verify reads source; what it cannot see, selftest runs (printed under every verdict).
 SELFTEST_HINT = (
     "verify reads source only: this box's device, attention backend and parallel layout are "
-    "not in it; 'speculators-patch selftest' runs the extraction here and compares it with transformers"
+    f"not in it; '{Way('selftest')}' runs the extraction here and compares it with transformers"
 )
 # verify --runtime also imports vLLM on the target, yet runs no model.
 RUNTIME_HINT = (
     "verify --runtime read the source and imported vLLM on the target, but ran no model: this box's device, "
-    "attention backend and parallel layout are not in it; 'speculators-patch selftest' runs the extraction "
+    f"attention backend and parallel layout are not in it; '{Way('selftest')}' runs the extraction "
     "here and compares it with transformers"
 )
 

@@ -1,7 +1,8 @@
 """Each verb as the command line reports it: what a ``patcher.commands`` verb returned,
 turned into a ``Report`` -- the JSON data, the exit code and the renderer that prints it.
 The words of each summary and note are the verb's own (the Ansible collection says the same);
-what is here is their layout, colour and the advice worded for this run (``Advice``).
+what is here is their layout and colour. The ways out in them are said with this run's target
+options by the console that prints them (``patcher.cli.worded``).
 Nothing here reads or writes the target: the verbs have run by the time these are called."""
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from patcher.cli.render import (
     outcome_table,
     verdict_line,
 )
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from patcher.cli.options import Advice
     from patcher.commands.apply import Applied
     from patcher.commands.check_draft import DraftChecked
     from patcher.commands.diff import Diffed
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from patcher.engine import Snapshot
 
 
-def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
+def apply_report(snap: Snapshot, done: Applied) -> Report:
     """``apply``: the patch table, its summary, and (when the result is not OK) verify's
     findings and one-line verdict; exit code verify's (1, or ``UNPROVEN`` when only the
     engine proof is missing; 0 for a dry run)."""
@@ -47,9 +48,9 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
         title = f"speculators {snap.speculators_version} {_on(snap)} ({snap.label})"
         console.print(outcome_table(rows, snap.patches, title, words))
         if done.unsupported:  # exit 2: the refusal is the one error line, on stderr
-            from rich.console import Console as Stderr
+            from patcher.cli.worded import stderr_like
 
-            Stderr(stderr=True, highlight=False, soft_wrap=True).print(f"error: {escape(done.summary)}")
+            stderr_like(console).print(f"error: {escape(done.summary)}")
             return
         lines = done.summary.split("\n")
         if done.dry_run_modified:  # apply would leave these as they are and fail verify's check on them
@@ -76,16 +77,16 @@ def apply_report(advice: Advice, snap: Snapshot, done: Applied) -> Report:
             from patcher.checks.checklist import checks
 
             for each in checks():
-                each.render_failed(console, check, snap, advice.again)
+                each.render_failed(console, check, snap)
             console.print(verdict_line(check))
-            console.print(f"[dim]`{escape(advice.again('verify'))}` shows the evidence[/]", soft_wrap=True)
+            console.print(f"[dim]`{Way('verify')}` shows the evidence[/]", soft_wrap=True)
         elif check is not None and check.not_checked:  # OK, for the half it could check: said so
             console.print(verdict_line(check), soft_wrap=True)
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
-def diff_report(advice: Advice, snap: Snapshot, done: Diffed) -> Report:
+def diff_report(snap: Snapshot, done: Diffed) -> Report:
     """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one, or
     when a file changed after patching keeps it empty (``apply`` leaves such a file as it is
     and fails verify's check): then its summary on stderr says so, with both ways on."""
@@ -96,14 +97,14 @@ def diff_report(advice: Advice, snap: Snapshot, done: Diffed) -> Report:
         sys.stdout.write(done.text)
         sys.stdout.flush()
         if done.summary:
-            from rich.console import Console as Stderr
+            from patcher.cli.worded import stderr_like
 
-            Stderr(stderr=True, highlight=False, soft_wrap=True).print(escape(done.summary))
+            stderr_like(console).print(escape(done.summary))
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
-def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
+def status_report(snap: Snapshot, done: Status) -> Report:
     """``status``: each file's state, the install's (its summary) and each patch's."""
     from patcher.checks.verify import STALE_FIX
 
@@ -122,7 +123,7 @@ def status_report(advice: Advice, snap: Snapshot, done: Status) -> Report:
         if any(r["state"] == "stale" for r in rows):
             console.print(
                 f"stale: applied for another vLLM, wrong for vLLM {snap.vllm_version or 'none'}; "
-                f"fix: {escape(advice.advise(STALE_FIX))}"
+                f"fix: {escape(STALE_FIX)}"
             )
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
@@ -140,7 +141,7 @@ def _on(snap: Snapshot) -> str:
     return f"on vLLM {snap.vllm_version}" if not snap.training_only else "without vLLM (training half)"
 
 
-def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
+def verify_report(snap: Snapshot, done: Verified) -> Report:
     """``verify``: every check of ``checks.checklist.checks`` with its evidence; exit 1
     when one fails, ``UNPROVEN`` (3) when only the engine proof is missing."""
     check = done.check
@@ -149,7 +150,7 @@ def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
         from patcher.checks.checklist import checks
 
         for each in checks():  # each check's lines, in the list's order
-            each.render(console, check, snap, advice.again)
+            each.render(console, check, snap)
         if snap.not_checked:  # what was checked, and what could not be, said before the verdict
             from patcher.engine.snapshot import id_ranges
 
@@ -166,7 +167,7 @@ def verify_report(advice: Advice, snap: Snapshot, done: Verified) -> Report:
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 
 
-def revert_report(advice: Advice, snap: Snapshot, done: Reverted) -> Report:
+def revert_report(snap: Snapshot, done: Reverted) -> Report:
     """``revert``: the pristine files back, or only the chosen patches dropped."""
     result = done.result
 
@@ -276,7 +277,7 @@ class _ProgressLine:
         self.err.print(f"{self.prefix}{line}", markup=False)
 
 
-def selftest_report(advice: Advice, snap: Snapshot, done: SelfTested) -> Report:
+def selftest_report(snap: Snapshot, done: SelfTested) -> Report:
     """``selftest``: the judged report (``commands.selftest.selftest``); exit 1 unless OK."""
     return Report(done.data, done.exit_code, _SelftestRender(done.report), outcome=done.outcome)
 
@@ -378,7 +379,7 @@ def _case_table(cases: list[dict]) -> Table:
 def _render_generator_error(e: dict, console: Console) -> None:
     """Where the tiny model's build or the generator failed, and why: the cause as the vLLM
     process that died logged it, when it did, else the error as raised (six lines at most)."""
-    fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+    fix = f" (fixed by {e['patch']}: {Way('apply')})" if e.get("patch") else ""
     what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
     console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
     worker = e.get("worker")
@@ -404,7 +405,7 @@ def render_training(training: dict, console: Console) -> None:
         return
     if "error" in training:
         e = training["error"]
-        fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+        fix = f" (fixed by {e['patch']}: {Way('apply')})" if e.get("patch") else ""
         console.print(f"  [red]training failed at {escape(e['stage'])}[/red]{fix}:", highlight=False)
         for line in f"{e['type']}: {e['message']}".splitlines()[:6]:
             console.print(f"    {line}", markup=False, highlight=False)
@@ -462,7 +463,7 @@ def render_serving(serving: dict, console: Console) -> None:
         console.print(f"    same greedy output with either draft: {serving['same_greedy_output']}", highlight=False)
     if "error" in serving:
         e = serving["error"]
-        fix = f" (fixed by {e['patch']}: speculators-patch apply)" if e.get("patch") else ""
+        fix = f" (fixed by {e['patch']}: {Way('apply')})" if e.get("patch") else ""
         console.print(f"  [red]serving failed at {escape(e['stage'])}[/red]{fix}:", highlight=False)
         worker = e.get("worker")
         said = (

@@ -4,7 +4,8 @@ that call a ``patcher.commands`` verb with this run's ``Options`` and turn its a
 names. ``--target`` and ``--only``/``--skip`` go down from here by name: ``connect`` to
 ``patcher.connect.choose.transport_for``, ``select`` to ``patcher.commands.common.chosen``
 (``PatchSet.select`` on the target's patches). ``--patch-file`` becomes the run's
-``PatchSet`` once (``run_patches``), passed to each target's read."""
+``PatchSet`` once (``run_patches``), passed to each target's read. ``worded`` says the ways out
+in each target's report and refusal with this run's target options (``Advice``)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,28 @@ if TYPE_CHECKING:
 
 
 class Verb(NamedTuple):
-    """One verb as the command line runs it on a target: ``run(opts, advice, work, snap)`` calls
+    """One verb as the command line runs it on a target: ``run(opts, work, snap)`` calls
     the ``patcher.commands`` verb (through ``commands.session.run``: the first snapshot, and
     a fresh one when a file changed between the read and the commit, unless not ``retry``);
-    ``report(advice, snap, done)`` turns its answer into a ``Report``."""
+    ``report(snap, done)`` turns its answer into a ``Report``."""
 
-    run: Callable[[Options, Advice, Session, Snapshot], Any]
-    report: Callable[[Advice, Snapshot, Any], Report]
+    run: Callable[[Options, Session, Snapshot], Any]
+    report: Callable[[Snapshot, Any], Report]
     retry: bool = True
+
+
+def worded(opts: Options, command: Callable[[str | None], Report]) -> Callable[[str | None], Report]:
+    """``command(host)`` with every way out in its report, or in its refusal, said for that
+    host with this run's target options (``Advice``): the one place the command line words them."""
+
+    def run(host: str | None) -> Report:
+        advice = Advice(opts, host)
+        try:
+            return advice.report(command(host))
+        except UserError as e:  # Interrupted and Unsupported too, each as itself
+            raise type(e)(advice.render(str(e))) from None
+
+    return run
 
 
 def connect(opts: Options, host: str | None) -> Transport:
@@ -64,9 +79,8 @@ def run_on_target(opts: Options, verb: Verb, patches: PatchSet, host: str | None
         # Ctrl-C leaves this block as KeyboardInterrupt, so that the transport passes it on to
         # an --exec command's own process group instead of waiting for that command to end.
         with transport, Session(transport) as work:
-            advice = Advice(transport, opts)
-            snap, done = session.run(work, functools.partial(verb.run, opts, advice, work), verb.retry, patches)
-            shown = verb.report(advice, snap, done)
+            snap, done = session.run(work, functools.partial(verb.run, opts, work), verb.retry, patches)
+            shown = verb.report(snap, done)
             shown.notes = notes(snap)
             shown.written = [(work.label, list(work.written))]
         shown.data["exchanges"] = transport.exchanges
@@ -156,7 +170,7 @@ def select(opts: Options, snap: Snapshot, verb: str):
     return chosen(snap, verb, opts.only, opts.skip)
 
 
-def apply_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
+def apply_on(opts: Options, work: Session, snap: Snapshot):
     """``commands.apply.apply`` with this run's choice and flags."""
     from patcher.commands.apply import apply as verb
 
@@ -166,39 +180,38 @@ def apply_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
         select(opts, snap, "apply"),
         opts.dry_run,
         opts.adopt,
-        advise=advice.advise,
         allow_partial=opts.allow_partial,
     )
 
 
-def diff_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
+def diff_on(opts: Options, work: Session, snap: Snapshot):
     """``commands.diff.diff`` with this run's choice."""
     from patcher.commands.diff import diff as verb
 
-    return verb(work, snap, select(opts, snap, "diff"), advise=advice.advise)
+    return verb(work, snap, select(opts, snap, "diff"))
 
 
-def status_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
+def status_on(opts: Options, work: Session, snap: Snapshot):
     """``commands.status.status`` with this run's choice."""
     from patcher.commands.status import status as verb
 
-    return verb(snap, select(opts, snap, "status"), advice.transport, advice.again("verify"), advice.advise)
+    return verb(snap, select(opts, snap, "status"), work.transport)
 
 
-def verify_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
+def verify_on(opts: Options, work: Session, snap: Snapshot):
     """``commands.verify.verify`` with this run's choice and ``--runtime``."""
     from patcher.commands.verify import verify as verb
 
-    return verb(work, snap, select(opts, snap, "verify"), opts.runtime, advise=advice.advise)
+    return verb(work, snap, select(opts, snap, "verify"), opts.runtime)
 
 
-def revert_on(opts: Options, advice: Advice, work: Session, snap: Snapshot):
+def revert_on(opts: Options, work: Session, snap: Snapshot):
     """``commands.revert.revert``: every patch, or with ``--only``/``--skip`` the chosen ones
     (and what depends on them)."""
     from patcher.commands.revert import revert as verb
 
     chosen = select(opts, snap, "revert")
-    return verb(work, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run, advise=advice.advise)
+    return verb(work, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run)
 
 
 APPLY = Verb(apply_on, reports.apply_report)
@@ -245,13 +258,13 @@ class SelftestRun(NamedTuple):
     limit: float
     host: str | None
 
-    def __call__(self, opts: Options, advice: Advice, work: Session, snap: Snapshot) -> SelfTested:
+    def __call__(self, opts: Options, work: Session, snap: Snapshot) -> SelfTested:
         """The check on ``snap``'s target, its progress relayed; returns a ``SelfTested``.
         Raises ``UserError`` as ``commands.selftest.selftest``."""
         from patcher.commands.selftest import selftest as verb
 
-        reports.relay_progress(advice.transport, self.host)
-        return verb(advice.transport, snap, self.request, self.limit)
+        reports.relay_progress(work.transport, self.host)
+        return verb(work.transport, snap, self.request, self.limit)
 
 
 def selftest_on(opts: Options, request: dict, limit: float, patches: PatchSet, host: str | None) -> Report:

@@ -4,7 +4,7 @@ would write: ``commands.diff``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from patcher.commands.common import (
     describe,
@@ -134,7 +134,6 @@ def apply(
     dry_run: bool,
     adopt: bool = False,
     verify_after: bool = True,
-    advise: Callable[[str], str] = str,
     allow_partial: bool = False,
 ) -> Applied:
     """``apply``, then (unless ``dry_run``, or ``verify_after`` is False) every check
@@ -149,7 +148,7 @@ def apply(
     from patcher.connect.session import Session
 
     with Session.of(transport) as session:  # verify's request queued on the commit; the calls cache's lock
-        return _apply(session, snap, chosen, dry_run, adopt, verify_after, advise, allow_partial)
+        return _apply(session, snap, chosen, dry_run, adopt, verify_after, allow_partial)
 
 
 def _apply(
@@ -159,19 +158,18 @@ def _apply(
     dry_run: bool,
     adopt: bool,
     verify_after: bool,
-    advise: Callable[[str], str],
     allow_partial: bool,
 ) -> Applied:
     from patcher import engine
     from patcher.checks.verify import recorded_states, send_calls_ahead
     from patcher.commands.verify import check_install
 
-    refuse_before_planning(snap, chosen, "apply", advise)
+    refuse_before_planning(snap, chosen, "apply")
     plans = None  # planned once for this snapshot, then handed to the commit
     if any(snap.file_state(path) == FileState.EDITED for path in snap.files):
         plans = engine.plan(snap, chosen)
         if not engine.refusals(plans):  # a codemod's refusal comes first, from engine.apply, as in diff
-            refuse_lost_state(snap, "apply", advise, plans)
+            refuse_lost_state(snap, "apply", plans)
     planned = plans if plans is not None else engine.plan(snap, chosen)
     unsupported = unsupported_reason(outcome_rows(planned))  # status's verdict: write nothing
     check_after = verify_after and not dry_run and not unsupported
@@ -183,7 +181,6 @@ def _apply(
         dry_run=dry_run or bool(unsupported),
         adopt=adopt,
         plans=None if adopt else planned,  # adopting plans on new pristine copies
-        revert_command=advise("speculators-patch revert"),
     )
     rows = outcome_rows(result.plans)
     moved = recorded_states(snap, result.plans)  # applied by us for another vLLM release: shown as status shows them
@@ -195,11 +192,7 @@ def _apply(
     changed = [] if unsupported else sorted({r["file"] for r in rows if r["state"] == "pending"})
     chosen_ids = {p.id for p in chosen}
     counted = chosen_ids if allow_partial else set(snap.patches.ids())
-    check = (
-        check_install(session, engine.after(snap, result), counted, advise=advise, sent_ahead=sent_ahead)
-        if check_after
-        else None
-    )
+    check = check_install(session, engine.after(snap, result), counted, sent_ahead=sent_ahead) if check_after else None
     left_out = left_out_needed(check, chosen_ids, snap.patches.by_id()) if check else []
     modified = (
         set(check.modified)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import patcher
 from patcher.errors import UserError
 from patcher.states import FileState, InstallState
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from patcher.engine import FilePlan, Snapshot
@@ -43,9 +44,9 @@ def notes(snap: Snapshot, installer: bool = True) -> list[str]:
         )
     if installer and snap.installer_did:  # what pip did is pip's doing, never a hand edit
         way = (
-            "`speculators-patch repair` drops the record"
+            f"`{Way('repair')}` drops the record"
             if snap.replaced_from
-            else "`speculators-patch apply` patches them again, `speculators-patch revert` drops their record"
+            else f"`{Way('apply')}` patches them again, `{Way('revert')}` drops their record"
         )
         notes.append(f"{snap.installer_did}; {way}")
     from patcher.engine.snapshot import state_written_by
@@ -154,47 +155,45 @@ def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None
             )
 
 
-def refuse_before_planning(snap: Snapshot, chosen, verb: str, advise) -> None:
+def refuse_before_planning(snap: Snapshot, chosen, verb: str) -> None:
     """What ``apply`` and ``diff`` both refuse before planning ``chosen`` (one line, nothing
     changed): speculators replaced by an installer since it was patched, a speculators no patch
     is written for, a vLLM change no patch covers, a user patch edited since it was applied.
     Raises ``UserError`` (``Unsupported`` for an unsupported speculators)."""
     from patcher import engine
 
-    refuse_replaced(snap, verb, advise)
+    refuse_replaced(snap, verb)
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, verb)
 
 
-def refuse_replaced(snap: Snapshot, verb: str, advise) -> None:
+def refuse_replaced(snap: Snapshot, verb: str) -> None:
     """Raise ``UserError`` when an installer replaced speculators by another release since
     this tool patched it (``Snapshot.replaced_from``): ``verb`` would mix the record of one
     release with the files of another. Named as the installer's doing (its dist-info's
-    INSTALLER), with ``repair`` as the way out. ``advise``: a way-out command as the caller
-    words it."""
+    INSTALLER), with ``repair`` as the way out."""
     if not snap.replaced_from:
         return
     from patcher.fixes.registry import shipped_patches, written_for
 
     then = (
-        f", then `{advise('speculators-patch apply')}` patches {snap.speculators_version}"
+        f", then `{Way('apply')}` patches {snap.speculators_version}"
         if written_for(snap.speculators_version, shipped_patches())
         else ""
     )
     raise UserError(
         f"{snap.installer_did}; {verb} would mix that record with {snap.speculators_version}'s files; nothing was "
-        f"changed; `{advise('speculators-patch repair')}` drops the record and its copies{then}"
+        f"changed; `{Way('repair')}` drops the record and its copies{then}"
     )
 
 
-def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] | None = None) -> None:
+def refuse_lost_state(snap: Snapshot, what: str, plans: list[FilePlan] | None = None) -> None:
     """Raise ``UserError`` when the target's state records no file but files this tool reads
     differ from what pip installed (their ``RECORD``): ``revert`` cannot restore them, and an
     ``apply`` that finds its fixes already in them would call the install patched. ``plans``
     (``apply``): refuse only for files on which a needed fix is found already there
-    (``satisfied``), so a hand edit without the fixes is patched as before. ``advise``: a
-    way-out command as the caller words it."""
+    (``satisfied``), so a hand edit without the fixes is patched as before."""
     if snap.recorded_paths() or snap.state_problem:
         return
     edited = sorted(p for p in snap.files if snap.file_state(p) == FileState.EDITED)
@@ -213,7 +212,7 @@ def refuse_lost_state(snap: Snapshot, what: str, advise, plans: list[FilePlan] |
         f"{', '.join(edited)} {'differs' if one else 'differ'} from what pip installed ({'its' if one else 'their'} "
         f"RECORD){holding} but {state}: speculators-patch's state was lost (or the files "
         f"were edited by hand), so {what} cannot tell what it wrote there; nothing was changed; "
-        f"`{advise('speculators-patch repair')}` says what each file is, and "
+        f"`{Way('repair')}` says what each file is, and "
         f"pip install --force-reinstall --no-deps speculators=={snap.speculators_version} restores them"
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from patcher.commands.common import (
     describe,
@@ -17,6 +17,7 @@ from patcher.commands.common import (
 from patcher.commands.status import stale_reason
 from patcher.errors import UserError
 from patcher.states import FileState
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
@@ -52,20 +53,19 @@ class Diffed:
         return ("would-change", "diff printed in --json") if self.data["changed"] else ("unchanged", "")
 
 
-def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], str] = str) -> Diffed:
+def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
     """``diff``: the plans of ``chosen`` on ``snap`` and their unified diff, as a ``Diffed``.
-    ``advise``: a way-out command as this caller words it (the CLI adds its target options).
     Raises ``UserError`` for what ``apply`` would refuse: an unsupported target, a vLLM change
     no patch covers, a user patch edited since it was applied, a codemod's refusal, lost
     state, a file modified after patching that the patches would change."""
     from patcher import engine
 
-    refuse_before_planning(snap, chosen, "diff", advise)
+    refuse_before_planning(snap, chosen, "diff")
     plans = engine.plan(snap, chosen)
     refused = engine.refusals(plans)
     if refused:
         raise UserError(refused[0])
-    refuse_lost_state(snap, "apply", advise, plans)  # as apply would refuse
+    refuse_lost_state(snap, "apply", plans)  # as apply would refuse
     engine.guard_modified(snap, [p.path for p in plans if p.changed])  # as apply would refuse
     unsupported = unsupported_reason(outcome_rows(plans))
     text = "" if unsupported else unified_diff(plans)  # apply would write nothing there
@@ -81,8 +81,8 @@ def diff(transport: Transport, snap: Snapshot, chosen, advise: Callable[[str], s
         said = (
             f"no diff: {', '.join(modified)} changed after patching, so apply leaves {'it' if one else 'them'} "
             f"as {'it is' if one else 'they are'} and ends with verify: FAILED (a file modified after patching); "
-            f"`{advise('speculators-patch apply')} --adopt` keeps the edit, "
-            f"`{advise('speculators-patch revert')} --force` restores the kept copy (the edit is lost)"
+            f"`{Way('apply', ('--adopt',))}` keeps the edit, "
+            f"`{Way('revert', ('--force',))}` restores the kept copy (the edit is lost)"
         )
     elif stale and not text:  # apply writes nothing either: the install is wrong for this vLLM as it stands
         said = f"no diff: {stale_reason(stale, snap.vllm_version or 'none')}"

@@ -4,7 +4,7 @@ patches dropped (``patcher.engine.revert``), and the summary both front ends pri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from patcher.commands.common import describe, refuse_edited_user_patches, refuse_lost_state
 
@@ -91,18 +91,16 @@ def revert(
     partial: bool,
     force: bool,
     dry_run: bool,
-    advise: Callable[[str], str] = str,
 ) -> Reverted:
     """``revert``: restore the pristine files, or with ``partial`` drop only the chosen
     patches. A partial revert replays the patches it keeps from the pristine copies, so it
     refuses when one of those is a user patch whose file changed since it was applied.
-    ``advise``: a way-out command as this caller words it (the CLI adds its target options).
     Returns a ``Reverted``. Raises ``UserError`` when the state was lost, for such a user
     patch, and as ``engine.revert`` refuses (a file modified after patching without ``force``,
     a record of another speculators release)."""
     from patcher import engine
 
-    refuse_lost_state(snap, "revert", advise)
+    refuse_lost_state(snap, "revert")
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
         ids = {p.id for p in chosen}
         entries = snap.recorded_paths()
@@ -115,7 +113,6 @@ def revert(
         partial=partial,
         force=force,
         dry_run=dry_run,
-        repair_command=advise("speculators-patch repair"),
     )
     changed = [p.path for p in result.plans if p.changed]
     said = revert_summary(snap, result, changed, dry_run, partial)

@@ -9,6 +9,7 @@ from patcher.checks.parts import mark_edited
 from patcher.commands.common import describe, outcome_rows, refuse_lost_state, source_changes, unsupported_reason
 from patcher.commands.verify import TRAINING_HALF_ONLY
 from patcher.states import FileState, InstallState
+from patcher.ways import Way
 
 if TYPE_CHECKING:
     from patcher.engine import FilePlan, Snapshot
@@ -45,29 +46,23 @@ class Status:
         return self.data["install"]["state"], self.data["install"]["reason"]
 
 
-def status(
-    snap: Snapshot,
-    chosen,
-    transport=None,
-    verify_command: str = "speculators-patch verify",
-    advise=lambda hint: hint,
-) -> Status:
+def status(snap: Snapshot, chosen, transport=None) -> Status:
     """``status``: what ``apply`` would find, file by file and patch by patch, and the
     install's state (``install_state``), as a ``Status``. With a ``transport``, an install
     the record calls ``patched`` is checked as ``verify`` checks it (its static checks, one
     ``sources`` exchange) and called ``broken`` when they fail (``checks.install_verdict``),
-    naming ``verify_command`` (worded with the caller's target options). Raises ``UserError``
+    naming ``verify`` as the way to see each break. Raises ``UserError``
     (``Unsupported`` when no patch is written for the target's speculators or vLLM) as
     ``engine.check_supported``, and in ``apply``'s words when files hold this tool's fixes
     but no record names them (``refuse_lost_state``: the state was lost, never "changed by
-    hand"; ``advise`` words its way-out commands)."""
+    hand"). Ways out are ``patcher.ways.Way`` tokens in the text, worded by the front end."""
     from patcher import engine
     from patcher.checks.verify import recorded_states
 
     engine.check_supported(snap)
     plans = engine.plan(snap, chosen)
     if not engine.refusals(plans):  # as apply refuses: its words, its exit code (2)
-        refuse_lost_state(snap, "status", advise, plans)
+        refuse_lost_state(snap, "status", plans)
     rows = outcome_rows(plans)
     moved = recorded_states(snap, plans)  # applied by us for another vLLM (upgraded or downgraded since)
     for r in rows:
@@ -77,20 +72,17 @@ def status(
     files = {path: snap.file_state(path) for path in sorted({p.path for p in plans} | set(snap.recorded_paths()))}
     state, reason = install_state(rows, files, snap.vllm_version or "")
     if snap.replaced_from:  # what pip did is pip's doing: never "changed by hand"
-        state, reason = InstallState.REINSTALLED, f"{snap.installer_did}; `speculators-patch repair` drops that record"
+        state, reason = InstallState.REINSTALLED, f"{snap.installer_did}; `{Way('repair')}` drops that record"
     elif snap.installer_did and state in (
         InstallState.PRISTINE,
         InstallState.PARTIAL,
     ):  # --force-reinstall of the same release
         state, reason = (
             InstallState.REINSTALLED,
-            (
-                f"{snap.installer_did}; `speculators-patch apply` patches them again, "
-                f"`speculators-patch revert` drops their record"
-            ),
+            (f"{snap.installer_did}; `{Way('apply')}` patches them again, `{Way('revert')}` drops their record"),
         )
     elif state == InstallState.PATCHED and transport is not None:
-        state, reason = checked_state(transport, snap, verify_command)
+        state, reason = checked_state(transport, snap)
     if snap.training_only:  # the state of the training half: never a word on the half nothing read
         reason = "; ".join(filter(None, [reason, TRAINING_HALF_ONLY]))
     found = Status(
@@ -103,7 +95,7 @@ def status(
     return found
 
 
-def checked_state(transport, snap: Snapshot, verify_command: str) -> tuple[str, str]:
+def checked_state(transport, snap: Snapshot) -> tuple[str, str]:
     """(state, reason) of an install the record calls patched, once verify's static checks
     have read it: ``patched`` when they pass, else ``broken`` with what failed."""
     from patcher.checks.install_verdict import BROKEN, broken_reason, static_failures
@@ -114,7 +106,7 @@ def checked_state(transport, snap: Snapshot, verify_command: str) -> tuple[str, 
         check = check_install(session, snap, set(snap.patches.ids()))
     failures = static_failures(check.failing, NO_PROOF)
     if failures:
-        return BROKEN, broken_reason(failures, verify_command)
+        return BROKEN, broken_reason(failures)
     return InstallState.PATCHED, ""
 
 
@@ -152,5 +144,5 @@ def stale_reason(ids: list[str], vllm: str) -> str:
     clause (``status``'s reason, ``apply``'s summary)."""
     return (
         f"{', '.join(ids)} applied for another vLLM release, wrong for vLLM {vllm}: "
-        f"take them out with `speculators-patch revert`, then `speculators-patch apply` for this release"
+        f"take them out with `{Way('revert')}`, then `{Way('apply')}` for this release"
     )

@@ -5,7 +5,7 @@ patching, and the engine proof -- as data (``apply`` runs the same checks on wha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from patcher.checks.check import NO_PROOF, TRAINING_HALF_ONLY, UNPROVEN, Found, InstallCheck
 from patcher.commands.common import describe
@@ -54,18 +54,16 @@ def check_install(
     snap: Snapshot,
     ids: set[str],
     runtime: bool = False,
-    advise: Callable[[str], str] = str,
     sent_ahead: tuple[dict, dict | None] | None = None,
 ) -> InstallCheck:
     """Every check ``verify`` makes on ``snap`` (``checks.checklist.checks``), after one
     ``sources`` exchange, or none when it was sent ahead: ``sent_ahead`` is what
-    ``verify.send_calls_ahead`` returned. ``ids``: the patches whose verdicts count;
-    ``advise``: a fix hint as this caller words it (the CLI adds its target options)."""
+    ``verify.send_calls_ahead`` returned. ``ids``: the patches whose verdicts count."""
     from patcher.checks.checklist import checks
     from patcher.checks.verify import verdicts, verify_calls
 
     facts, every = verdicts(snap)
-    found = Found(snap, ids, facts, every, verify_calls(session, snap, runtime, sent_ahead), advise)
+    found = Found(snap, ids, facts, every, verify_calls(session, snap, runtime, sent_ahead))
     parts = {check.key: check.judge(found) for check in checks()}
     failing = [check.failing for check in checks() if not check.ok(parts[check.key])]
     verdict, proof = parts["verdicts"], parts["proven"]
@@ -84,9 +82,7 @@ def check_install(
     )
 
 
-def verify(
-    transport: Transport | Session, snap: Snapshot, chosen, runtime: bool = False, advise: Callable[[str], str] = str
-) -> Verified:
+def verify(transport: Transport | Session, snap: Snapshot, chosen, runtime: bool = False) -> Verified:
     """``verify``: every check of ``check_install``, and its evidence as data (``verify
     --json``), as a ``Verified``; ``--only``/``--skip`` (``chosen``) narrow the patch checks,
     not the call check. Raises ``UserError`` on an unsupported target and as the ``sources``
@@ -97,7 +93,7 @@ def verify(
 
     engine.check_supported(snap)
     with Session.of(transport) as session:
-        check = check_install(session, snap, {p.id for p in chosen}, runtime, advise)
+        check = check_install(session, snap, {p.id for p in chosen}, runtime)
     source = snap.libraries
     data = {
         **describe(snap),

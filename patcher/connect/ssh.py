@@ -27,6 +27,7 @@ from patcher import cache
 from patcher.connect.bootstrapped import BootstrapTransport, last_line
 from patcher.connect.program import bootstrap_program
 from patcher.errors import UserError
+from patcher.ways import Way
 
 # Seconds an idle shared connection stays open after a run (``--ssh-persist``); the
 # default of Ansible's ssh connection plugin, for the same reason (docs/ssh.md).
@@ -234,7 +235,7 @@ def explain_ssh_failure(stderr: str, where: str, during: str, master_gone: bool 
     ):
         return (
             f"{where}: connection dropped {during}. A commit that had started finishes or rolls back "
-            f"on the remote side by itself; run `speculators-patch status` on it to see which"
+            f"on the remote side by itself; run `{Way('status')}` on it to see which"
         )
     if not text.strip():  # ssh says nothing when the remote command dies of a signal
         return (

@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from patcher.errors import Interrupted, UserError, interruption
+from patcher.ways import Way
 
 # Seconds to wait for the far side to start the agent (``--connect-timeout``): for SSH the
 # connection, authentication and the remote shell; for ``--exec`` the command's start;
@@ -349,7 +350,7 @@ class Transport:
                 f"{where}: no answer to the commit within {wait:g} s (--timeout and the wait for a commit in "
                 f"progress); its agent was stopped: a commit that had started is finished (past its commit "
                 f"point) or rolled back by the next speculators-patch command on the target (one that reached a "
-                f"remote target may still finish there): run `speculators-patch status` to see which"
+                f"remote target may still finish there): run `{Way('status')}` to see which"
             )
         return f"{where}: no answer to {op} within {wait:g} s (--timeout); nothing was written by this run"
 
@@ -381,7 +382,7 @@ class Transport:
             )
         return (
             f"interrupted ({interruption()}) while {where} was committing; its outcome is not known here: a commit "
-            f"that reached the target finishes or rolls back there by itself; run `speculators-patch status` "
+            f"that reached the target finishes or rolls back there by itself; run `{Way('status')}` "
             f"to see which"
         )
 

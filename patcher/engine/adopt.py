@@ -18,6 +18,7 @@ from patcher.engine.file_plan import FilePlan, plan_file
 from patcher.engine.plan import refusals
 from patcher.engine.snapshot import Snapshot, sha256
 from patcher.errors import UserError
+from patcher.ways import Way
 
 
 def _states(plan: FilePlan) -> list[tuple[str, str]]:
@@ -41,17 +42,16 @@ def rebase(stock: bytes, patched: bytes, current: bytes) -> bytes | None:
     return b"".join(result)
 
 
-def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
+def new_pristine(snap: Snapshot, path: str) -> bytes:
     """The pristine copy ``apply --adopt`` keeps for ``path`` (modified after patching): the
     file as it is when it holds none of the recorded patches, else the kept copy with the
-    edit re-based onto it. Raises ``UserError`` naming ``way_out`` when neither holds (the
+    edit re-based onto it. Raises ``UserError`` naming ``revert --force`` when neither holds (the
     edit overlaps lines the patches rewrote), and a codemod's refusal as ``apply`` would."""
     entry = snap.manifest.files[path]
     current, stock = snap.files[path], snap.pristine.get(path)
     if stock is None:
         raise UserError(
-            f"{snap.state_dir}: the pristine copy of {path} is missing; nothing was changed; "
-            f"run `speculators-patch repair`"
+            f"{snap.state_dir}: the pristine copy of {path} is missing; nothing was changed; run `{Way('repair')}`"
         )
     recorded = tuple(p for p in snap.patches.patches if p.id in entry.patches)
     on_stock = plan_file(snap, path, stock, recorded, {}, only_needed=False)
@@ -73,5 +73,5 @@ def new_pristine(snap: Snapshot, path: str, way_out: str) -> bytes:
         f"cannot adopt {path}: it holds this tool's patches ({ids}) and an edit that changes lines they "
         f"rewrote, so no pristine copy with the edit can be made, and adopting the file as it is would "
         f"keep patched code as the pristine copy; nothing was changed. To keep the edit: save the file, "
-        f"`{way_out} --force` (stock speculators back), make the edit again, then apply"
+        f"`{Way('revert', ('--force',))}` (stock speculators back), make the edit again, then apply"
     )

@@ -21,6 +21,7 @@ from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.patch import Patch
 from patcher.fixes.userpatches import record as user_records
 from patcher.states import FileState
+from patcher.ways import Way
 
 
 @dataclass
@@ -56,12 +57,10 @@ def apply(
     dry_run: bool = False,
     plans: list[FilePlan] | None = None,
     adopt: bool = False,
-    revert_command: str = "speculators-patch revert",
 ) -> CommitResult:
     """Apply the chosen patches all-or-nothing (one ``commit`` exchange, none if nothing changes).
 
     ``plans``: ``plan(snap, chosen)`` computed earlier (the Ansible collection's plan cache).
-    ``revert_command``: how a refusal of ``adopt`` words ``revert`` for this target.
     ``adopt``: the change to a file modified after patching joins its pristine copy
     (``engine.adopt``: stock bytes plus the change, never patched bytes) and the file is
     patched on top of it, so ``revert`` gives back the change without the patches.
@@ -74,7 +73,7 @@ def apply(
             from patcher.engine.adopt import new_pristine
 
             bases = {
-                path: new_pristine(snap, path, revert_command)
+                path: new_pristine(snap, path)
                 for path in sorted(snap.recorded_paths())
                 if snap.file_state(path) == FileState.MODIFIED and path in {p.file for p in chosen}
             }
@@ -168,17 +167,16 @@ def revert(
     partial: bool,
     force: bool = False,
     dry_run: bool = False,
-    repair_command: str = "speculators-patch repair",
 ) -> CommitResult:
     """Restore pristine bytes, or with ``partial`` re-derive each file from its pristine copy
     with the recorded patches minus the chosen ones. Raises ``UserError`` on a file modified
     after patching unless ``force``, and on a record of another speculators release (naming
-    ``repair_command``, which drops it)."""
+    ``repair``, which drops it)."""
     entries = dict(snap.manifest.files) if snap.manifest is not None else {}
     if snap.replaced_from:
         raise UserError(
             f"{snap.installer_did}; not restoring them over another release; nothing was changed; "
-            f"`{repair_command}` drops that record and its copies"
+            f"`{Way('repair')}` drops that record and its copies"
         )
     plans, files, fresh = [], {}, {}
     chosen_ids = {p.id for p in chosen}
@@ -199,7 +197,7 @@ def revert(
         if original is None or sha256(original) != entries[path].pristine_sha256:
             raise UserError(
                 f"{snap.state_dir}: the pristine copy of {path} is missing or does not match its "
-                f"recorded sha256; nothing was restored; run `speculators-patch repair`"
+                f"recorded sha256; nothing was restored; run `{Way('repair')}`"
             )
         keep = dict(entries[path].patches) if partial else {}
         for patch in chosen:

@@ -9,6 +9,7 @@ from patcher.engine.snapshot import Snapshot, sha256, written_for
 from patcher.errors import UserError
 from patcher.fixes.patch import Patch
 from patcher.states import FileState
+from patcher.ways import Way
 
 
 def plan(
@@ -117,6 +118,6 @@ def guard_modified(snap: Snapshot, paths: list[str]) -> None:
         if snap.file_state(path) == FileState.MODIFIED:
             raise UserError(
                 f"{path} was modified after patching (sha256 matches neither the pristine nor the "
-                f"patched file); `speculators-patch apply --adopt` keeps the change: it becomes part of the "
+                f"patched file); `{Way('apply', ('--adopt',))}` keeps the change: it becomes part of the "
                 f"pristine copy (stock speculators plus the change, which revert restores) and is patched"
             )

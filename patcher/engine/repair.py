@@ -13,6 +13,7 @@ from patcher.errors import UserError
 from patcher.fixes.manifest import FileRecord, Manifest
 from patcher.fixes.registry import PatchSet
 from patcher.fixes.userpatches import record as user_records
+from patcher.ways import Way
 
 
 @dataclass
@@ -165,7 +166,7 @@ def _repair_file(
         raise UserError(
             f"cannot repair {path}: it is not the pristine file and no verified pristine copy is left; "
             f"reinstall speculators (pip install --force-reinstall --no-deps "
-            f"speculators=={snap.speculators_version}), then run `speculators-patch repair` again"
+            f"speculators=={snap.speculators_version}), then run `{Way('repair')}` again"
         )
     return None, None
 

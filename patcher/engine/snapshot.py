@@ -27,6 +27,7 @@ from patcher.fixes.manifest import REPAIR_HINT, FileRecord, Manifest
 from patcher.fixes.patch import Patch, needs_vllm
 from patcher.fixes.registry import PatchSet, loaded, shipped_patches, written_for
 from patcher.states import FileState
+from patcher.ways import Way
 
 EVIDENCE = "vllm-evidence"
 
@@ -436,7 +437,7 @@ def check_state_version(snap: Snapshot, repairing: bool = False) -> None:
                     continue
                 raise UserError(  # no release of this version wrote it: an edited record, or another build
                     f"{said}: the record names a patch this tool does not have (edited, or written by another "
-                    f"build); nothing was changed; `speculators-patch repair` rebuilds the record from the files "
+                    f"build); nothing was changed; `{Way('repair')}` rebuilds the record from the files "
                     f"and the kept pristine copies, or run the build that applied it"
                 )
 

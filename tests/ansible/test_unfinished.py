@@ -79,6 +79,8 @@ def test_a_task_whose_clean_up_stopped_fails(tmp_path, collections, state):
     assert "NOT FINISHED" in result["msg"] and result["unfinished"], result["msg"]
     verb = "apply" if state == "patched" else "revert"
     assert verb in result["msg"]
+    # the agent's way out, said as the CLI says it for this task's target (it named no target)
+    assert f"then run `speculators-patch status --target {env_dir}`: it finishes the cleanup" in result["msg"]
     # the next command finishes the clean-up: the install is what the task committed
     code = run_cli("status", "--target", str(env_dir)).returncode
     assert code == (0 if state == "patched" else 1)

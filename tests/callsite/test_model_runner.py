@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from patcher.checks import model_runner
+from patcher.ways import render
 
 WORKER_022 = b"class Worker:\n    def __init__(self, vllm_config):\n        self.use_v2_model_runner = vllm_config.use_v2_model_runner\n"
 WORKER_013 = b"import vllm.envs as envs\nclass Worker:\n    def __init__(self):\n        self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER\n"
@@ -45,7 +46,7 @@ def test_vllms_own_choice_names_the_architectures_and_the_line_that_decides():
 def test_a_worker_that_cannot_read_v2s_batch():
     assert check(WORKER_022, CONFIG_024, None, READS_V1).severity == "warning"  # vLLM may pick V2 itself
     broken = check(WORKER_022, CONFIG_024, "1", READS_V1)
-    assert broken.severity == "error" and "speculators-patch apply (SP022)" in broken.message
+    assert broken.severity == "error" and "speculators-patch apply (SP022)" in render(broken.message)
     assert check(WORKER_022, CONFIG_024, "0", READS_V1).severity == "note"
     assert check(WORKER_013, None, None, READS_V1).severity == "note"  # 0.13-0.21: V2 only when asked
 
@@ -53,7 +54,7 @@ def test_a_worker_that_cannot_read_v2s_batch():
 @pytest.mark.fast
 def test_no_patch_is_offered_where_none_is_written_for_the_installed_speculators():
     found = check(WORKER_022, CONFIG_024, "1", READS_V1, fix=None)
-    assert "speculators-patch apply" not in found.message and "VLLM_USE_V2_MODEL_RUNNER=0" in found.message
+    assert "speculators-patch apply" not in render(found.message) and "VLLM_USE_V2_MODEL_RUNNER=0" in found.message
 
 
 @pytest.mark.fast
@@ -85,7 +86,7 @@ def test_vllm_034_has_only_model_runner_v2_and_the_line_says_so(env):
 def test_vllm_034_without_v2_capture_or_with_the_variable_at_0():
     worker = _real_worker("vllm", "0.34.0")
     broken = check(worker, None, None, READS_V1)
-    assert broken.severity == "error" and broken.message.endswith("speculators-patch apply (SP022)")
+    assert broken.severity == "error" and render(broken.message).endswith("speculators-patch apply (SP022)")
     assert "VLLM_USE_V2_MODEL_RUNNER=0" not in broken.message  # there is no V1 to select
     refused = check(worker, None, "0", READS_V2)
     assert (

@@ -118,9 +118,9 @@ def test_selftest_names_the_missing_training_patch(tmp_path_factory, skipped, ar
     proc = cli("selftest", "--target", str(target), "--arch", arch, env=engine_environ("0.32.0"), timeout=1200)
     assert proc.returncode == 1
     failed = [ln for ln in proc.stdout.splitlines() if "training failed" in ln]
-    assert failed == [f"  training failed at {stage} (fixed by {skipped}: speculators-patch apply):"], proc.stdout[
-        -2000:
-    ]
+    assert failed == [
+        f"  training failed at {stage} (fixed by {skipped}: speculators-patch apply --target {target}):"
+    ], proc.stdout[-2000:]
     assert said in proc.stdout
 
 

@@ -207,12 +207,14 @@ def test_apply_compile_verify(envs, release, tmp_path):
     if version_key(release) > proven.newest():
         assert report["proven"]["unproven"] == (
             f"vLLM {release} is newer than the newest release proven on the engine "
-            f"({'.'.join(map(str, proven.newest()))}.x): run 'speculators-patch selftest' on this box to prove it"
+            f"({'.'.join(map(str, proven.newest()))}.x): run 'speculators-patch selftest --target {env}' on this box "
+            f"to prove it"
         )
     elif version_key(release) < proven.oldest():
         assert report["proven"]["unproven"] == (
             f"vLLM {release} is older than the oldest release proven on the engine "
-            f"({'.'.join(map(str, proven.oldest()))}.x): run 'speculators-patch selftest' on this box to prove it"
+            f"({'.'.join(map(str, proven.oldest()))}.x): run 'speculators-patch selftest --target {env}' on this box "
+            f"to prove it"
         )
 
 
@@ -360,18 +362,18 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
     code, report = cli("verify", "--target", str(env))
     assert (report["calls"]["findings"], report["imports"]["findings"]) == ([], [])
     assert [p for p in report["patches"] if p["verdict"] != "ok"] == [] and code == 3
-    from rich.console import Console
-
     import patcher.cli.render
+    from patcher.cli.worded import WordedConsole
 
     monkeypatch.setattr(
-        patcher.cli.render, "_console", lambda: Console(highlight=False, width=400)
+        patcher.cli.render, "_console", lambda say: WordedConsole(highlight=False, width=400, say=say)
     )  # one line unwrapped
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False)
     assert text.exit_code == 3
     assert (
         "verify: NOT PROVEN (every static check passes): vLLM 0.33.0 is a release not proven on the engine "
-        "(proven: 0.15.x to 0.34.x, not every one): run 'speculators-patch selftest' on this box to prove it"
+        f"(proven: 0.15.x to 0.34.x, not every one): run 'speculators-patch selftest --target {env}' on this box "
+        f"to prove it"
     ) in text.output.splitlines()
     assert "FAILED" not in text.output
 
@@ -379,13 +381,12 @@ def test_vllm_033_under_an_install_patched_on_032_needs_a_plain_apply(envs, tmp_
 def test_verify_shows_evidence_with_brackets_as_found(envs, tmp_path, monkeypatch):
     """Evidence text is shown as read, not taken for rich markup: 0.33's
     ``kv_cache_specs: dict[str, KVCacheSpec]`` (SP023's fact) was shown as ``dict``."""
-    from rich.console import Console
-
     import patcher.cli.render
+    from patcher.cli.worded import WordedConsole
 
     env = tmp_path / "env"
     copy_env(envs["0.33.0"], env)
-    monkeypatch.setattr(patcher.cli.render, "_console", lambda: Console(highlight=False, width=400))
+    monkeypatch.setattr(patcher.cli.render, "_console", lambda say: WordedConsole(highlight=False, width=400, say=say))
     text = CliRunner().invoke(main, ["verify", "--target", str(env)], catch_exceptions=False).output
     assert "_get_kv_cache_groups_uniform_spec(kv_cache_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]" in text
 
@@ -405,7 +406,7 @@ def test_034_without_sp026_fails_the_life_cycle_check(envs, tmp_path):
     generator = (site_packages(env) / GEN).read_text().splitlines()
     assert extend["file"] == GEN and "initialize_from_config" in generator[extend["line"] - 1]
     assert (
-        extend["detail"].endswith("SP026 handles it: speculators-patch apply")
+        extend["detail"].endswith(f"SP026 handles it: speculators-patch apply --target {env}")
         and "(when extensible)" in extend["detail"]
     )
     code, report = cli("apply", "--target", str(env))

@@ -107,7 +107,8 @@ def text(data: bytes) -> str:
 def run_task(action, task_vars: dict, module: str, argument_spec: dict, work) -> dict:
     """The frame both action plugins share: validate the arguments, run ``work(args,
     transport)``, turn speculators-patch's ``UserError`` into a task failure with its one
-    line, and remove the remote temporary directory."""
+    line, and remove the remote temporary directory. Every way out in the result is said as
+    the CLI says it for the task's ``target`` and ``patch_files`` (``Advice``)."""
     result = {}
     validation, args = action.validate_argument_spec(argument_spec=argument_spec)
     if IMPORT_ERROR:
@@ -123,7 +124,16 @@ def run_task(action, task_vars: dict, module: str, argument_spec: dict, work) ->
     finally:
         action._remove_tmp_path(action._connection._shell.tmpdir)
     result["exchanges"] = transport.exchanges
-    return result
+    return worded(result, args)
+
+
+def worded(result: dict, args: dict) -> dict:
+    """``result`` with each way out (``patcher.ways.Way``) said with the task's target options."""
+    from patcher import ways
+    from patcher.cli.options import Advice, Options
+
+    opts = Options(target=args.get("target"), patch_files=tuple(str(p) for p in args.get("patch_files") or ()))
+    return ways.render_all(result, Advice(opts).say)
 
 
 def task_patches(paths: list[str]):
