@@ -21,7 +21,12 @@ _LOADING = "interrupted ({}) before anything was written: nothing changed"
 def say_error(message: str, as_json: bool, code: int) -> None:
     """The one writer of a refusal or an interruption, for every command and every moment:
     ``error: MESSAGE`` on stderr, or with ``--json`` the object ``{"error", "exit_code"}``
-    on stdout. Standard library only: a Ctrl-C while click is still being imported uses it."""
+    on stdout. Standard library only: a Ctrl-C while click is still being imported uses it.
+    A way out the run did not word for its target is said plainly here (``patcher.ways``), never
+    as its token."""
+    from patcher import ways
+
+    message = ways.render(message)
     if as_json:
         from patcher.cli import jsontext
 
