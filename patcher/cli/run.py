@@ -162,56 +162,40 @@ def run_patches(opts: Options) -> PatchSet:
 # --- The verbs, as the command line runs them ----------------------------------------------
 
 
-def select(opts: Options, snap: Snapshot, verb: str):
-    """The patches of ``snap`` that ``--only``/``--skip`` choose for ``verb``
-    (``patcher.commands.common.chosen``, as the Ansible plugins choose)."""
-    from patcher.commands.common import chosen
-
-    return chosen(snap, verb, opts.only, opts.skip)
-
-
 def apply_on(opts: Options, work: Session, snap: Snapshot):
-    """``commands.apply.apply`` with this run's choice and flags."""
-    from patcher.commands.apply import apply as verb
+    """``apply``: its request (``commands.requests``) from this run's options."""
+    from patcher.commands.requests import ApplyRequest
 
-    return verb(
-        work,
-        snap,
-        select(opts, snap, "apply"),
-        opts.dry_run,
-        opts.adopt,
-        allow_partial=opts.allow_partial,
-    )
+    request = ApplyRequest(opts.only, opts.skip, opts.dry_run, opts.adopt, opts.allow_partial)
+    return request.run(work, snap)
 
 
 def diff_on(opts: Options, work: Session, snap: Snapshot):
-    """``commands.diff.diff`` with this run's choice."""
-    from patcher.commands.diff import diff as verb
+    """``diff``: its request from this run's options."""
+    from patcher.commands.requests import DiffRequest
 
-    return verb(work, snap, select(opts, snap, "diff"))
+    return DiffRequest(opts.only, opts.skip).run(work, snap)
 
 
 def status_on(opts: Options, work: Session, snap: Snapshot):
-    """``commands.status.status`` with this run's choice."""
-    from patcher.commands.status import status as verb
+    """``status``: its request from this run's options."""
+    from patcher.commands.requests import StatusRequest
 
-    return verb(snap, select(opts, snap, "status"), work.transport)
+    return StatusRequest(opts.only, opts.skip).run(work, snap)
 
 
 def verify_on(opts: Options, work: Session, snap: Snapshot):
-    """``commands.verify.verify`` with this run's choice and ``--runtime``."""
-    from patcher.commands.verify import verify as verb
+    """``verify``: its request from this run's options (``--runtime``)."""
+    from patcher.commands.requests import VerifyRequest
 
-    return verb(work, snap, select(opts, snap, "verify"), opts.runtime)
+    return VerifyRequest(opts.only, opts.skip, opts.runtime).run(work, snap)
 
 
 def revert_on(opts: Options, work: Session, snap: Snapshot):
-    """``commands.revert.revert``: every patch, or with ``--only``/``--skip`` the chosen ones
-    (and what depends on them)."""
-    from patcher.commands.revert import revert as verb
+    """``revert``: its request from this run's options."""
+    from patcher.commands.requests import RevertRequest
 
-    chosen = select(opts, snap, "revert")
-    return verb(work, snap, chosen, bool(opts.only or opts.skip), opts.force, opts.dry_run)
+    return RevertRequest(opts.only, opts.skip, opts.force, opts.dry_run).run(work, snap)
 
 
 APPLY = Verb(apply_on, reports.apply_report)

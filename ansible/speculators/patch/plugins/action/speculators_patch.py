@@ -47,28 +47,21 @@ class ActionModule(ActionBase):
     def _work(self, args: dict, transport) -> dict:
         from patcher import engine
         from patcher.commands import session
-        from patcher.commands.apply import apply
-        from patcher.commands.common import chosen, notes
-        from patcher.commands.revert import revert
+        from patcher.commands.common import notes
+        from patcher.commands.requests import ApplyRequest, RevertRequest
 
         check = bool(self._task.check_mode)
         patch_set = controller.task_patches(args["patch_files"])
         only, skip = tuple(args["only"]), tuple(args["skip"])
         patched = args["state"] == "patched"
-
-        def attempt(snap):  # the CLI's verbs: apply (its checks on the result are verify's task) and revert
-            if patched:
-                return apply(transport, snap, chosen(snap, "apply", only, skip), dry_run=check, verify_after=False)
-            return revert(
-                transport,
-                snap,
-                chosen(snap, "revert", only, skip),
-                partial=bool(only or skip),
-                force=args["force"],
-                dry_run=check,
-            )
-
-        snap, done = session.run(transport, attempt, patches=patch_set)  # the CLI's read and retry
+        # the CLI's requests: apply (its checks on the result are the info task's) and revert
+        if patched:
+            request = ApplyRequest(only, skip, dry_run=check, verify_after=False)
+        else:
+            request = RevertRequest(only, skip, force=args["force"], dry_run=check)
+        snap, done = session.run(
+            transport, lambda snap: request.run(transport, snap), patches=patch_set
+        )  # the CLI's read and retry
         outcome = done.result
         changing = [p for p in outcome.plans if p.changed]
         changed = bool(changing) if check else bool(outcome.written)

@@ -46,15 +46,15 @@ class ActionModule(ActionBase):
 
     def _work(self, args: dict, transport) -> dict:
         from patcher.commands import session
-        from patcher.commands.common import chosen, notes
-        from patcher.commands.status import status
-        from patcher.commands.verify import verify
+        from patcher.commands.common import notes
+        from patcher.commands.requests import StatusRequest, VerifyRequest
 
         patch_set = controller.task_patches(args["patch_files"])
         only, skip = tuple(args["only"]), tuple(args["skip"])
-        snap, found = session.run(  # the CLI's status, as the CLI runs it
-            transport, lambda snap: status(snap, chosen(snap, "status", only, skip), transport), patches=patch_set
-        )
+        asked = StatusRequest(only, skip)
+        snap, found = session.run(
+            transport, lambda snap: asked.run(transport, snap), patches=patch_set
+        )  # as the CLI runs it
         patches = found.rows
         result = {
             **task_target(snap),
@@ -64,7 +64,7 @@ class ActionModule(ActionBase):
         }
         said = [found.summary]
         if args["verify"]:
-            verified = verify(transport, snap, chosen(snap, "verify", only, skip))
+            verified = VerifyRequest(only, skip).run(transport, snap)
             result["verify"] = {k: v for k, v in verified.data.items() if k not in _DESCRIBE}
             said.append(verified.summary)
         result["msg"] = "; ".join(said)  # status's summary, then verify's verdict: the CLI's words
