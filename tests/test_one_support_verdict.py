@@ -41,7 +41,13 @@ def test_apply_never_writes_where_status_says_unsupported(tmp_path):
     assert {r["id"]: r["state"] for r in data["patches"]}["SP002"] == "fact-missing"
     diff = run_cli("diff", "--target", str(env))
     assert (diff.returncode, diff.stdout) == (2, "")
-    assert f"{UNSUPPORTED_010}: apply would write nothing; nothing was changed" in diff.stderr
+    assert diff.stderr.splitlines() == [  # exit 2 is a refusal: one error line, as apply's (README)
+        "note: speculators 0.3.0 is supported on vLLM 0.11–0.34; vLLM 0.10.2 is outside that range, untested",
+        f"error: {UNSUPPORTED_010}: apply would write nothing; nothing was changed",
+    ], diff.stderr
+    code, data = run_json("diff", "--target", str(env))
+    assert (code, data["exit_code"]) == (2, 2)
+    assert data["error"] == f"{UNSUPPORTED_010}: apply would write nothing; nothing was changed", data
     again = run_cli("apply", "--target", str(env))  # never "nothing to do ... already applied"
     assert again.returncode == 2 and "already applied" not in again.stdout
     assert tree_digest(site) == before
