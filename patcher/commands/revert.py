@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from patcher.commands.common import describe, refuse_edited_user_patches, refuse_lost_state
+from patcher.commands.common import (
+    describe,
+    hand_edit_words,
+    hand_edited,
+    refuse_edited_user_patches,
+    refuse_lost_state,
+)
+from patcher.errors import UserError
+from patcher.states import FileState
 
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
@@ -102,7 +110,9 @@ def revert(
     a record of another speculators release)."""
     from patcher import engine
 
-    refuse_lost_state(snap, "revert", advise)
+    plans = _edited_plans(snap)
+    refuse_lost_state(snap, "revert", advise, plans)  # a hand edit of a file never patched is no lost state
+    by_hand = hand_edited(snap, plans) if plans is not None else []
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
         ids = {p.id for p in chosen}
         entries = snap.recorded_paths()
@@ -119,6 +129,8 @@ def revert(
     )
     changed = [p.path for p in result.plans if p.changed]
     said = revert_summary(snap, result, changed, dry_run, partial)
+    if by_hand:
+        said += f"; {hand_edit_words(by_hand, 'revert')}"
     return Reverted(
         result,
         changed,
@@ -132,3 +144,21 @@ def revert(
         },
         said,
     )
+
+
+def _edited_plans(snap: Snapshot):
+    """Every file planned with every patch written for ``snap``'s speculators, when a file
+    differs from what pip installed with no record (``FileState.EDITED``): which of those hold
+    this tool's fixes (the state was lost) and which were changed by hand only. None when no
+    file is edited, when pip replaced the release (its files are pip's), or when a codemod
+    refuses or the layout cannot be planned (then it cannot tell: ``refuse_lost_state`` says
+    so for every edited file)."""
+    from patcher import engine
+
+    if snap.replaced_from or not any(snap.file_state(p) == FileState.EDITED for p in snap.files):
+        return None
+    try:
+        plans = engine.plan(snap, snap.applicable)
+    except UserError:
+        return None
+    return None if engine.refusals(plans) else plans
