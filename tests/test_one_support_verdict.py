@@ -91,6 +91,12 @@ def test_a_torchvision_built_for_another_torch_fails_the_import_check(tmp_path):
         "2.13.0+cpu (+cpu): importing transformers' models fails (`operator torchvision::nms does not exist`)"
     ) in " ".join(verify.stdout.split())
     assert "pip uninstall -y torchvision" in verify.stdout
+    # no index named: PyTorch's CPU index has no torchvision 0.28 for torch 2.13.0+cpu (docs/usage.md)
+    assert "--index-url" not in verify.stdout and "download.pytorch.org" not in verify.stdout, verify.stdout
+    assert (
+        "or install a torchvision built for this torch, if one is published for it: its Requires-Dist admits "
+        "torch 2.13.0+cpu and its version ends in +cpu, as torch's does"
+    ) in " ".join(verify.stdout.split())
     code, data = run_json("verify", "--target", str(env))
     [finding] = [f for f in data["imports"]["findings"] if f["kind"] == "torch-build-mismatch"]
     assert code == 1 and finding["severity"] == "error" and "torchvision-0.28.0.dist-info" in finding["file"]
