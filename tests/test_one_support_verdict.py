@@ -41,10 +41,31 @@ def test_apply_never_writes_where_status_says_unsupported(tmp_path):
     assert {r["id"]: r["state"] for r in data["patches"]}["SP002"] == "fact-missing"
     diff = run_cli("diff", "--target", str(env))
     assert (diff.returncode, diff.stdout) == (2, "")
-    assert f"{UNSUPPORTED_010}: apply would write nothing; nothing was changed" in diff.stderr
+    assert diff.stderr.splitlines() == [  # exit 2 is a refusal: one error line, as apply's (README)
+        "note: speculators 0.3.0 is supported on vLLM 0.11–0.34; vLLM 0.10.2 is outside that range, untested",
+        f"error: {UNSUPPORTED_010}: apply would write nothing; nothing was changed",
+    ], diff.stderr
+    code, data = run_json("diff", "--target", str(env))
+    assert (code, data["exit_code"]) == (2, 2)
+    assert data["error"] == f"{UNSUPPORTED_010}: apply would write nothing; nothing was changed", data
     again = run_cli("apply", "--target", str(env))  # never "nothing to do ... already applied"
     assert again.returncode == 2 and "already applied" not in again.stdout
     assert tree_digest(site) == before
+
+
+def test_a_patch_not_needed_names_the_library_that_does_not_need_it(tmp_path):
+    """vLLM 0.10.2 without transformers: a transformers patch (SP036) is not needed because
+    transformers is absent, never "the installed vLLM does not need it"; a vLLM patch keeps
+    vLLM's words; with transformers 4.57.6 the installed release is named."""
+    bare = make_sandbox(tmp_path / "bare", "0.3.0", "0.10.2")
+    _, data = run_json("status", "--target", str(bare))
+    detail = {r["id"]: r["detail"] for r in data["patches"] if r["state"] == "not-needed"}
+    assert detail["SP036"] == "transformers is not installed, so nothing here needs it", detail
+    assert detail["SP001"] == "the installed vLLM does not need it", detail
+    with_transformers = make_sandbox(tmp_path / "tf", "0.3.0", "0.16.0", "4.57.6", link=True)
+    _, data = run_json("status", "--target", str(with_transformers))
+    detail = {r["id"]: r["detail"] for r in data["patches"] if r["state"] == "not-needed"}
+    assert detail["SP036"] == "the installed transformers 4.57.6 does not need it", detail
 
 
 def test_a_torchvision_built_for_another_torch_fails_the_import_check(tmp_path):
@@ -70,6 +91,12 @@ def test_a_torchvision_built_for_another_torch_fails_the_import_check(tmp_path):
         "2.13.0+cpu (+cpu): importing transformers' models fails (`operator torchvision::nms does not exist`)"
     ) in " ".join(verify.stdout.split())
     assert "pip uninstall -y torchvision" in verify.stdout
+    # no index named: PyTorch's CPU index has no torchvision 0.28 for torch 2.13.0+cpu (docs/usage.md)
+    assert "--index-url" not in verify.stdout and "download.pytorch.org" not in verify.stdout, verify.stdout
+    assert (
+        "or install a torchvision built for this torch, if one is published for it: its Requires-Dist admits "
+        "torch 2.13.0+cpu and its version ends in +cpu, as torch's does"
+    ) in " ".join(verify.stdout.split())
     code, data = run_json("verify", "--target", str(env))
     [finding] = [f for f in data["imports"]["findings"] if f["kind"] == "torch-build-mismatch"]
     assert code == 1 and finding["severity"] == "error" and "torchvision-0.28.0.dist-info" in finding["file"]

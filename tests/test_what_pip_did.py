@@ -152,6 +152,30 @@ def test_repair_that_removes_a_stray_kept_copy_says_so(sandbox, site):
     assert again.stdout.strip().splitlines()[-1].startswith("nothing to repair: "), again.stdout
 
 
+def test_repair_removes_a_file_whose_bytes_are_not_its_names_digest_and_says_so(sandbox, site):
+    """Junk under pristine/ named like a kept copy but whose bytes do not have the digest in its
+    name (beside a recorded file, and for a file not installed): no copy, nothing restores from
+    it. repair removes it and names it, never "nothing to repair"; run again, nothing is left."""
+    assert run_cli("apply", "--target", str(sandbox)).returncode == 0
+    pristine = site / STATE / "pristine" / "speculators"
+    kept = next((pristine / "train").glob("trainer.py.sha256-*"))
+    junk = [pristine / "train" / f"trainer.py.sha256-{'a' * 64}", pristine / f"nothere.py.sha256-{'b' * 64}"]
+    for path in junk:
+        path.write_bytes(b"# junk\n")
+    repaired = run_cli("repair", "--target", str(sandbox))
+    last = " ".join(repaired.stdout.strip().splitlines()[-1].split())
+    assert repaired.returncode == 0 and not any(p.exists() for p in junk) and kept.exists(), repaired.stdout
+    assert last.startswith(
+        "repaired: removed 2 file(s) under pristine/ whose bytes do not match the digest in "
+        "their name, so nothing could restore from them (speculators/nothere.py.sha256-"
+    ), last
+    assert "nothing to repair" not in last and "speculators/train/trainer.py.sha256-aaaa" in last, last
+    again = run_cli("repair", "--target", str(sandbox))
+    assert again.stdout.strip().splitlines()[-1].startswith("nothing to repair: "), again.stdout
+    code, data = run_json("status", "--target", str(sandbox))
+    assert (code, data["install"]["state"]) == (0, "patched")
+
+
 def test_an_edited_release_in_the_record_is_damage_not_pips_doing(sandbox, site):
     """Nothing replaced the package, only the manifest's speculators_version was edited: the
     kept copies are still the installed release's own files (pip's RECORD says so). Every verb

@@ -968,6 +968,9 @@ def _refuse_losing_copies(state, root, drop, datas, manifest, m_raw, adopted=fro
         path = _copy_path(name)
         if path in kept:
             continue
+        named = name.partition(".sha256-")[2]
+        if named and digest_of(os.path.join(state, "pristine", name)) != named:
+            continue  # not the bytes its name says: it restores nothing, so it may go
         after = datas[path] if path in datas else read_bytes(os.path.join(root, path))
         if after is None:  # the file is gone: its copy stays, it may be all that is left of it
             drop.remove(name)

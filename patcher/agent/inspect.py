@@ -21,7 +21,7 @@ from .common import (
     record_digests,
     site_dir_of,
 )
-from .state import load_state, orphaned_state, state_paths
+from .state import load_state, mismatched_backups, orphaned_state, state_paths
 
 
 def inspect(request):
@@ -84,6 +84,7 @@ def inspect(request):
         "manifest_sha256": loaded.manifest_sha256,
         "pristine": {p: content_or_digest(d, have) for p, d in loaded.pristine.items()},
         "backups": {p: [content_or_digest(d, have) for d in ds] for p, ds in loaded.backups.items()},
+        "mismatched_copies": [] if blocked else mismatched_backups(state),
         "journal_pending": os.path.exists(os.path.join(state, JOURNAL)),
         "state_exists": os.path.isdir(state),
         "state_problem": problem,

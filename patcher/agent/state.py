@@ -76,6 +76,19 @@ def list_backups(state):
     return found
 
 
+def mismatched_backups(state):
+    """The names under ``pristine/`` (sorted) whose bytes do not have the digest their name
+    carries: no verified copy (``load_state`` leaves them out), so nothing restores from them;
+    ``repair``'s commit removes them (no record needs them) and says so."""
+    out = []
+    for name, (_, named) in sorted(list_backups(state).items()):
+        if named is not None:
+            data = read_bytes(os.path.join(state, "pristine", name))
+            if data is None or sha256(data) != named:
+                out.append(name)
+    return out
+
+
 State = collections.namedtuple("State", "manifest manifest_sha256 pristine backups problem")
 State.__doc__ = """The state directory as ``load_state`` read it: the manifest (or None), its sha256 (or
 None), ``pristine`` {path: verified pristine bytes}, ``backups`` {path: [verified bytes of every

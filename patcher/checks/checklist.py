@@ -23,6 +23,7 @@ def checks() -> tuple[Check, ...]:
         parts.RUNNER,
         parts.SOURCES,
         parts.MODIFIED,
+        parts.EDITED,
         parts.PROOF,
     )
 

@@ -345,6 +345,33 @@ class ModifiedFiles(Listing):
             )
 
 
+class EditedFiles(Listing):
+    """Files this tool's patches name that differ from what pip installed (their ``RECORD``)
+    with no record of this tool: changed by hand, never by this tool (``FileState.EDITED``),
+    which ``status`` calls ``modified``. A file holding a fix of this tool without a record is
+    not one (the state was lost: ``commands.common.refuse_lost_state`` names it), nor is a
+    file of a release an installer put there since (``Snapshot.replaced_from``: pip's doing)."""
+
+    key = "edited_files"
+    failing = "a file changed by hand"
+
+    def judge(self, found: Found) -> list[str]:
+        snap = found.snap
+        if snap.replaced_from:
+            return []
+        holding = {c.patch.file for c in found.every if c.state == "satisfied"}  # this tool's fix, no record
+        return sorted(p for p in snap.files if snap.file_state(p) == FileState.EDITED and p not in holding)
+
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
+        for path in install.parts[self.key]:
+            console.print(
+                f"[red]{path}: changed by hand[/], not by speculators-patch (it differs from what pip installed, "
+                f"its RECORD, holds none of this tool's fixes and no record of this tool names it): left as it "
+                f"is, and nothing here vouches for it; `status` calls the install modified until the edit is undone",
+                soft_wrap=True,
+            )
+
+
 @dataclass
 class Proof:
     """Why the installed vLLM's release has no engine proof (None: it has one, or no vLLM is
@@ -424,4 +451,5 @@ IMPORTS = Imports()
 RUNNER = ModelRunner()
 SOURCES = UserPatchSources()
 MODIFIED = ModifiedFiles()
+EDITED = EditedFiles()
 PROOF = EngineProof()

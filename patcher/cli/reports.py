@@ -89,7 +89,8 @@ def apply_report(snap: Snapshot, done: Applied) -> Report:
 def diff_report(snap: Snapshot, done: Diffed) -> Report:
     """``diff``: the unified diff of what ``apply`` would write; exit 1 when there is one, or
     when a file changed after patching keeps it empty (``apply`` leaves such a file as it is
-    and fails verify's check): then its summary on stderr says so, with both ways on."""
+    and fails verify's check): then its summary on stderr says so, with both ways on. An
+    unsupported target (exit 2) is a refusal: its summary is the one ``error:`` line."""
 
     def render(console: Console) -> None:
         import sys
@@ -99,7 +100,8 @@ def diff_report(snap: Snapshot, done: Diffed) -> Report:
         if done.summary:
             from patcher.cli.worded import stderr_like
 
-            stderr_like(console).print(escape(done.summary))
+            error = "error: " if done.data.get("unsupported") else ""  # exit 2: a refusal's one error line
+            stderr_like(console).print(escape(error + done.summary))
 
     return Report(done.data, done.exit_code, render, outcome=done.outcome)
 

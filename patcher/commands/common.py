@@ -217,6 +217,25 @@ def refuse_lost_state(snap: Snapshot, what: str, plans: list[FilePlan] | None = 
     )
 
 
+def hand_edited(snap: Snapshot, plans: list[FilePlan]) -> list[str]:
+    """The files of ``snap`` changed by hand, never by this tool: no record names them, they
+    differ from what pip installed (``FileState.EDITED``) and ``plans`` find none of this
+    tool's fixes in them (a file that holds one lost its record: ``refuse_lost_state``)."""
+    holding = {p.path for p in plans if any(o.state == "satisfied" for o in p.outcomes)}
+    return sorted(p for p in snap.files if snap.file_state(p) == FileState.EDITED and p not in holding)
+
+
+def hand_edit_words(paths: list[str], verb: str) -> str:
+    """``paths`` (``hand_edited``) named as the hand edit they are, and that ``verb`` leaves
+    them as they are, in one clause."""
+    one = len(paths) == 1
+    return (
+        f"{', '.join(paths)} {'differs' if one else 'differ'} from what pip installed ({'its' if one else 'their'} "
+        f"RECORD) but {'holds' if one else 'hold'} none of this tool's fixes: changed by hand, not by "
+        f"speculators-patch; {verb} leaves {'it as it is' if one else 'them as they are'}"
+    )
+
+
 # The states ``status`` gives an install (``commands.status.install_state``); a host whose
 # outcome is one of these was read (``unsupported`` too: its speculators or vLLM was).
 INSTALL_STATES = tuple(InstallState)

@@ -86,21 +86,19 @@ def diff(transport: Transport, snap: Snapshot, chosen) -> Diffed:
         )
     elif stale and not text:  # apply writes nothing either: the install is wrong for this vLLM as it stands
         said = f"no diff: {stale_reason(stale, snap.vllm_version or 'none')}"
-    return Diffed(
-        plans,
-        text,
-        {
-            **describe(snap),
-            "changed": bool(text),
-            "diff": text,
-            "patches": outcome_rows(plans),
-            "modified_files": modified,
-            "stale": stale,
-            "summary": said,
-            "unsupported": unsupported or None,
-        },
-        said,
-    )
+    data = {
+        **describe(snap),
+        "changed": bool(text),
+        "diff": text,
+        "patches": outcome_rows(plans),
+        "modified_files": modified,
+        "stale": stale,
+        "summary": said,
+        "unsupported": unsupported or None,
+    }
+    if unsupported:  # exit 2 is a refusal: one error line, in --json an "error" (as apply's)
+        data["error"] = said
+    return Diffed(plans, text, data, said)
 
 
 def _text(source: bytes) -> str:

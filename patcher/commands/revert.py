@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from patcher.commands.common import describe, refuse_edited_user_patches, refuse_lost_state
+from patcher.commands.common import (
+    describe,
+    hand_edit_words,
+    hand_edited,
+    refuse_edited_user_patches,
+    refuse_lost_state,
+)
+from patcher.errors import UserError
+from patcher.states import FileState
 
 if TYPE_CHECKING:
     from patcher.connect.transport import Transport
@@ -40,11 +48,17 @@ class Reverted:
 
 
 def revert_summary(
-    snap: Snapshot, result: CommitResult, changed: list[str], dry_run: bool, partial: bool = False
+    snap: Snapshot,
+    result: CommitResult,
+    changed: list[str],
+    dry_run: bool,
+    partial: bool = False,
+    chosen_ids: frozenset[str] = frozenset(),
 ) -> str:
     """What ``revert`` restored (or would), or that nothing needed it, in one line (the
     ``Reverted.summary``); ``partial`` (``--only``/``--skip``): per file, the patches taken
-    out and those it keeps. Raises nothing."""
+    out and those it keeps, or, when nothing was, that the chosen patches (``chosen_ids``)
+    are not applied. Raises nothing."""
     if dry_run:
         return f"dry run: {len(changed)} file(s) would be restored, nothing written"
     kept_on = {p: result.manifest.patches_of(p) for p in result.written} if result.manifest is not None else {}
@@ -70,6 +84,11 @@ def revert_summary(
         )
     if snap.raced:
         return "nothing to revert: another run restored the files first; no file needed restoring when read again"
+    idle = sorted(set(chosen_ids) - set(snap.applied_ids()))
+    if partial and idle:  # the patches asked for, named: none of them is in the install
+        from patcher.engine.snapshot import id_ranges
+
+        return f"nothing to revert: {id_ranges(idle)} {'is' if len(idle) == 1 else 'are'} not applied"
     return "nothing to revert: no file needed restoring"
 
 
@@ -100,7 +119,9 @@ def revert(
     a record of another speculators release)."""
     from patcher import engine
 
-    refuse_lost_state(snap, "revert")
+    plans = _edited_plans(snap)
+    refuse_lost_state(snap, "revert", plans)  # a hand edit of a file never patched is no lost state
+    by_hand = hand_edited(snap, plans) if plans is not None else []
     if partial:  # the patches kept on the files it re-derives are applied again from the pristine copies
         ids = {p.id for p in chosen}
         entries = snap.recorded_paths()
@@ -115,7 +136,9 @@ def revert(
         dry_run=dry_run,
     )
     changed = [p.path for p in result.plans if p.changed]
-    said = revert_summary(snap, result, changed, dry_run, partial)
+    said = revert_summary(snap, result, changed, dry_run, partial, frozenset(p.id for p in chosen))
+    if by_hand:
+        said += f"; {hand_edit_words(by_hand, 'revert')}"
     return Reverted(
         result,
         changed,
@@ -129,3 +152,21 @@ def revert(
         },
         said,
     )
+
+
+def _edited_plans(snap: Snapshot):
+    """Every file planned with every patch written for ``snap``'s speculators, when a file
+    differs from what pip installed with no record (``FileState.EDITED``): which of those hold
+    this tool's fixes (the state was lost) and which were changed by hand only. None when no
+    file is edited, when pip replaced the release (its files are pip's), or when a codemod
+    refuses or the layout cannot be planned (then it cannot tell: ``refuse_lost_state`` says
+    so for every edited file)."""
+    from patcher import engine
+
+    if snap.replaced_from or not any(snap.file_state(p) == FileState.EDITED for p in snap.files):
+        return None
+    try:
+        plans = engine.plan(snap, snap.applicable)
+    except UserError:
+        return None
+    return None if engine.refusals(plans) else plans

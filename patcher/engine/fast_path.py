@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from patcher import cache
 from patcher.digest import tool
-from patcher.engine.file_plan import NOT_NEEDED, Outcome, fact_missing, needed, parse, transform
+from patcher.engine.file_plan import Outcome, fact_missing, needed, not_needed, parse, transform
 
 if TYPE_CHECKING:
     from patcher.engine.snapshot import Snapshot
@@ -92,7 +92,7 @@ def outcomes(
             found.append(Outcome(patch, "fact-missing", gone))
             continue
         if not needed(snap, patch):
-            found.append(Outcome(patch, "not-needed", NOT_NEEDED))
+            found.append(Outcome(patch, "not-needed", not_needed(snap, patch)))
             continue
         rec = checked["satisfied"].get(patch.id)
         if not (isinstance(rec, list) and len(rec) == 2 and rec[0] == patch.version and isinstance(rec[1], str)):

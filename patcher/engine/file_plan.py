@@ -167,6 +167,19 @@ def need_state(snap: Snapshot, patch: Patch) -> str:
 NOT_NEEDED = "the installed vLLM does not need it"
 
 
+def not_needed(snap: Snapshot, patch: Patch) -> str:
+    """Why ``patch`` is ``not-needed`` here, naming the library whose fact does not hold (its
+    first such fact): ``NOT_NEEDED`` for vLLM; for transformers or torch the installed
+    release, or that the library is not installed."""
+    fact = next((f for f in patch.facts if not snap.evidence[(patch.id, f.symbol)].holds), None)
+    if fact is None or fact.library == "vllm":
+        return NOT_NEEDED
+    version = snap.libraries.version_of(fact.library)
+    if not version or version == "not installed":
+        return f"{fact.library} is not installed, so nothing here needs it"
+    return f"the installed {fact.library} {version} does not need it"
+
+
 def plan_file(
     snap: Snapshot,
     path: str,
@@ -193,7 +206,7 @@ def plan_file(
             plan.outcomes.append(Outcome(patch, "fact-missing", gone))
             continue
         if only_needed and not needed(snap, patch):
-            plan.outcomes.append(Outcome(patch, "not-needed", NOT_NEEDED))
+            plan.outcomes.append(Outcome(patch, "not-needed", not_needed(snap, patch)))
             continue
         if patch.origin == "recorded" and patch.id in recorded:  # a user patch whose source is not at hand
             plan.outcomes.append(Outcome(patch, "applied", "recorded; source not loaded"))

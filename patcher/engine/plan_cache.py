@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from patcher import cache
 from patcher.digest import tool as tool_digest
-from patcher.engine.file_plan import FilePlan, Outcome, need_state
+from patcher.engine.file_plan import FilePlan, Outcome, need_state, not_needed
 from patcher.engine.file_plan import plan_file as make_plan
 
 if TYPE_CHECKING:
@@ -49,7 +49,13 @@ def plan_file(
             "source": hashlib.sha256(source).hexdigest(),
             "recorded": recorded,
             "patches": [
-                [p.id, p.version, need_state(snap, p), *([p.origin, p.source_sha256] if p.source_sha256 else [])]
+                [
+                    p.id,
+                    p.version,
+                    need_state(snap, p),
+                    not_needed(snap, p) if need_state(snap, p) == "not-needed" else "",  # its words name the library
+                    *([p.origin, p.source_sha256] if p.source_sha256 else []),
+                ]
                 for p in mine
             ],
         }

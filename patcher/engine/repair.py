@@ -79,18 +79,25 @@ def repair(transport: Transport, patches: PatchSet | None = None) -> RepairResul
     changes = record_changes(snap.manifest, written)
     if committed and written is not None:
         changes += _dropped_copies(snap, files)
+    if committed and snap.mismatched_copies:
+        n = len(snap.mismatched_copies)
+        changes.append(
+            f"removed {n} file(s) under pristine/ whose bytes do not match the digest in {'its' if n == 1 else 'their'}"
+            f" name, so nothing could restore from {'it' if n == 1 else 'them'} ({', '.join(snap.mismatched_copies)})"
+        )
     return RepairResult(first, lines, unrestorable, dropped, snap, changes)
 
 
 def _dropped_copies(snap: Snapshot, files: dict[str, FileRecord]) -> list[str]:
     """The kept copies a repair commit removed (the new record, ``files``, names none of them:
     a stray copy, or an older one of a file whose record was rebuilt), as one phrase; [] when
-    none was."""
+    none was. A copy of a file that is not installed stays (the commit keeps what may be all
+    that is left of it), so it is not named."""
     paths = sorted(
         p
         for p, copies in snap.backups.items()
         for c in copies
-        if p not in files or sha256(c) != files[p].pristine_sha256
+        if (p not in files or sha256(c) != files[p].pristine_sha256) and (p in files or snap.files.get(p) is not None)
     )
     if not paths:
         return []
@@ -220,6 +227,7 @@ def _commit_records(transport: Transport, snap: Snapshot, files: dict[str, FileR
         and manifest.as_dict() == snap.manifest.as_dict()
         and set(snap.backups) == set(files)
         and all(len(copies) == 1 for copies in snap.backups.values())
+        and not snap.mismatched_copies  # a file whose bytes are not its name's digest: the commit removes it
     )
     committed = not same and (snap.state_exists or manifest is not None)  # no state, none to write: read-only
     if committed:

@@ -132,6 +132,7 @@ class Snapshot:
     manifest_sha256: str | None = None
     state_problem: str | None = None
     backups: dict[str, list[bytes]] = field(default_factory=dict)
+    mismatched_copies: list[str] = field(default_factory=list)  # names under pristine/ not their digest's bytes
     record: dict[str, str] = field(default_factory=dict)
     dist_info: str | None = None
     record_differs: list[str] | None = None  # asked by repair: files differing from pip's RECORD
@@ -350,6 +351,7 @@ def read_snapshot(
         manifest_sha256=answer.get("manifest_sha256"),
         state_problem=answer.get("state_problem"),
         backups=contents["backups"],
+        mismatched_copies=answer.get("mismatched_copies") or [],
         record=spec.get("record") or {},
         dist_info=spec.get("dist_info"),
         installer=spec.get("installer"),
