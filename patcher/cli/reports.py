@@ -383,7 +383,7 @@ def _render_generator_error(e: dict, console: Console) -> None:
     process that died logged it, when it did, else the error as raised (six lines at most)."""
     fix = f" (fixed by {e['patch']}: {Way('apply')})" if e.get("patch") else ""
     what = "could not build the tiny model" if e["stage"] == "build" else f"generator failed at {e['stage']}"
-    console.print(f"  [red]{what}[/red]{fix}:", highlight=False)
+    console.print(f"  [red]{what}[/red]{fix}:", highlight=False, soft_wrap=True)
     worker = e.get("worker")
     if worker:  # the cause, as the vLLM process that died logged it
         lines = f"{worker['type']}: {worker['message']}".splitlines()
@@ -408,7 +408,7 @@ def render_training(training: dict, console: Console) -> None:
     if "error" in training:
         e = training["error"]
         fix = f" (fixed by {e['patch']}: {Way('apply')})" if e.get("patch") else ""
-        console.print(f"  [red]training failed at {escape(e['stage'])}[/red]{fix}:", highlight=False)
+        console.print(f"  [red]training failed at {escape(e['stage'])}[/red]{fix}:", highlight=False, soft_wrap=True)
         for line in f"{e['type']}: {e['message']}".splitlines()[:6]:
             console.print(f"    {line}", markup=False, highlight=False)
         return
@@ -466,7 +466,7 @@ def render_serving(serving: dict, console: Console) -> None:
     if "error" in serving:
         e = serving["error"]
         fix = f" (fixed by {e['patch']}: {Way('apply')})" if e.get("patch") else ""
-        console.print(f"  [red]serving failed at {escape(e['stage'])}[/red]{fix}:", highlight=False)
+        console.print(f"  [red]serving failed at {escape(e['stage'])}[/red]{fix}:", highlight=False, soft_wrap=True)
         worker = e.get("worker")
         said = (
             f"{worker['process']}: {worker['type']}: {worker['message']}" if worker else f"{e['type']}: {e['message']}"
