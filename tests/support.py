@@ -81,6 +81,21 @@ HOLDER = (
 )
 
 
+def commit_point_steps(tmp_path: Path) -> tuple[int, int]:
+    """The agent's step numbers of an ``apply``'s first write and of its first deletion after
+    the commit point (``rename ... cleanup.json``), from a fault log of a run on a fresh
+    sandbox under ``tmp_path`` (``SPECULATORS_PATCH_FAULT=kind@step`` aims at them)."""
+    from sandbox import make_sandbox
+
+    probe = make_sandbox(tmp_path / "probe")
+    log = tmp_path / "steps.log"
+    env = {"SPECULATORS_PATCH_FAULT": "none@0", "SPECULATORS_PATCH_FAULT_LOG": str(log)}
+    assert run_cli("apply", "--target", str(probe), env=env).returncode == 0
+    lines = [ln.split(" ", 2) for ln in log.read_text().splitlines()]
+    at = next(i for i, (_, what, path) in enumerate(lines) if what == "rename" and path.endswith("cleanup.json"))
+    return int(lines[0][0]), next(int(n) for n, what, _ in lines[at + 1 :] if what == "unlink")
+
+
 def hold_lock(lock: Path) -> subprocess.Popen:
     """A process holding ``lock`` as another run would (``HOLDER``), once it has it."""
     holder = subprocess.Popen(

@@ -13,7 +13,7 @@ import json
 import shutil
 
 from sandbox import make_sandbox, pip_install, site_packages
-from support import GENERATOR, PATCHED_FILES, run_cli, run_json, tree_digest
+from support import GENERATOR, PATCHED_FILES, commit_point_steps, run_cli, run_json, tree_digest
 
 
 def _last_line(result) -> str:
@@ -244,24 +244,12 @@ def test_a_repair_that_finds_an_unrestorable_file_is_not_called_failed(tmp_path)
     assert data["hosts"][0]["reason"].startswith(f"{len(PATCHED_FILES)} file(s) differ from what pip installed")
 
 
-def _commit_point_steps(sandbox, tmp_path) -> tuple[int, int]:
-    """The agent's step numbers of an apply's first write and of its first deletion after the
-    commit point (``rename ... cleanup.json``), from a fault log of a run on a copy."""
-    probe = make_sandbox(tmp_path / "probe")
-    log = tmp_path / "steps.log"
-    env = {"SPECULATORS_PATCH_FAULT": "none@0", "SPECULATORS_PATCH_FAULT_LOG": str(log)}
-    assert run_cli("apply", "--target", str(probe), env=env).returncode == 0
-    lines = [ln.split(" ", 2) for ln in log.read_text().splitlines()]
-    at = next(i for i, (_, what, path) in enumerate(lines) if what == "rename" and path.endswith("cleanup.json"))
-    return int(lines[0][0]), next(int(n) for n, what, _ in lines[at + 1 :] if what == "unlink")
-
-
 def test_an_agent_killed_while_committing_is_named_killed_and_what_follows_is_true(sandbox, site, tmp_path):
     """``kill -9`` of the agent during a local commit (the OOM killer): one line saying it was
     killed, not "is it a Python 3.8+ interpreter?", and that the next command finishes a commit
     past its commit point or rolls it back; which one ``status`` then shows (before: pristine,
     after: patched). It said "rolled back" for both."""
-    before, after = _commit_point_steps(sandbox, tmp_path)
+    before, after = commit_point_steps(tmp_path)
     for step, state in ((before, "pristine"), (after, "patched")):
         killed = run_cli("apply", "--target", str(sandbox), env={"SPECULATORS_PATCH_FAULT": f"kill@{step}"})
         line = _one_error(killed)

@@ -12,8 +12,8 @@ import re
 import shlex
 
 import pytest
-from sandbox import make_sandbox, pip_install, pip_uninstall
-from support import ROOT, run_cli, run_json
+from sandbox import pip_install, pip_uninstall
+from support import ROOT, commit_point_steps, run_cli, run_json
 
 from patcher import ways
 from patcher.agent import common as agent
@@ -183,13 +183,7 @@ def test_pips_doing_names_repair_with_the_target_in_the_reason_and_the_note(sand
 
 def test_an_unfinished_clean_up_names_status_with_the_target(sandbox, tmp_path):
     """apply: NOT FINISHED, the agent's "then run `status`: it finishes the cleanup"."""
-    probe = make_sandbox(tmp_path / "probe")
-    log = tmp_path / "steps.log"
-    env = {"SPECULATORS_PATCH_FAULT": "none@0", "SPECULATORS_PATCH_FAULT_LOG": str(log)}
-    assert run_cli("apply", "--target", str(probe), env=env).returncode == 0
-    lines = [ln.split(" ", 2) for ln in log.read_text().splitlines()]
-    at = next(i for i, (_, what, path) in enumerate(lines) if what == "rename" and path.endswith("cleanup.json"))
-    step = next(int(n) for n, what, _ in lines[at + 1 :] if what == "unlink")
+    _, step = commit_point_steps(tmp_path)
 
     done = run_cli("apply", "--target", str(sandbox), env={"SPECULATORS_PATCH_FAULT": f"eacces@{step}"})
     assert done.returncode == 1 and "apply: NOT FINISHED" in done.stdout, done.stdout + done.stderr
