@@ -359,8 +359,7 @@ class EditedFiles(Listing):
         snap = found.snap
         if snap.replaced_from:
             return []
-        holding = {c.patch.file for c in found.every if c.state == "satisfied"}  # this tool's fix, no record
-        return sorted(p for p in snap.files if snap.file_state(p) == FileState.EDITED and p not in holding)
+        return snap.edited_without({c.patch.file for c in found.every if c.state == "satisfied"})
 
     def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
         for path in install.parts[self.key]:

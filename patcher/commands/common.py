@@ -221,8 +221,7 @@ def hand_edited(snap: Snapshot, plans: list[FilePlan]) -> list[str]:
     """The files of ``snap`` changed by hand, never by this tool: no record names them, they
     differ from what pip installed (``FileState.EDITED``) and ``plans`` find none of this
     tool's fixes in them (a file that holds one lost its record: ``refuse_lost_state``)."""
-    holding = {p.path for p in plans if any(o.state == "satisfied" for o in p.outcomes)}
-    return sorted(p for p in snap.files if snap.file_state(p) == FileState.EDITED and p not in holding)
+    return snap.edited_without({p.path for p in plans if any(o.state == "satisfied" for o in p.outcomes)})
 
 
 def hand_edit_words(paths: list[str], verb: str) -> str:

@@ -250,6 +250,12 @@ class Snapshot:
         can judge (``judged``: without vLLM, the training half's)."""
         return self.judged(self.patches.written_for(self.speculators_version))
 
+    def edited_without(self, holding: set[str]) -> list[str]:
+        """The files changed by hand, never by this tool: ``edited`` (``file_state``) and not
+        among ``holding``, the paths found to hold one of this tool's fixes (such a file lost
+        its record instead). Sorted."""
+        return sorted(p for p in self.files if self.file_state(p) == FileState.EDITED and p not in holding)
+
     def file_state(self, path: str) -> FileState:
         """``pristine`` | ``patched`` | ``reinstalled`` (recorded as patched, and now the bytes
         the installer put there: its pristine copy, or pip's ``RECORD`` digest, whatever
