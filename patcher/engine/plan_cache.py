@@ -30,6 +30,14 @@ KIND = "plans"
 TURNS = "plan-turns"
 
 
+def _patch_key(snap: Snapshot, p: Patch) -> list:
+    """What of ``p`` a cached plan depends on: id, version, its need on ``snap`` and, when not
+    needed, the words that say so (they name the library), and a user patch's source digest."""
+    need = need_state(snap, p)
+    words = not_needed(snap, p) if need == "not-needed" else ""
+    return [p.id, p.version, need, words, *([p.origin, p.source_sha256] if p.source_sha256 else [])]
+
+
 def plan_file(
     snap: Snapshot, path: str, source: bytes, chosen: tuple[Patch, ...], recorded: dict[str, int]
 ) -> FilePlan:
@@ -48,16 +56,7 @@ def plan_file(
             "path": path,
             "source": hashlib.sha256(source).hexdigest(),
             "recorded": recorded,
-            "patches": [
-                [
-                    p.id,
-                    p.version,
-                    need_state(snap, p),
-                    not_needed(snap, p) if need_state(snap, p) == "not-needed" else "",  # its words name the library
-                    *([p.origin, p.source_sha256] if p.source_sha256 else []),
-                ]
-                for p in mine
-            ],
+            "patches": [_patch_key(snap, p) for p in mine],
         }
     )  # a user patch is its source: same id and version, other code
     with cache.locked(KIND, key):
