@@ -64,7 +64,7 @@ SETTINGS = {
         "serve_tokens": 128,
         "single_stream": 4,
         "pack": 8192,
-        "epochs": 8,
+        "epochs": 20,
         "train_seconds": 450,
         "lr": 6e-4,
         "ttt": 5,
@@ -87,6 +87,17 @@ SETTINGS = {
 # checkpoint's d2t then has nowhere to go): every token but one.
 DRAFT_VOCAB_SHORT_BY = 1
 SERVE_TIMEOUT = 480  # s for all the engines of the serve step (a GPU call may run 8 minutes in all)
+# speculators 0.3.0's scripts/train.py: uniform noise of this half-width on the hidden states and
+# the verifier's last ones (NOISE_STD, AddUniformNoise; training only), 90 % of the files train and
+# 10 % validate (split_files(ratio=0.9); here every tenth file, so that both captures split alike),
+# loader workers with prefetch 4 and pinned memory (NUM_WORKERS 12, PREFETCH_FACTOR 4).
+NOISE_STD = 0.05
+VAL_EVERY = 10
+LOADER_WORKERS = 12
+# GPU: the epochs a draft trains are fitted to the time budget (at most SETTINGS' ``epochs``, 0.3.0's
+# default 20) from steps timed before training; this share of the budget is kept for the slack.
+BUDGET_SLACK = 0.1
+CALIBRATION_STEPS = (4, 12)  # (untimed: compile and warm-up, timed)
 # drafts trained: name -> (capture, targets through the verifier's final norm). "vllm-normed" is a
 # diagnostic: the target speculators 0.4 trains on, which 0.3.0 computes without the final norm.
 DRAFTS = {"vllm": ("vllm", False), "hf": ("hf", False), "vllm-normed": ("vllm", True)}
@@ -375,6 +386,10 @@ def step_train(work: Work) -> dict:
     for s in todo:
         done[s["name"]].unlink(missing_ok=True)
     budget = work.settings["train_seconds"] if work.device == "cuda" else None
+    workers = max(2, min(LOADER_WORKERS, (os.cpu_count() or 4) // max(1, len(todo)) - 2))
+    for s in todo:
+        s["deadline"] = None if budget is None else time.time() + budget
+        s["workers"] = workers if work.device == "cuda" else 0
     log(
         f"training {', '.join(s['name'] for s in todo) or 'nothing'} (logs: {work.root / 'logs'}/train-*.log"
         + (f"; stopped after {budget} s" if budget else "")
@@ -497,13 +512,19 @@ def train_one(spec: dict) -> dict:
     mapping = vocab_mapping(work, work.config()["vocab_size"])
     model = draft_model(work, work.config(), mapping)
     files = sorted((work.root / f"data-{data}").glob("*.pt"))
-    loader = data_loader(files, settings["pack"], final_norm(work) if normed else None)
+    val_files = files[VAL_EVERY - 1 :: VAL_EVERY]
+    train_files = [f for f in files if f not in set(val_files)]
+    norm = [final_norm(work)] if normed else []
+    workers = spec.get("workers", 0)
+    loader = data_loader(train_files, settings["pack"], [*norm, noise()], workers)
+    val_loader = data_loader(val_files, settings["pack"], norm, min(workers, 2))
     save_path = work.root / "drafts" / spec["name"]
     log_file = StepLog(save_path / "steps.jsonl")
     if work.device == "cuda":
-        trainer(model, loader, save_path, settings, log_file)
+        settings["epochs"] = planned_epochs(model, loader, val_loader, save_path, settings, spec.get("deadline"))
+        trainer(model, loader, val_loader, save_path, settings, log_file)
     else:
-        forward_only(model, loader, save_path, settings["ttt"], log_file)
+        forward_only(model, loader, val_loader, save_path, settings["ttt"], log_file)
     result = draft_result(work, spec["name"], settings, stopped=False)
     (save_path / "result.json").write_text(json.dumps(result, indent=1))  # last: the draft is complete
     return result
@@ -525,7 +546,7 @@ class StepLog:
 
     def keep_epochs_before(self, epoch: int) -> None:
         """Drop what a stopped run logged of ``epoch`` and later: they are trained again."""
-        kept = [e for e in self.entries() if e.get("epoch", e.get("saved", 0)) < epoch]
+        kept = [e for e in self.entries() if e.get("epoch", e.get("saved", e.get("val", 0))) < epoch]
         self.path.write_text("".join(json.dumps(e) + "\n" for e in kept))
 
     def step(self, epoch: int, metrics: dict) -> None:
@@ -533,6 +554,9 @@ class StepLog:
         entry = {"epoch": epoch, "step_s": None if self.last is None else round(now - self.last, 4), **metrics}
         self.last = now
         self._write(entry)
+
+    def val(self, epoch: int, metrics: dict) -> None:
+        self._write({"val": epoch, **metrics})
 
     def saved(self, epoch: int) -> None:
         self._write({"saved": epoch})
@@ -556,13 +580,17 @@ def draft_result(work: Work, name: str, settings: dict, stopped: bool) -> dict:
 
     save_path = work.root / "drafts" / name
     epochs_done = len(saved_epochs(save_path))
-    steps = [e for e in StepLog(save_path / "steps.jsonl").entries() if e.get("epoch", epochs_done) < epochs_done]
+    entries = StepLog(save_path / "steps.jsonl").entries()
+    steps = [e for e in entries if e.get("epoch", epochs_done) < epochs_done]
+    vals = [e for e in entries if e.get("val", epochs_done) < epochs_done]
+    plan = json.loads((save_path / "plan.json").read_text()) if (save_path / "plan.json").is_file() else {}
     last = steps[-50:]
     timed = sorted(e["step_s"] for e in steps if e["step_s"] is not None)
     return {
         "steps": len(steps),
         "ttt_steps": settings["ttt"],
-        "epochs": settings["epochs"] if work.device == "cuda" else 0,
+        "epochs": plan.get("epochs", settings["epochs"]) if work.device == "cuda" else 0,
+        "planned_from": plan,
         "epochs_done": epochs_done if work.device == "cuda" else 0,
         "stopped": stopped,
         "lr": settings["lr"],
@@ -570,6 +598,9 @@ def draft_result(work: Work, name: str, settings: dict, stopped: bool) -> dict:
         "loss_first": sum(s["loss"] for s in steps[:20]) / len(steps[:20]),
         "loss_last": sum(s["loss"] for s in steps[-20:]) / len(steps[-20:]),
         "accuracy": [round(sum(s[f"full_acc_{i}"] for s in last) / len(last), 4) for i in range(settings["ttt"])],
+        # the held-out tenth, after the last epoch saved: what serving should come near
+        "val_accuracy": [round(vals[-1][f"full_acc_{i}_epoch"], 4) for i in range(settings["ttt"])] if vals else None,
+        "val_loss": round(vals[-1]["loss_epoch"], 4) if vals else None,
         "seconds_per_step": timed[len(timed) // 2] if timed else None,
         "seconds": round(sum(timed), 1),
         "checkpoint": str(save_path / str(max(saved_epochs(save_path)))),
@@ -577,20 +608,92 @@ def draft_result(work: Work, name: str, settings: dict, stopped: bool) -> dict:
     }
 
 
-def data_loader(files: list[Path], pack: int, transform=None):
-    """speculators' dataset (``transform`` applied to each sample), packing sampler and
-    collate function over ``files``."""
+def data_loader(files: list[Path], pack: int, transforms: list, workers: int = 0):
+    """speculators' dataset (``transforms`` applied to each sample in turn), packing sampler and
+    collate function over ``files``, loaded as 0.3.0's ``scripts/train.py`` loads them: by
+    ``workers`` processes (none: in this one), prefetch 4, pinned memory on a GPU."""
     import torch
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
+    def transform(sample: dict) -> dict:
+        for fn in transforms:
+            sample = fn(sample)
+        return sample
+
     dataset = Eagle3SampleFileDataset(
-        max_len=pack, file_list=[str(f) for f in files], hidden_states_dtype=torch.float32, transform=transform
+        max_len=pack,
+        file_list=[str(f) for f in files],
+        hidden_states_dtype=torch.float32,
+        transform=transform if transforms else None,
     )
     sampler = MultipackDistributedBatchSamplerV2(
         batch_max_length=pack, lengths=dataset.approx_lengths, num_replicas=1, rank=0
     )
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=create_collate_fn(pack))
+    parallel = {"prefetch_factor": 4, "persistent_workers": True} if workers else {}
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=create_collate_fn(pack),
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+        **parallel,
+    )
+
+
+def noise():
+    """0.3.0's training noise: ``AddUniformNoise`` of half-width ``NOISE_STD`` on the hidden
+    states and the verifier's last ones (``speculators.train.noise_transforms``)."""
+    from speculators.train.noise_transforms import AddUniformNoise
+
+    return AddUniformNoise(std=NOISE_STD, tensors=("hidden_states", "verifier_last_hidden_states"))
+
+
+def planned_epochs(model, loader, val_loader, save_path: Path, settings: dict, deadline: float | None) -> int:
+    """The epochs this draft trains, fitted to the time left before ``deadline`` (seconds since
+    the epoch; None: ``settings["epochs"]``): ``CALIBRATION_STEPS`` optimizer steps and two
+    validation batches are run on ``model`` (which compiles speculators' ``@torch.compile``
+    forward for both), timed, and its weights put back; then as many epochs as fit with
+    ``BUDGET_SLACK`` to spare, at least 1, at most ``settings["epochs"]``. Kept in ``plan.json``:
+    a resumed draft trains to the same schedule."""
+    import copy
+
+    import torch
+
+    plan_file = save_path / "plan.json"
+    if plan_file.is_file():
+        return json.loads(plan_file.read_text())["epochs"]
+    if deadline is None:
+        return settings["epochs"]
+    start = copy.deepcopy(model.state_dict())
+    model.to("cuda").train()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)  # steps that change nothing but are timed
+    untimed, timed = CALIBRATION_STEPS
+    batches = iter(loader)
+    for i in range(untimed + timed):
+        if i == untimed:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+        batch = {k: v.to("cuda", non_blocking=True) for k, v in next(batches).items()}
+        _, loss, _ = model(**batch, ttt_steps=settings["ttt"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - t) / timed
+    model.eval()
+    with torch.no_grad():
+        for batch, _ in zip(val_loader, range(2), strict=False):
+            model(**{k: v.to("cuda") for k, v in batch.items()}, ttt_steps=settings["ttt"])
+    model.load_state_dict(start)
+    epoch_s = step_s * (len(loader) + len(val_loader) / 3) + 2  # validation: forward only; 2 s: the save
+    left = (deadline - time.time()) * (1 - BUDGET_SLACK)
+    epochs = max(1, min(settings["epochs"], int(left // epoch_s)))
+    plan = {"epochs": epochs, "seconds_per_step": round(step_s, 4), "steps_per_epoch": len(loader)}
+    plan_file.parent.mkdir(parents=True, exist_ok=True)
+    plan_file.write_text(json.dumps(plan | {"seconds_left": round(left, 1), "epoch_s": round(epoch_s, 1)}))
+    print(f"planned {epochs} epochs: {plan}", flush=True)
+    return epochs
 
 
 def final_norm(work: Work):
@@ -612,7 +715,7 @@ def final_norm(work: Work):
     return transform
 
 
-def trainer(model, loader, save_path: Path, settings: dict, step_log: StepLog) -> None:
+def trainer(model, loader, val_loader, save_path: Path, settings: dict, step_log: StepLog) -> None:
     """speculators' ``Trainer`` (linear schedule, 1 % warm-up, its defaults), resumed from the
     newest epoch the step log says was saved whole (a checkpoint a stopped run left half
     written is removed first); every step and every saved epoch logged."""
@@ -628,6 +731,8 @@ def trainer(model, loader, save_path: Path, settings: dict, step_log: StepLog) -
         def emit(self, record):
             if isinstance(record.msg, dict) and "train" in record.msg:
                 step_log.step(record.msg["epoch"], record.msg["train"])
+            elif isinstance(record.msg, dict) and "val" in record.msg:
+                step_log.val(record.msg["epoch"], record.msg["val"])
             elif isinstance(record.msg, str) and record.msg.startswith("Finished saving checkpoint to "):
                 step_log.saved(int(Path(record.msg.rsplit(" ", 1)[1]).name))
 
@@ -643,23 +748,25 @@ def trainer(model, loader, save_path: Path, settings: dict, step_log: StepLog) -
         train_call_kwargs=kwargs,
         val_call_kwargs=kwargs,
     )
-    run = Trainer(model, config, loader, None)
+    run = Trainer(model, config, loader, val_loader)
     step_log.keep_epochs_before(run.current_epoch)
     print(f"training epochs {run.current_epoch + 1}..{settings['epochs']} of {settings['epochs']}", flush=True)
     run.run_training()
 
 
-def forward_only(model, loader, save_path: Path, ttt: int, step_log: StepLog) -> None:
+def forward_only(model, loader, val_loader, save_path: Path, ttt: int, step_log: StepLog) -> None:
     """CPU: no backward through FlexAttention there; the training forward on the first
-    batch (eager) and the checkpointer's save of the draft."""
+    batch and the validation forward on the first held-out one (eager), and the
+    checkpointer's save of the draft."""
     import torch
     from speculators.train.checkpointer import SingleGPUCheckpointer
 
-    batch = next(iter(loader))
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-        _, loss, metrics = model(**batch, ttt_steps=ttt)
     step_log.keep_epochs_before(0)
-    step_log.step(0, {k: float(v) for k, v in metrics.items()} | {"loss": loss.item()})
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        _, loss, metrics = model(**next(iter(loader)), ttt_steps=ttt)
+        step_log.step(0, {k: float(v) for k, v in metrics.items()} | {"loss": loss.item()})
+        _, loss, metrics = model(**next(iter(val_loader)), ttt_steps=ttt)
+        step_log.val(0, {f"{k}_epoch": float(v) for k, v in metrics.items()} | {"loss_epoch": loss.item()})
     SingleGPUCheckpointer(save_path).save_checkpoint(model, torch.optim.AdamW(model.parameters()), 0)
     step_log.saved(0)
 
@@ -956,14 +1063,16 @@ def _render_training(t: dict | None) -> list[str]:
         f"{vocab['response_tokens_covered']:.4f} of the response tokens; aux ids the install recorded: "
         f"{t['recorded_aux_ids']}",
         "",
-        "| draft | steps | epochs done | TTT steps | loss first -> last | accuracy per TTT step | s per step | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| draft | steps | epochs done | TTT steps | loss first -> last | accuracy per TTT step (last 50 steps) "
+        "| validation: loss, accuracy per TTT step | s per step | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, d in t["drafts"].items():
         stopped = " (stopped: time budget)" if d["stopped"] else ""
+        val = f"{d['val_loss']}, {d['val_accuracy']}" if d.get("val_accuracy") else "-"
         lines.append(
             f"| {name} | {d['steps']} | {d['epochs_done']} of {d['epochs']}{stopped} | {d['ttt_steps']} | "
-            f"{d['loss_first']:.4f} -> {d['loss_last']:.4f} | {d['accuracy']} | {d['seconds_per_step']} | "
+            f"{d['loss_first']:.4f} -> {d['loss_last']:.4f} | {d['accuracy']} | {val} | {d['seconds_per_step']} | "
             f"{d['seconds']} |"
         )
     return lines
