@@ -61,7 +61,7 @@ SIZES = {
         "steps": 1200,
         "lr": 1e-3,
         "corpus_bytes": None,
-        "train_prompts": 6000,
+        "train_prompts": 4000,
         "heldout_prompts": 128,
         "eval_windows": 128,
     },
