@@ -669,7 +669,7 @@ def planned_epochs(model, loader, val_loader, save_path: Path, settings: dict, d
     model.to("cuda").train()
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)  # steps that change nothing but are timed
     untimed, timed = CALIBRATION_STEPS
-    batches = iter(loader)
+    batches = (batch for _ in range(untimed + timed) for batch in loader)  # a short loader goes round again
     for i in range(untimed + timed):
         if i == untimed:
             torch.cuda.synchronize()
@@ -736,8 +736,9 @@ def trainer(model, loader, val_loader, save_path: Path, settings: dict, step_log
             elif isinstance(record.msg, str) and record.msg.startswith("Finished saving checkpoint to "):
                 step_log.saved(int(Path(record.msg.rsplit(" ", 1)[1]).name))
 
+    # one handler, on the parent: "speculators.metrics" (the steps) propagates to it
+    logging.getLogger("speculators").addHandler(Metrics())
     for name in ("speculators.metrics", "speculators"):
-        logging.getLogger(name).addHandler(Metrics())
         logging.getLogger(name).setLevel(logging.INFO)
     kwargs = {"ttt_steps": settings["ttt"]}
     config = TrainerConfig(

@@ -138,6 +138,12 @@ def test_a_hand_edit_of_a_file_never_patched_is_named_as_one_by_every_verb(sandb
         "speculators/config.py differs from what pip installed (its RECORD) but holds none of this tool's fixes: "
         "changed by hand, not by speculators-patch; revert leaves it as it is"
     )
+    dry = run_cli("apply", "--dry-run", "--target", str(sandbox))  # the dry run says what apply will meet
+    dry_said = " ".join(dry.stdout.split())
+    assert dry.returncode == 0 and hand.replace("revert leaves", "apply leaves") in dry_said, dry_said
+    assert dry_said.endswith("apply would end with verify: FAILED (a file changed by hand)"), dry_said
+    assert run_json("apply", "--dry-run", "--target", str(sandbox))[1]["hand_edited_files"] == ["speculators/config.py"]
+    assert config.read_bytes() == edited
     applied = run_cli("apply", "--target", str(sandbox))
     said = " ".join(applied.stdout.split())
     assert applied.returncode == 1, said  # status says modified (exit 1): apply claims no success either
@@ -165,7 +171,8 @@ def test_a_partial_revert_of_a_patch_not_applied_names_it(sandbox, site):
         result = run_cli("revert", "--target", str(sandbox), "--only", "SP019")
         assert (result.returncode, result.stdout) == (0, "nothing to revert: SP019 is not applied\n"), result.stdout
         assert run_cli("apply", "--target", str(sandbox)).returncode == 0
-        assert "took SP019 out of" in run_cli("revert", "--target", str(sandbox), "--only", "SP019").stdout
+        took = run_cli("revert", "--target", str(sandbox), "--only", "SP019").stdout
+        assert "took SP019 out of" in " ".join(took.split()), took  # the console wraps at the path's length
 
 
 def test_a_vllm_downgrade_is_called_stale_with_its_fix(sandbox, site):

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from patcher.commands.common import (
     describe,
+    hand_edit_words,
+    hand_edited,
     outcome_rows,
     refuse_before_planning,
     refuse_lost_state,
@@ -40,6 +42,7 @@ class Applied:
     data: dict = field(default_factory=dict)
     left_out: list[dict] = field(default_factory=list)
     unsupported: str = ""  # status's reason when no patch handles this vLLM: nothing was written
+    by_hand: list[str] = field(default_factory=list)  # a dry run: files changed by hand, never by this tool
 
     @property
     def exit_code(self) -> int:
@@ -116,15 +119,22 @@ class Applied:
 
     @property
     def dry_run_modified(self) -> str | None:
-        """In a dry run, the files changed after patching that apply would leave as they are
-        (and then fail verify's check on), in one line; None when there are none."""
-        if not (self.data.get("dry_run") and self.modified):
+        """In a dry run, the files apply would leave as they are and then fail verify's checks
+        on, in one line: those changed after patching, and those changed by hand, never by this
+        tool (``by_hand``); None when there are none."""
+        if not (self.data.get("dry_run") and (self.modified or self.by_hand)):
             return None
-        return (
-            f"{', '.join(sorted(self.modified))} changed after patching: apply would not touch "
-            f"{'it' if len(self.modified) == 1 else 'them'} and would end with verify: FAILED "
-            f"(a file modified after patching)"
-        )
+        said, failing = [], []
+        if self.modified:
+            said.append(
+                f"{', '.join(sorted(self.modified))} changed after patching: apply would not touch "
+                f"{'it' if len(self.modified) == 1 else 'them'}"
+            )
+            failing.append("a file modified after patching")
+        if self.by_hand:
+            said.append(hand_edit_words(self.by_hand, "apply"))
+            failing.append("a file changed by hand")
+        return f"{'; '.join(said)}; apply would end with verify: FAILED ({', '.join(failing)})"
 
 
 def apply(
@@ -202,6 +212,7 @@ def _apply(
     for row in rows:
         if row["file"] in modified:
             row["file_modified"] = True
+    by_hand = hand_edited(snap, result.plans) if dry_run and not unsupported else []  # else verify's check names them
     data = {
         **describe(snap),
         "dry_run": dry_run,
@@ -209,13 +220,14 @@ def _apply(
         "adopted": result.adopted,
         "patches": rows,
         "modified_files": sorted(modified),
+        "hand_edited_files": by_hand if dry_run else None,
         "verify": None if check is None else {"ok": check.ok, "failing": check.failing},
         "left_out": left_out,
         "allow_partial": allow_partial,
         "unfinished": result.unfinished,
         "unsupported": unsupported or None,
     }
-    done = Applied(result, rows, changed, modified, check, data, left_out, unsupported)
+    done = Applied(result, rows, changed, modified, check, data, left_out, unsupported, by_hand)
     data["summary"] = done.summary
     if unsupported:  # exit 2 says one error line, in --json an "error" (the table stays: it shows why)
         data["error"] = done.summary
