@@ -19,7 +19,10 @@ def test_adopting_a_hand_edit_keeps_it_on_the_stock_file(sandbox, site):
         f.write(EDIT)
     edited = (site / GENERATOR).read_bytes()
     refused = run_cli("revert", "--target", str(sandbox))
-    assert refused.returncode == 2 and "apply --adopt" in refused.stderr
+    said = " ".join(refused.stderr.split())  # both ways out, as commands for this very target
+    assert refused.returncode == 2, said
+    assert f"`speculators-patch revert --target {sandbox} --force` restores the copy kept before patching" in said
+    assert f"`speculators-patch apply --target {sandbox} --adopt` keeps the edit instead" in said
     adopted = run_cli("apply", "--adopt", "--target", str(sandbox))
     assert adopted.returncode == 0, adopted.stdout + adopted.stderr
     assert "adopted 1 file(s)" in adopted.stdout and (site / GENERATOR).read_bytes() == edited

@@ -318,7 +318,7 @@ class UserPatchSources(Listing):
             console.print(
                 f"[red]{c['id']}: its source changed since it was applied[/] ({escape(c['source'])}: sha256 "
                 f"{c['sha256'][:12]}..., {c['recorded_sha256'][:12]}... when applied); the install has the old "
-                f"fix: `revert --only {c['id']}`, then `apply` with the new file",
+                f"fix: `{Way('revert', ('--only', c['id']))}`, then `{Way('apply')}` with the new file",
                 soft_wrap=True,
             )
 

@@ -190,8 +190,9 @@ def revert(
         if state == FileState.MODIFIED and not force:
             raise UserError(
                 f"{path} was modified after patching (sha256 matches neither the pristine nor the patched "
-                f"file); `revert --force` restores the copy kept before patching and discards that edit; "
-                f"`apply --adopt` keeps the edit instead (it joins the pristine copy revert restores)"
+                f"file); `{Way('revert', ('--force',))}` restores the copy kept before patching and discards that "
+                f"edit; `{Way('apply', ('--adopt',))}` keeps the edit instead (it joins the pristine copy revert "
+                f"restores)"
             )
         original = snap.pristine.get(path)
         if original is None or sha256(original) != entries[path].pristine_sha256:

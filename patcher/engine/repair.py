@@ -167,7 +167,7 @@ def _repair_file(
     if copies:
         return (
             _modified_record(entry, copies, digest),
-            f"{path}: modified after patching (revert --force restores the kept pristine copy)",
+            f"{path}: modified after patching (`{Way('revert', ('--force',))}` restores the kept pristine copy)",
         )
     if path in entries or damaged:
         raise UserError(
