@@ -513,7 +513,7 @@ def train_one(spec: dict) -> dict:
     model = draft_model(work, work.config(), mapping)
     files = sorted((work.root / f"data-{data}").glob("*.pt"))
     val_files = files[VAL_EVERY - 1 :: VAL_EVERY]
-    train_files = [f for f in files if f not in set(val_files)]
+    train_files = [f for i, f in enumerate(files) if i % VAL_EVERY != VAL_EVERY - 1]
     norm = [final_norm(work)] if normed else []
     workers = spec.get("workers", 0)
     loader = data_loader(train_files, settings["pack"], [*norm, noise()], workers)
