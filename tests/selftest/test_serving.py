@@ -237,3 +237,59 @@ def test_the_prompts_use_the_verifiers_vocabulary_wherever_its_config_keeps_it(t
     H100 before any engine started (KeyError 'vocab_size')."""
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert serve.verifier_vocab(tmp_path) == 1000
+
+
+def test_on_a_gpu_the_untrained_engine_starts_before_training_and_both_are_collected(tmp_path):
+    """The order selftest serves in on a GPU: the untrained draft's engine is launched when training
+    saves it, the trained one's after training, and finish collects both, the untrained first. Real
+    child processes of spec_decode.py; this interpreter has no vLLM, so each engine fails at its
+    import, which the stage reports as the untrained draft's failure (the first collected)."""
+    model_dir = tmp_path / "llama"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    untrained = tmp_path / "llama-training" / "untrained" / "0"
+    trained = tmp_path / "llama-training" / "draft" / "2"
+    for draft in (untrained, trained):
+        draft.mkdir(parents=True)
+        (draft / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": None, "keep": 1}))
+    said: list = []
+    serving = serve.Serving("llama", model_dir, "cuda", None, said.append)
+    serving.untrained_saved(untrained, [0, 3, 5])
+    assert [name for name, _, _ in serving.children] == ["untrained"]  # launched before training ran
+    assert json.loads((untrained / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 4, 6]
+    found = serving.finish({"layers": [0, 3, 5], "training": {"ok": True}})
+    serving.close()
+    assert list(found["drafts"]) == ["untrained", "trained"] and serving.children == []
+    assert all("error" in d for d in found["drafts"].values()) and not found["ok"]
+    assert found["error"]["stage"] == "serving the untrained draft"
+    assert (
+        "ModuleNotFoundError: No module named 'vllm'"
+        in (tmp_path / "llama-training" / "serve-logs" / "trained.log").read_text()
+    )
+    assert said[-1].startswith("llama: serving: FAILED in ")
+
+
+def test_close_ends_an_engine_that_training_outlived(tmp_path):
+    """Training failed after the untrained draft's engine started: close() ends its process group."""
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    draft = tmp_path / "llama-training" / "untrained" / "0"
+    draft.mkdir(parents=True)
+    (draft / "config.json").write_text("{}")
+    serving = serve.Serving("llama", tmp_path / "llama", "cuda", True, lambda _: None)
+    serving.untrained_saved(draft, [0, 3, 5])
+    [(_, proc, _)] = serving.children
+    found = serving.finish({"layers": [0, 3, 5], "training": {"ok": False}})
+    serving.close()
+    assert found == {"skipped": "no draft to serve: the training stage did not pass", "ok": False}
+    assert proc.returncode is not None and serving.children == []
+
+
+def test_nothing_starts_early_where_serving_will_not_run(tmp_path):
+    draft = tmp_path / "untrained"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    for device, asked in (("cpu", None), ("cuda", False)):
+        serving = serve.Serving("llama", tmp_path, device, asked, lambda _: None)
+        serving.untrained_saved(draft, [0, 3, 5])
+        assert serving.children == [] and serving.early is None

@@ -374,8 +374,14 @@ def run_arch(
         if "order" in outputs and "order-again" in outputs:
             report["repeat_max_abs_diff"] = repeat_difference(outputs["order"][1], outputs["order-again"][1])
         if "error" not in report:
-            report["training"] = run_training(arch, outputs, model_dir, text_config, device, workdir)
-            report["serving"] = serve.stage(arch, report, model_dir, device, serving, progress)
+            served = serve.Serving(arch, model_dir, device, serving, progress)
+            try:
+                report["training"] = run_training(
+                    arch, outputs, model_dir, text_config, device, workdir, lambda d: served.untrained_saved(d, layers)
+                )
+                report["serving"] = served.finish(report)
+            finally:
+                served.close()  # no engine outlives a failure
     report["seconds"]["total"] = round(time.time() - t0, 1)
     # The repeated batch is judged like every case, against the reference; its bit-identity
     # with the first call is reported, not required (GPU kernels with atomics, e.g. fused MoE,
@@ -391,13 +397,15 @@ def run_arch(
     return report
 
 
-def run_training(arch: str, outputs: dict, model_dir: Path, text_config: dict, device: str, workdir: Path) -> dict:
+def run_training(
+    arch: str, outputs: dict, model_dir: Path, text_config: dict, device: str, workdir: Path, on_untrained=None
+) -> dict:
     """The training stage (``training.run``) on this architecture's captures: Kimi-K2.5's
     draft as Llama's and DeepSeek-V3's (its text config and weights found inside the wrapper,
-    patches/sp034_wrapped_verifier.py)."""
+    patches/sp034_wrapped_verifier.py); ``on_untrained``: training's hook for the untrained draft."""
     from . import training
 
-    found = training.run(outputs, model_dir, text_config, device, workdir / f"{arch}-training", progress)
+    found = training.run(outputs, model_dir, text_config, device, workdir / f"{arch}-training", progress, on_untrained)
     verdict = "ok" if found["ok"] else f"FAILED ({found.get('error', {}).get('stage', 'a check')})"
     progress(f"{arch}: training: {verdict} in {found['seconds']['total']:.0f} s")
     return found

@@ -5,9 +5,10 @@ the README gives (``LLM(model=VERIFIER, speculative_config={"method": "eagle3", 
 DRAFT, "num_speculative_tokens": 3})``), greedy, on ``PROMPTS`` seeded prompts of the tiny
 verifier's vocabulary (``spec_decode``: one engine per process):
 
-- the newest checkpoint the trainer saved, and a draft of the same config with seeded,
-  untrained weights (saved by speculators' checkpointer), each in its own engine, both at
-  once on a GPU;
+- the newest checkpoint the trainer saved, and on a GPU the same draft as built, before any
+  optimizer step (saved by speculators' checkpointer), each in its own engine; the untrained
+  draft's engine starts when training does (``Serving.untrained_saved``), the trained one's
+  after it;
 - the draft's ``eagle_aux_hidden_state_layer_ids``: vLLM numbers an auxiliary hidden state by
   the decoder layer it enters (vllm/model_executor/models/llama.py ``_maybe_add_hidden_state(
   aux, idx + 1, ...)``), speculators' generator by the layer whose output it is, so a draft
@@ -36,6 +37,7 @@ from . import spec_decode, worker_log
 PROMPTS, PROMPT_TOKENS, MAX_TOKENS = 32, 16, 48
 SPECULATIVE_TOKENS = 3
 KV_CACHE_BYTES = 1 << 30  # per engine on a GPU; the tiny verifier needs far less
+SERVE_TIMEOUT = 900  # seconds for every engine of an architecture, from the first launch
 NOT_ON_CPU = "on the CPU only with --serve (nothing is trained there: FlexAttention has no backward on the CPU)"
 
 
@@ -43,24 +45,109 @@ def stage(arch: str, report: dict, model_dir: Path, device: str, asked: bool | N
     """The serving stage of one architecture's ``report`` (after ``training``), or why it does
     not run (``skipped``: passes, unless asked for and impossible). ``asked``: ``--serve``
     (True), ``--no-serve`` (False) or neither (None: on a GPU only)."""
-    training = report.get("training") or {}
-    if asked is False:
-        return {"skipped": "not asked (--no-serve)", "ok": True}
-    if asked is None and device == "cpu":
-        return {"skipped": NOT_ON_CPU, "ok": True}
-    if "skipped" in training or not training.get("ok"):
-        why = training.get("skipped") or "the training stage did not pass"
-        return {"skipped": f"no draft to serve: {why}", "ok": "skipped" in training}
-    found: dict = {"device": device, "speculative_tokens": SPECULATIVE_TOKENS, "seconds": {}}
-    t0 = time.time()
+    serving = Serving(arch, model_dir, device, asked, progress)
     try:
-        _serve(report, model_dir, device, found, progress)
-    except Exception as exc:
-        found["error"] = _error("serving", exc)
-    found["seconds"]["total"] = round(time.time() - t0, 1)
-    found["ok"] = "error" not in found and judge(found, device)
-    progress(f"{arch}: serving: {'ok' if found['ok'] else 'FAILED'} in {found['seconds']['total']:.0f} s")
-    return found
+        return serving.finish(report)
+    finally:
+        serving.close()
+
+
+class Serving:
+    """The serving stage in two steps, so that on a GPU the untrained draft's engine starts
+    while training runs: ``untrained_saved`` (training's ``on_untrained``) launches it, ``finish``
+    launches the trained draft's engine and collects both, ``close`` ends any engine still
+    running (call it whatever happened). Each engine is one child process (``spec_decode``)."""
+
+    def __init__(self, arch: str, model_dir: Path, device: str, asked: bool | None, progress) -> None:
+        self.arch, self.model_dir, self.device, self.asked, self.progress = arch, model_dir, device, asked, progress
+        self.workdir = model_dir.parent / f"{arch}-training"
+        self.deadline = time.time() + SERVE_TIMEOUT
+        self.early: tuple | None = None  # (draft path, served ids, launched child)
+        self.early_error: BaseException | None = None
+        self.children: list = []
+
+    def wanted(self) -> bool:
+        return self.asked is True or (self.asked is None and self.device != "cpu")
+
+    def untrained_saved(self, draft: Path, layers: list[int]) -> None:
+        """Launch the engine of the untrained draft saved at ``draft`` (the captured
+        ``layers``: served + 1) before training starts; nothing unless serving will run."""
+        if not self.wanted():
+            return
+        try:
+            served = aux_ids(draft, [i + 1 for i in layers])["served"]
+            set_aux_ids(draft, served)
+            self.early = (draft, served, self._launch("untrained", draft))
+        except Exception as exc:  # reported by finish, as the stage's error; training goes on
+            self.early_error = exc
+
+    def _launch(self, name: str, draft: Path) -> tuple:
+        request = {
+            "name": name,
+            "verifier": str(self.model_dir),
+            "draft": str(draft),
+            "k": SPECULATIVE_TOKENS,
+            "device": self.device,
+            "kv_cache_bytes": KV_CACHE_BYTES,
+            "runs": [{"name": "prompts", "prompts": prompts(self.model_dir), "max_tokens": MAX_TOKENS}],
+        }
+        child = spec_decode.launch(request, self.workdir / "serve-logs")
+        self.children.append(child)
+        return child
+
+    def finish(self, report: dict) -> dict:
+        """The stage's figures (``stage``'s), once every engine has served or failed."""
+        training = report.get("training") or {}
+        if self.asked is False:
+            return {"skipped": "not asked (--no-serve)", "ok": True}
+        if self.asked is None and self.device == "cpu":
+            return {"skipped": NOT_ON_CPU, "ok": True}
+        if "skipped" in training or not training.get("ok"):
+            why = training.get("skipped") or "the training stage did not pass"
+            return {"skipped": f"no draft to serve: {why}", "ok": "skipped" in training}
+        found: dict = {"device": self.device, "speculative_tokens": SPECULATIVE_TOKENS, "seconds": {}}
+        t0 = time.time()  # what serving adds after training (the untrained engine may have started before)
+        try:
+            self._serve(report, found)
+        except Exception as exc:
+            found["error"] = _error("serving", exc)
+        found["seconds"]["total"] = round(time.time() - t0, 1)
+        found["ok"] = "error" not in found and judge(found, self.device)
+        self.progress(f"{self.arch}: serving: {'ok' if found['ok'] else 'FAILED'} in {found['seconds']['total']:.0f} s")
+        return found
+
+    def _serve(self, report: dict, found: dict) -> None:
+        if self.early_error is not None:
+            raise self.early_error
+        trained = newest(self.workdir / "draft")
+        found["aux_layer_ids"] = aux_ids(trained, [i + 1 for i in report["layers"]])
+        served = found["aux_layer_ids"]["served"]
+        set_aux_ids(trained, served)
+        names = (["untrained"] if self.early else []) + ["trained"]
+        self.progress(
+            f"{self.arch}: serving: vLLM, EAGLE-3, {SPECULATIVE_TOKENS} speculative tokens, "
+            f"{' and '.join(names)} draft{'s' if len(names) > 1 else ''}, aux layers {served}"
+        )
+        if self.early and self.early[1] != served:
+            raise RuntimeError(f"the untrained draft was served layers {self.early[1]}, the trained one {served}")
+        children = ([self.early[2]] if self.early else []) + [self._launch("trained", trained)]
+        results = []
+        for child in children:
+            results.append(spec_decode.collect(child, self.deadline))
+            self.children.remove(child)
+        found["drafts"] = {name: summary(result) for name, result in zip(names, results)}
+        outputs = [r["runs"][0]["outputs"] for r in results if "error" not in r]
+        if len(outputs) == 2:
+            found["same_greedy_output"] = f"{sum(a == b for a, b in zip(*outputs))}/{PROMPTS}"
+        failed = next((r for r in results if "error" in r), None)
+        if failed is not None:
+            found["error"] = engine_error(failed)
+
+    def close(self) -> None:
+        """End every engine launched and not collected (a failure, an interrupt)."""
+        for _, proc, _ in self.children:
+            spec_decode.kill(proc)
+        self.children = []
 
 
 def _error(stage: str, exc: BaseException) -> dict:
@@ -68,43 +155,12 @@ def _error(stage: str, exc: BaseException) -> dict:
     return {"stage": stage, "type": type(exc).__name__, "message": str(exc).strip(), "traceback": "".join(tb)[-4000:]}
 
 
-def _serve(report: dict, model_dir: Path, device: str, found: dict, progress) -> None:
-    workdir = model_dir.parent / f"{report['arch']}-training"
-    trained = newest(workdir / "draft")
-    ids = [i + 1 for i in report["layers"]]
-    found["aux_layer_ids"] = aux_ids(trained, ids)
-    drafts = {"trained": trained}
-    if device == "cuda":
-        drafts = {"untrained": untrained_copy(trained, workdir / "untrained"), **drafts}
-    for draft in drafts.values():
-        set_aux_ids(draft, found["aux_layer_ids"]["served"])
+def prompts(model_dir: Path) -> list[list[int]]:
+    """``PROMPTS`` seeded prompts of ``PROMPT_TOKENS`` ids from the verifier's vocabulary (the
+    same for every engine, so their greedy outputs compare)."""
     vocab = verifier_vocab(model_dir)
     rng = random.Random(11)
-    prompts = [[rng.randrange(4, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
-    requests = [
-        {
-            "name": name,
-            "verifier": str(model_dir),
-            "draft": str(path),
-            "k": SPECULATIVE_TOKENS,
-            "device": device,
-            "kv_cache_bytes": KV_CACHE_BYTES,
-            "runs": [{"name": "prompts", "prompts": prompts, "max_tokens": MAX_TOKENS}],
-        }
-        for name, path in drafts.items()
-    ]
-    progress(
-        f"{report['arch']}: serving: vLLM, EAGLE-3, {SPECULATIVE_TOKENS} speculative tokens, "
-        f"{' and '.join(drafts)} draft{'s' if len(drafts) > 1 else ''}, aux layers {found['aux_layer_ids']['served']}"
-    )
-    results = spec_decode.serve_all(requests, parallel=device == "cuda", log=workdir / "serve-logs")
-    found["drafts"] = {name: summary(result) for name, result in zip(drafts, results)}
-    outputs = [r["runs"][0]["outputs"] for r in results if "error" not in r]
-    if len(outputs) == 2:
-        found["same_greedy_output"] = f"{sum(a == b for a, b in zip(*outputs))}/{PROMPTS}"
-    failed = next((r for r in results if "error" in r), None)
-    if failed is not None:
-        found["error"] = engine_error(failed)
+    return [[rng.randrange(4, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
 
 
 def verifier_vocab(model_dir: Path) -> int:
@@ -152,24 +208,6 @@ def set_aux_ids(draft: Path, ids: list[int]) -> None:
     config = json.loads(path.read_text())
     config["eagle_aux_hidden_state_layer_ids"] = ids
     path.write_text(json.dumps(config, indent=2))
-
-
-def untrained_copy(trained: Path, where: Path) -> Path:
-    """A draft of ``trained``'s config (and vocabulary mapping) with the weights it would
-    start training from (seed 0), saved by speculators' checkpointer as epoch 0."""
-    import torch
-    from safetensors.torch import load_file
-    from speculators import SpeculatorModelConfig
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.train.checkpointer import SingleGPUCheckpointer
-
-    config = SpeculatorModelConfig.from_pretrained(str(trained))
-    config.transformer_layer_config._attn_implementation = "simple_flex_attention"
-    mapping = load_file(str(trained / "model.safetensors"))
-    torch.manual_seed(0)
-    model = Eagle3DraftModel(config=config, t2d=mapping["t2d"], d2t=mapping["d2t"])
-    SingleGPUCheckpointer(where).save_checkpoint(model, torch.optim.AdamW(model.parameters()), 0)
-    return newest(where)
 
 
 def summary(result: dict) -> dict:

@@ -196,46 +196,51 @@ def serve(request: dict) -> dict:
 
 
 def serve_all(requests: list[dict], parallel: bool, log: Path, timeout: float = 900) -> list[dict]:
-    """Each request served by its own child process (this file as a script); all at once when
+    """Each request served by its own child process (``launch``); all at once when
     ``parallel`` (each GPU engine with a fixed KV cache), else one after the other. Returns,
     per request in order, its result or {"name", "error", "tail": the child's last output
     lines, "log": its output's file}. ``log``: the folder for each child's output (``<name>.log``); ``timeout``: seconds
     for them all, after which the children left are killed."""
-    folder = Path(log)
-    folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **{k: v for k, v in ENV.items() if k not in os.environ}}
     deadline = time.time() + timeout
     pending: list = []
     results: list[dict] = []
     try:
         for request in requests:
-            path = folder / f"{request['name']}.log"
-            with open(path, "w") as out:  # each child in its own session: killed with its engine's processes
-                proc = subprocess.Popen(
-                    [sys.executable, __file__],
-                    stdin=subprocess.PIPE,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    env=env,
-                    start_new_session=True,
-                )
-            pending.append((request["name"], proc, path))
-            proc.stdin.write(json.dumps(request))
-            proc.stdin.close()
+            pending.append(launch(request, log))
             if not parallel:
-                results.append(_collect(*pending[0], deadline))
-                pending.pop(0)
+                results.append(collect(pending.pop(0), deadline))
         while pending:
-            results.append(_collect(*pending[0], deadline))
-            pending.pop(0)
+            results.append(collect(pending.pop(0), deadline))
     finally:
-        for _, proc, _ in pending:  # left by an exception (SIGTERM, SIGINT): no engine outlives us
-            _kill(proc)
+        for child in pending:  # left by an exception (SIGTERM, SIGINT): no engine outlives us
+            kill(child[1])
     return results
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def launch(request: dict, log: Path) -> tuple[str, subprocess.Popen, Path]:
+    """Start serving ``request`` in a child process (this file as a script, in a session of its
+    own so that ``collect`` or ``kill`` ends its engine's processes too), its output in
+    ``log/<name>.log``; returns (name, process, log file) for ``collect``."""
+    folder = Path(log)
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **{k: v for k, v in ENV.items() if k not in os.environ}}
+    path = folder / f"{request['name']}.log"
+    with open(path, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+    proc.stdin.write(json.dumps(request))
+    proc.stdin.close()
+    return request["name"], proc, path
+
+
+def kill(proc: subprocess.Popen) -> None:
     """The child and every process of its session (vLLM's engine core, its workers)."""
     import signal
 
@@ -246,13 +251,15 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _collect(name: str, proc: subprocess.Popen, path: Path, deadline: float) -> dict:
-    """The result a child printed after ``MARKER``, once it ended (killed at ``deadline``)."""
+def collect(child: tuple[str, subprocess.Popen, Path], deadline: float) -> dict:
+    """The result a ``launch``ed child printed after ``MARKER``, once it ended (killed at
+    ``deadline``, seconds since the epoch), or {"name", "error", "tail", "log"}."""
+    name, proc, path = child
     try:
         proc.wait(timeout=max(1.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
         pass
-    _kill(proc)  # a child past the deadline, or what a finished one left behind
+    kill(proc)  # a child past the deadline, or what a finished one left behind
     text = path.read_text(errors="replace")
     for line in reversed(text.splitlines()):
         if line.startswith(MARKER):

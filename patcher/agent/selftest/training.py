@@ -296,6 +296,17 @@ def train_on_gpu(model, train_loader, save_path: Path, steps_seen: list) -> None
 
 
 @_stage("checkpoint save")
+def save_untrained(model, where: Path) -> Path:
+    """``model`` as built, before any optimizer step, saved by speculators' checkpointer as
+    epoch 0 under ``where``; returns that epoch's directory."""
+    import torch
+    from speculators.train.checkpointer import SingleGPUCheckpointer
+
+    SingleGPUCheckpointer(where).save_checkpoint(model, torch.optim.AdamW(model.parameters()), 0)
+    return where / "0"
+
+
+@_stage("checkpoint save")
 def save_on_cpu(model, save_path: Path) -> None:
     """What the trainer does at the end of an epoch, without the optimizer steps the CPU
     cannot take: its checkpointer saves the draft (bf16) and an AdamW state."""
@@ -347,14 +358,19 @@ def _bf16_equal(trained: dict, reloaded: dict) -> list[str]:
     return bad
 
 
-def run(outputs: dict, model_dir: Path, text_config: dict, device: str, workdir: Path, progress) -> dict:
+def run(
+    outputs: dict, model_dir: Path, text_config: dict, device: str, workdir: Path, progress, on_untrained=None
+) -> dict:
     """The whole training check for one architecture; a JSON-ready dict (``ok``, figures,
-    or ``error`` with the ``stage`` that failed)."""
+    or ``error`` with the ``stage`` that failed). On a GPU the draft's untrained weights are
+    saved first (``workdir/untrained``, by speculators' checkpointer) and, before anything
+    trains, their epoch directory is handed to ``on_untrained`` (selftest's serving starts
+    that draft's engine while training runs)."""
     os.environ.setdefault("TQDM_DISABLE", "1")  # the trainer's progress bars, not in the report's stream
     report: dict = {"device": device, "seconds": {}}
     t0 = time.time()
     try:
-        _run(outputs, model_dir, text_config, device, workdir, progress, report)
+        _run(outputs, model_dir, text_config, device, workdir, progress, report, on_untrained)
     except StageError as exc:
         cause = exc.__cause__ or exc
         tb = traceback.format_exception(type(cause), cause, cause.__traceback__)
@@ -370,7 +386,7 @@ def run(outputs: dict, model_dir: Path, text_config: dict, device: str, workdir:
     return report
 
 
-def _run(outputs, model_dir, text_config, device, workdir, progress, report) -> None:
+def _run(outputs, model_dir, text_config, device, workdir, progress, report, on_untrained) -> None:
     import torch
 
     files = write_data(outputs, workdir / "data")
@@ -378,6 +394,8 @@ def _run(outputs, model_dir, text_config, device, workdir, progress, report) -> 
     config = draft_config(model_dir, text_config)
     torch.manual_seed(0)
     model = draft_model(config, d2t, t2d).to(device)
+    if device == "cuda" and on_untrained is not None:
+        on_untrained(save_untrained(model, workdir / "untrained"))
     batches = loader(files)
     fixed = _on(next(iter(batches)), device)
     report.update(samples=len(files), draft={"layers": 1, "draft_vocab": DRAFT_VOCAB, "ttt_steps": TTT_STEPS})
