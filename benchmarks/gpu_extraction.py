@@ -494,6 +494,7 @@ def instrument(generator) -> tuple[Timers, object, object]:
             "collect",
             only=lambda args, kwargs: bool(args) and args[0] == "_reset_capture",
         )
+        collect_parts(timers, generator, host)
     else:
         # The executor's own steps go through collective_rpc too: only the capture RPCs count here.
         timers.wrap(
@@ -503,6 +504,38 @@ def instrument(generator) -> tuple[Timers, object, object]:
             only=lambda args, kwargs: bool(args) and args[0] in ("_get_captured_states", "_reset_capture"),
         )
     return timers, host, ring
+
+
+def collect_parts(timers: Timers, generator, host) -> None:
+    """``timers.parts``: what "collect" is made of (seconds, within it, not added to the split):
+    waiting for the copy thread's last job, the RPCs (``_staged_captures`` at the end,
+    ``_reset_capture``), and the last step's rows copied on the calling thread."""
+    parts = timers.parts = Timers()
+    final = threading.Event()
+    finish = host.finish
+
+    def flagged(*args, **kwargs):
+        final.set()
+        try:
+            return finish(*args, **kwargs)
+        finally:
+            final.clear()
+
+    host.finish = flagged
+    on_main = threading.main_thread
+    parts.wrap(host, "_wait", "waiting for the copy thread", only=lambda a, k: final.is_set())
+    parts.wrap(
+        host,
+        "_copy_out",
+        "last step's rows",
+        only=lambda a, k: final.is_set() and threading.current_thread() is on_main(),
+    )
+    parts.wrap(
+        generator.executor,
+        "collective_rpc",
+        "RPCs",
+        only=lambda a, k: bool(a) and (a[0] == "_reset_capture" or (a[0] == "_staged_captures" and final.is_set())),
+    )
 
 
 def set_environment(args) -> None:
@@ -585,6 +618,7 @@ def child(args) -> None:
         where = dict(timers.seconds)
         where["rest of generate()"] = total_s - sum(where.values())
         figures["generator_seconds"] = {k: round(v, 2) for k, v in where.items()}
+        figures["collect_parts"] = {k: round(v, 3) for k, v in getattr(timers, "parts", Timers()).seconds.items()}
         figures["transfer"] = "shared host memory (SP028/SP029)" if ring is not None else "RPC"
     print(ROW_MARK + json.dumps(figures), flush=True)
     if args.child == "generator":
@@ -707,6 +741,9 @@ def separate(args, config: dict, layers: list[int], label: str) -> None:
     if where:
         total = results["generator"]["seconds"]
         print("generator time: " + ", ".join(f"{k} {v:.1f} s ({v / total:.0%})" for k, v in where.items()))
+        parts = results["generator"].get("collect_parts")
+        if parts:
+            print("of collect: " + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items()))
     figures = {
         "mode": "separate",
         "gpu": device,
@@ -806,6 +843,7 @@ def paired(args, config: dict, layers: list[int], label: str) -> None:
             "peak_host_gib": round(peak.host / 2**30, 1),
             "start_s": {"generator": round(start_gen, 1), "vllm": round(start_llm, 1)},
             "generator_seconds": {k: round(v, 2) for k, v in where.items()},
+            "collect_parts": {k: round(v, 3) for k, v in getattr(timers, "parts", Timers()).seconds.items()},
             "generator_total_s": round(gen_s, 2),
             "runner": args.runner,
             "transfer": "shared host memory (SP028/SP029)" if ring is not None else "RPC",
@@ -843,6 +881,8 @@ def paired(args, config: dict, layers: list[int], label: str) -> None:
             )
         )
         print("generator time: " + ", ".join(f"{k} {v:.1f} s ({v / gen_s:.0%})" for k, v in where.items()))
+        if figures["collect_parts"]:
+            print("of collect: " + ", ".join(f"{k} {v:.3f} s" for k, v in figures["collect_parts"].items()))
         print(MARK + json.dumps(figures), flush=True)
         generator.executor.shutdown()
 
