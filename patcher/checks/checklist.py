@@ -22,6 +22,7 @@ def checks() -> tuple[Check, ...]:
         parts.IMPORTS,
         parts.RUNNER,
         parts.SOURCES,
+        parts.VERSIONS,
         parts.MODIFIED,
         parts.EDITED,
         parts.PROOF,

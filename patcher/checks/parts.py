@@ -39,6 +39,21 @@ def mark_edited(changes: list[dict], rows: list[dict], key: str) -> None:
             )
 
 
+def mark_other_versions(changes: list[dict], rows: list[dict], key: str) -> None:
+    """In ``status``/``verify`` rows: a patch of this tool applied at another version of it
+    (``Snapshot.version_changes``) holds that version's fix, not this one's; ``key`` (state or
+    verdict) says ``other-version``, its detail (or hint) the way out."""
+    changed = {c["id"]: c for c in changes}
+    for row in rows:
+        c = changed.get(row["id"])
+        if c:
+            row[key] = "other-version"
+            row["detail" if key == "state" else "hint"] = (
+                f"applied at version {c['recorded_version']}, this tool has {c['version']}: "
+                f"`{Way('revert', ('--only', c['id']))}`, then `{Way('apply')}`"
+            )
+
+
 @dataclass
 class Verdicts:
     """The facts of the counted patches, their rows (id, needed, state, verdict, fix hint) and
@@ -50,7 +65,7 @@ class Verdicts:
 
     @property
     def ok(self) -> bool:
-        return not any(r["verdict"] not in ("ok", "source-changed") for r in self.rows)
+        return not any(r["verdict"] not in ("ok", "source-changed", "other-version") for r in self.rows)
 
 
 LIBRARY_NAMES = {"vllm": "vLLM"}  # how the facts' title names a library (others: as imported)
@@ -81,6 +96,7 @@ class PatchVerdicts(Check):
             if c.patch.id in found.ids
         ]
         mark_edited(SOURCES.judge(found), rows, "verdict")
+        mark_other_versions(VERSIONS.judge(found), rows, "verdict")
         every = [{"id": c.patch.id, "needed": c.needed, "state": c.state, "verdict": c.verdict} for c in found.every]
         return Verdicts([f for f in found.facts if f.patch.id in found.ids], rows, every)
 
@@ -323,6 +339,25 @@ class UserPatchSources(Listing):
             )
 
 
+class PatchVersions(Listing):
+    """This tool's patches applied at another version of them (``Snapshot.version_changes``)."""
+
+    key = "patches_at_other_versions"
+    failing = "a patch applied at another version"
+
+    def judge(self, found: Found) -> list[dict]:
+        return [c for c in found.snap.version_changes() if c["id"] in found.ids]
+
+    def render(self, console: Console, install: InstallCheck, snap: Snapshot) -> None:
+        for c in install.parts[self.key]:
+            console.print(
+                f"[red]{c['id']}: applied at version {c['recorded_version']}[/], this speculators-patch has "
+                f"version {c['version']}; the install has that version's fix: "
+                f"`{Way('revert', ('--only', c['id']))}`, then `{Way('apply')}`",
+                soft_wrap=True,
+            )
+
+
 class ModifiedFiles(Listing):
     """Files whose bytes are neither the pristine nor the patched ones (``Snapshot.file_state``)."""
 
@@ -449,6 +484,7 @@ CALLS = Calls()
 IMPORTS = Imports()
 RUNNER = ModelRunner()
 SOURCES = UserPatchSources()
+VERSIONS = PatchVersions()
 MODIFIED = ModifiedFiles()
 EDITED = EditedFiles()
 PROOF = EngineProof()

@@ -102,6 +102,7 @@ def outcome_table(rows: list[dict], patches: PatchSet, title: str, words: dict[s
         "stale": "red",
         "fact-missing": "red",
         "source-changed": "red",
+        "other-version": "red",
     }
     for r in sorted(rows, key=lambda r: r["id"]):
         word = (words or {}).get(r["state"], r["state"])

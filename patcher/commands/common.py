@@ -155,6 +155,20 @@ def refuse_edited_user_patches(snap: Snapshot, ids: set[str], what: str) -> None
             )
 
 
+def refuse_other_versions(snap: Snapshot, ids: set[str], what: str) -> None:
+    """Raise ``UserError`` (the way out named) when ``what`` would apply one of ``ids`` that
+    the record says was applied at another version of this tool's patch
+    (``Snapshot.version_changes``): its codemod would take the old fix for its own and leave it."""
+    for change in snap.version_changes():
+        pid = change["id"]
+        if pid in ids:
+            raise UserError(
+                f"{pid} was applied at version {change['recorded_version']}; this speculators-patch has version "
+                f"{change['version']}, and {what} would keep the old fix as if it were the new one: "
+                f"`{Way('revert', ('--only', pid))}` first, then `{Way('apply')}`"
+            )
+
+
 def refuse_before_planning(snap: Snapshot, chosen, verb: str) -> None:
     """What ``apply`` and ``diff`` both refuse before planning ``chosen`` (one line, nothing
     changed): speculators replaced by an installer since it was patched, a speculators no patch
@@ -166,6 +180,7 @@ def refuse_before_planning(snap: Snapshot, chosen, verb: str) -> None:
     engine.check_supported(snap)
     engine.check_covered(snap)
     refuse_edited_user_patches(snap, {p.id for p in chosen}, verb)
+    refuse_other_versions(snap, {p.id for p in chosen}, verb)
 
 
 def refuse_replaced(snap: Snapshot, verb: str) -> None:

@@ -12,6 +12,7 @@ from patcher.commands.common import (
     hand_edited,
     refuse_edited_user_patches,
     refuse_lost_state,
+    refuse_other_versions,
 )
 from patcher.errors import UserError
 from patcher.states import FileState
@@ -127,6 +128,7 @@ def revert(
         entries = snap.recorded_paths()
         replayed = {pid for path in entries if set(snap.recorded(path)) & ids for pid in snap.recorded(path)}
         refuse_edited_user_patches(snap, replayed - ids, "this revert")
+        refuse_other_versions(snap, replayed - ids, "this revert")
     result = engine.revert(
         transport,
         snap,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from patcher.checks.parts import mark_edited
+from patcher.checks.parts import mark_edited, mark_other_versions
 from patcher.commands.common import describe, outcome_rows, refuse_lost_state, source_changes, unsupported_reason
 from patcher.commands.verify import TRAINING_HALF_ONLY
 from patcher.states import FileState, InstallState
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 @dataclass
 class Status:
     """Each file's state and each patch's row (``stale``: applied by us for another vLLM;
-    ``source-changed``: a user patch whose file changed since it was applied)."""
+    ``source-changed``: a user patch whose file changed since it was applied; ``other-version``:
+    applied at another version of this tool's patch)."""
 
     plans: list[FilePlan]
     rows: list[dict]
@@ -68,6 +69,7 @@ def status(snap: Snapshot, chosen, transport=None) -> Status:
     for r in rows:
         r["state"] = moved.get(r["id"], r["state"])
     mark_edited(source_changes(snap), rows, "state")
+    mark_other_versions(snap.version_changes(), rows, "state")
     # every file this run's patches name and every file the record names (of another release too)
     files = {path: snap.file_state(path) for path in sorted({p.path for p in plans} | set(snap.recorded_paths()))}
     state, reason = install_state(rows, files, snap.vllm_version or "")
@@ -111,7 +113,7 @@ def checked_state(transport, snap: Snapshot) -> tuple[str, str]:
 
 
 # A patch's states that leave it out of the installed code (``install_state``).
-NOT_APPLIED = ("pending", "refused", "stale", "source-changed")
+NOT_APPLIED = ("pending", "refused", "stale", "source-changed", "other-version")
 
 
 def install_state(rows: list[dict], files: dict[str, str], vllm: str = "") -> tuple[str, str]:
@@ -131,6 +133,13 @@ def install_state(rows: list[dict], files: dict[str, str], vllm: str = "") -> tu
     stale = sorted({r["id"] for r in rows if r["state"] == "stale"})
     if stale:
         return InstallState.STALE, stale_reason(stale, vllm)
+    others = sorted({r["id"] for r in rows if r["state"] == "other-version"})
+    if others:
+        ways = " and ".join(f"`{Way('revert', ('--only', pid))}`" for pid in others)
+        return (
+            InstallState.PARTIAL,
+            f"{', '.join(others)} applied at another version of the patch: {ways}, then `{Way('apply')}`",
+        )
     missing = sorted({r["id"] for r in rows if r["state"] in NOT_APPLIED})
     if not missing:
         return InstallState.PATCHED, ""

@@ -291,6 +291,18 @@ class Snapshot:
             return {}
         return self.manifest.patches_of(path)
 
+    def version_changes(self) -> list[dict]:
+        """This tool's own patches (shipped) the record says were applied at another version than
+        this speculators-patch has, an earlier or a later one: {"id", "file", "recorded_version",
+        "version"} each. Their codemods find the earlier fix in place and call it satisfied, so
+        only the record tells; the way out is ``revert --only ID``, then ``apply``."""
+        out = []
+        for patch in self.patches.patches:
+            was = self.recorded(patch.file).get(patch.id) if patch.origin == "shipped" else None
+            if was is not None and was != patch.version:
+                out.append({"id": patch.id, "file": patch.file, "recorded_version": was, "version": patch.version})
+        return out
+
     def applied_ids(self) -> set[str]:
         """Every patch the manifest records as applied by us, in any file."""
         return {pid for path in self.recorded_paths() for pid in self.recorded(path)}
