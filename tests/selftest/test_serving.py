@@ -105,7 +105,9 @@ def test_judge(found, device, ok):
     ],
 )
 def test_when_the_stage_does_not_run(tmp_path, asked, device, training, skipped, ok):
-    found = serve.stage("llama", {"training": training}, tmp_path, device, asked, lambda _: None)
+    serving = serve.Serving("llama", tmp_path, device, asked, lambda _: None)
+    found = serving.finish({"training": training})
+    serving.close()
     assert found == {"skipped": skipped, "ok": ok}
 
 

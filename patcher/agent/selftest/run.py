@@ -329,7 +329,7 @@ def run_arch(
     serving: bool | None = None,
 ) -> dict:
     """The whole check for one architecture under one ``runner`` (a key of ``RUNNERS``);
-    ``serving``: whether vLLM serves the trained draft (``serve.stage``; None: on a GPU only).
+    ``serving``: whether vLLM serves the trained draft (``serve.Serving``; None: on a GPU only).
     The returned dict is JSON-ready."""
     report: dict = {"arch": arch, "tp": tp, "device": device, "runner": runner, "cases": [], "seconds": {}}
     t0 = time.time()

@@ -37,19 +37,8 @@ from . import spec_decode, worker_log
 PROMPTS, PROMPT_TOKENS, MAX_TOKENS = 32, 16, 48
 SPECULATIVE_TOKENS = 3
 KV_CACHE_BYTES = 1 << 30  # per engine on a GPU; the tiny verifier needs far less
-SERVE_TIMEOUT = 900  # seconds for every engine of an architecture, from the first launch
+SERVE_TIMEOUT = 900  # seconds for the engines of an architecture to serve, from the end of training
 NOT_ON_CPU = "on the CPU only with --serve (nothing is trained there: FlexAttention has no backward on the CPU)"
-
-
-def stage(arch: str, report: dict, model_dir: Path, device: str, asked: bool | None, progress) -> dict:
-    """The serving stage of one architecture's ``report`` (after ``training``), or why it does
-    not run (``skipped``: passes, unless asked for and impossible). ``asked``: ``--serve``
-    (True), ``--no-serve`` (False) or neither (None: on a GPU only)."""
-    serving = Serving(arch, model_dir, device, asked, progress)
-    try:
-        return serving.finish(report)
-    finally:
-        serving.close()
 
 
 class Serving:
@@ -61,23 +50,28 @@ class Serving:
     def __init__(self, arch: str, model_dir: Path, device: str, asked: bool | None, progress) -> None:
         self.arch, self.model_dir, self.device, self.asked, self.progress = arch, model_dir, device, asked, progress
         self.workdir = model_dir.parent / f"{arch}-training"
-        self.deadline = time.time() + SERVE_TIMEOUT
-        self.early: tuple | None = None  # (draft path, served ids, launched child)
+        self.early: tuple | None = None  # (served ids, launched child) of the untrained draft
         self.early_error: BaseException | None = None
         self.children: list = []
 
-    def wanted(self) -> bool:
-        return self.asked is True or (self.asked is None and self.device != "cpu")
+    def not_wanted(self) -> str | None:
+        """Why the stage does not run whatever training does (``--no-serve``; on the CPU unless
+        asked), or None."""
+        if self.asked is False:
+            return "not asked (--no-serve)"
+        if self.asked is None and self.device == "cpu":
+            return NOT_ON_CPU
+        return None
 
     def untrained_saved(self, draft: Path, layers: list[int]) -> None:
         """Launch the engine of the untrained draft saved at ``draft`` (the captured
         ``layers``: served + 1) before training starts; nothing unless serving will run."""
-        if not self.wanted():
+        if self.not_wanted():
             return
         try:
             served = aux_ids(draft, [i + 1 for i in layers])["served"]
             set_aux_ids(draft, served)
-            self.early = (draft, served, self._launch("untrained", draft))
+            self.early = (served, self._launch("untrained", draft))
         except Exception as exc:  # reported by finish, as the stage's error; training goes on
             self.early_error = exc
 
@@ -96,12 +90,13 @@ class Serving:
         return child
 
     def finish(self, report: dict) -> dict:
-        """The stage's figures (``stage``'s), once every engine has served or failed."""
+        """The serving stage of one architecture's ``report`` (after ``training``), once every
+        engine has served or failed, or why it does not run (``skipped``: passes, unless asked for
+        and impossible). ``asked``: ``--serve`` (True), ``--no-serve`` (False) or neither (None:
+        on a GPU only)."""
         training = report.get("training") or {}
-        if self.asked is False:
-            return {"skipped": "not asked (--no-serve)", "ok": True}
-        if self.asked is None and self.device == "cpu":
-            return {"skipped": NOT_ON_CPU, "ok": True}
+        if self.not_wanted():
+            return {"skipped": self.not_wanted(), "ok": True}
         if "skipped" in training or not training.get("ok"):
             why = training.get("skipped") or "the training stage did not pass"
             return {"skipped": f"no draft to serve: {why}", "ok": "skipped" in training}
@@ -128,12 +123,13 @@ class Serving:
             f"{self.arch}: serving: vLLM, EAGLE-3, {SPECULATIVE_TOKENS} speculative tokens, "
             f"{' and '.join(names)} draft{'s' if len(names) > 1 else ''}, aux layers {served}"
         )
-        if self.early and self.early[1] != served:
-            raise RuntimeError(f"the untrained draft was served layers {self.early[1]}, the trained one {served}")
-        children = ([self.early[2]] if self.early else []) + [self._launch("trained", trained)]
+        if self.early and self.early[0] != served:
+            raise RuntimeError(f"the untrained draft was served layers {self.early[0]}, the trained one {served}")
+        children = ([self.early[1]] if self.early else []) + [self._launch("trained", trained)]
+        deadline = time.time() + SERVE_TIMEOUT
         results = []
         for child in children:
-            results.append(spec_decode.collect(child, self.deadline))
+            results.append(spec_decode.collect(child, deadline))
             self.children.remove(child)
         found["drafts"] = {name: summary(result) for name, result in zip(names, results)}
         outputs = [r["runs"][0]["outputs"] for r in results if "error" not in r]
